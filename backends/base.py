@@ -1,0 +1,63 @@
+"""The small interface every communicator backend adapter implements.
+
+An adapter turns a backend's option section and a timeout into ``new_group`` arguments. Adapters know
+nothing of roles, layouts or registries: they only speak torch.distributed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, ClassVar
+
+from commgroups.specs import RoleOptions
+
+__all__ = ["BackendAdapter", "GroupArgs"]
+
+
+@dataclass(frozen=True)
+class GroupArgs:
+    """Arguments for ``torch.distributed.new_group`` (and ``split_group``) for one group."""
+
+    backend: str
+    pg_options: Any | None
+    timeout: timedelta
+
+
+class BackendAdapter(ABC):
+    """How one backend creates groups: its torch name, device type, options and capabilities."""
+
+    name: ClassVar[str]
+    """commgroups' name: gloo, nccl, rccl, hccl or fake."""
+    torch_backend: ClassVar[str]
+    """The name torch.distributed knows (RCCL is "nccl" there)."""
+    device_type: ClassVar[str]
+    """DeviceMesh device type for groups of this backend."""
+    supports_split: ClassVar[bool] = False
+    """Whether ``split_group`` (ncclCommSplit) can create its groups."""
+    supports_local_creation: ClassVar[bool] = True
+    """Whether member-only creation (``use_local_synchronization=True``) is safe."""
+
+    def check_available(self) -> None:
+        """Raise BackendUnavailableError when this backend cannot run on this machine."""
+
+    @abstractmethod
+    def default_timeout(self) -> timedelta:
+        """torch's default collective timeout for this backend."""
+
+    def make_options(self, options: RoleOptions, timeout: timedelta) -> Any | None:
+        """A fresh backend options object (never shared between groups), or None."""
+        return None
+
+    def group_args(self, options: RoleOptions, timeout_s: float | None) -> GroupArgs:
+        """``new_group`` arguments; the timeout is always explicit (c10d overwrites Options' own)."""
+        timeout = self.default_timeout() if timeout_s is None else timedelta(seconds=timeout_s)
+        return GroupArgs(
+            backend=self.torch_backend,
+            pg_options=self.make_options(options, timeout),
+            timeout=timeout,
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,22 @@
+"""Gloo: CPU collectives; the default for checkpoint metadata and the fallback device backend."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import ClassVar
+
+from torch.distributed import constants
+
+from .base import BackendAdapter
+
+
+class GlooAdapter(BackendAdapter):
+    """Gloo groups take no options; ``wait()`` blocks the calling thread, so async-and-wait == sync."""
+
+    name: ClassVar[str] = "gloo"
+    torch_backend: ClassVar[str] = "gloo"
+    device_type: ClassVar[str] = "cpu"
+
+    def default_timeout(self) -> timedelta:
+        """torch's default process-group timeout (30 minutes)."""
+        return constants.default_pg_timeout

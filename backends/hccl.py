@@ -1,0 +1,89 @@
+"""HCCL: Ascend NPU collectives through torch_npu, imported lazily.
+
+torch_npu is never a hard dependency: without the Ascend CANN toolkit it fails to import (ImportError,
+or RuntimeError when libhccl.so is missing), so every import of it lives in a function here.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from types import ModuleType
+from typing import Any, ClassVar
+
+from torch.distributed import constants
+
+from commgroups.errors import BackendUnavailableError
+from commgroups.specs import RoleOptions
+
+from .base import BackendAdapter
+
+logger = logging.getLogger(__name__)
+
+
+def import_torch_npu() -> ModuleType:
+    """Import torch_npu, turning every way it can fail into BackendUnavailableError."""
+    try:
+        import torch_npu  # type: ignore[import-not-found]
+    except (ImportError, RuntimeError, OSError) as error:
+        raise BackendUnavailableError(
+            f"backend 'hccl' needs torch_npu and the Ascend CANN toolkit ({error}); fix: install "
+            "commgroups[npu] on an Ascend machine with CANN, or set the role's backend to 'device' "
+            "or 'gloo'"
+        ) from error
+    return torch_npu  # type: ignore[no-any-return]
+
+
+def npu_available() -> bool:
+    """True when torch_npu imports and an NPU is visible; never raises."""
+    try:
+        torch_npu = import_torch_npu()
+        return bool(torch_npu.npu.is_available())
+    except (BackendUnavailableError, AttributeError):
+        return False
+
+
+class HcclAdapter(BackendAdapter):
+    """HCCL groups; options come from the role's ``options.hccl`` section.
+
+    Member-only creation hangs on HCCL, so groups are always created by every rank.
+    """
+
+    name: ClassVar[str] = "hccl"
+    torch_backend: ClassVar[str] = "hccl"
+    device_type: ClassVar[str] = "npu"
+    supports_local_creation: ClassVar[bool] = False
+
+    def check_available(self) -> None:
+        """HCCL needs torch_npu and a visible NPU."""
+        torch_npu = import_torch_npu()
+        if not torch_npu.npu.is_available():
+            raise BackendUnavailableError(
+                "backend 'hccl' found torch_npu but no NPU; fix: run on Ascend NPUs, or set the "
+                "role's backend to 'device' or 'gloo'"
+            )
+
+    def default_timeout(self) -> timedelta:
+        """torch's default process-group timeout."""
+        return constants.default_pg_timeout
+
+    def make_options(self, options: RoleOptions, timeout: timedelta) -> Any | None:
+        """A fresh ``ProcessGroupHCCL.Options``; ``hccl_config`` is assigned as one whole dict."""
+        section = options.hccl
+        if section is None:
+            return None
+        import_torch_npu()
+        from torch_npu._C._distributed_c10d import (  # type: ignore[import-not-found]
+            ProcessGroupHCCL,
+        )
+
+        hccl_options = ProcessGroupHCCL.Options()
+        config: dict[str, Any] = dict(section.config)
+        if section.buffer_size_mb is not None:
+            config["hccl_buffer_size"] = section.buffer_size_mb
+        if section.op_expansion_mode is not None:
+            config["hccl_op_expansion_mode"] = section.op_expansion_mode
+        # torch_npu reads hccl_config only when assigned whole; item assignment is silently lost.
+        hccl_options.hccl_config = config
+        hccl_options._timeout = timeout
+        return hccl_options

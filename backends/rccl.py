@@ -1,0 +1,29 @@
+"""RCCL: ROCm's NCCL. torch names it "nccl" (ProcessGroupNCCL); ROCm is ``torch.version.hip``."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+
+from commgroups.errors import BackendUnavailableError
+
+from .nccl import NcclAdapter
+
+
+class RcclAdapter(NcclAdapter):
+    """RCCL groups: the NCCL adapter on a ROCm build (same options, same ``nccl`` torch backend)."""
+
+    name: ClassVar[str] = "rccl"
+
+    def check_available(self) -> None:
+        """RCCL needs a ROCm build of torch and a visible GPU."""
+        if torch.version.hip is None or not torch.cuda.is_available() or not (
+            dist.is_nccl_available()
+        ):
+            raise BackendUnavailableError(
+                "backend 'rccl' needs a ROCm build of torch and a visible GPU "
+                f"(torch.version.hip={torch.version.hip!r}); fix: run on AMD GPUs, or set the "
+                "role's backend to 'device' or 'gloo'"
+            )

@@ -1,0 +1,43 @@
+"""commgroups: a communicator-management layer for PyTorch distributed training.
+
+One :class:`GroupRegistry` owns every process group a job uses: a dedicated group per role (fsdp, cp,
+checkpoint-metadata, ...), never the default group, each with its own backend, options and timeout.
+
+    import commgroups as cg
+    layout = cg.load_layout("layout.toml")
+    with cg.GroupRegistry(layout) as registry:
+        cp_group = registry.group("cp")
+"""
+
+from commgroups import errors
+from commgroups.layout_io import load_layout, parse_layout
+from commgroups.plan import Plan, RolePlan, plan
+from commgroups.registry import GroupRegistry
+from commgroups.specs import (
+    CHECKPOINT_ROLE,
+    HcclOptions,
+    Layout,
+    NcclOptions,
+    RoleOptions,
+    RoleSpec,
+    default_roles,
+)
+
+__all__ = [
+    "CHECKPOINT_ROLE",
+    "GroupRegistry",
+    "HcclOptions",
+    "Layout",
+    "NcclOptions",
+    "Plan",
+    "RoleOptions",
+    "RolePlan",
+    "RoleSpec",
+    "default_roles",
+    "errors",
+    "load_layout",
+    "parse_layout",
+    "plan",
+]
+
+__version__ = "0.1.0"

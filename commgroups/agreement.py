@@ -1,0 +1,140 @@
+"""Fingerprint agreement: before any group exists, every rank checks that all ranks plan the same.
+
+Ranks compare a small payload (layout fingerprint, resolved backends, creation mode, and any local
+error) through the default group's store. Rank 0's payload is the reference; a rank that differs
+publishes its details. Then all ranks meet at a store barrier and every rank raises the same
+:class:`~commgroups.errors.LayoutMismatchError` naming the ranks that differ and the fields, or the same
+:class:`~commgroups.errors.AgreementTimeoutError` naming the ranks that never arrived. No collective
+runs on a group, so disagreement can never hang a communicator. The success path costs each rank a
+handful of store operations, O(1) in the world size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
+
+from commgroups.errors import AgreementTimeoutError, LayoutMismatchError
+
+__all__ = ["agree", "describe_differences"]
+
+logger = logging.getLogger(__name__)
+
+# At most this many differing or missing ranks are read back and named in an error.
+MAX_NAMED_RANKS = 16
+
+
+def describe_differences(reference: Any, other: Any, path: str = "", limit: int = 6) -> list[str]:
+    """Readable lines naming where two JSON-like values differ (``dims: rank 0 has .., ...``)."""
+    lines: list[str] = []
+
+    def walk(a: Any, b: Any, where: str) -> None:
+        if len(lines) >= limit or a == b:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in list(a) + [k for k in b if k not in a]:
+                walk(a.get(key), b.get(key), f"{where}.{key}" if where else str(key))
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{where}[{i}]")
+        else:
+            lines.append(f"{where or '<root>'}: {{ref}} has {a!r}, {{other}} has {b!r}")
+
+    walk(reference, other, path)
+    return lines
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def agree(
+    store: Store,
+    rank: int,
+    world_size: int,
+    payload: dict[str, Any],
+    timeout: timedelta,
+) -> None:
+    """Check that every rank holds an identical ``payload``; raise on every rank otherwise.
+
+    ``store`` should be a namespace unique to this creation (a PrefixStore); every rank must call
+    this with the same namespace, in the same order.
+    """
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    digest = _digest(text)
+    started = time.monotonic()
+    store.set(f"digest/{rank}", digest)
+    if rank == 0:
+        store.set("detail/0", text)
+    else:
+        _wait(store, ["digest/0"], timeout, started, world_size, rank)
+        if store.get("digest/0").decode() != digest:
+            store.set(f"detail/{rank}", text)
+            index = store.add("mismatch", 1)
+            store.set(f"mismatch/{index}", str(rank))
+    if store.add("arrived", 1) == world_size:
+        store.set("all", "1")
+    _wait(store, ["all"], timeout, started, world_size, rank)
+
+    mismatches = store.add("mismatch", 0)
+    if mismatches == 0:
+        logger.debug("rank %d: %d ranks agree on %s", rank, world_size, digest[:12])
+        return
+    named = min(mismatches, MAX_NAMED_RANKS)
+    ranks = sorted(int(store.get(f"mismatch/{i}").decode()) for i in range(1, named + 1))
+    reference = json.loads(store.get("detail/0").decode())
+    other = json.loads(store.get(f"detail/{ranks[0]}").decode())
+    lines = [
+        line.format(ref="rank 0", other=f"rank {ranks[0]}")
+        for line in describe_differences(reference, other)
+    ]
+    more = f" (and {mismatches - named} more)" if mismatches > named else ""
+    raise LayoutMismatchError(
+        f"ranks {ranks}{more} built a different layout than rank 0 "
+        f"({mismatches} of {world_size} ranks differ); differences:\n  "
+        + "\n  ".join(lines)
+        + "\nfix: give every rank the same layout (same file, dims, roles, options, backends) "
+        "and the same creation mode",
+        field=lines[0].split(":")[0] if lines else None,
+    )
+
+
+def _wait(
+    store: Store,
+    keys: list[str],
+    timeout: timedelta,
+    started: float,
+    world_size: int,
+    rank: int,
+) -> None:
+    remaining = timeout.total_seconds() - (time.monotonic() - started)
+    try:
+        store.wait(keys, timedelta(seconds=max(remaining, 0.001)))
+    except (RuntimeError, dist.DistStoreError) as error:
+        missing = _missing_ranks(store, world_size)
+        raise AgreementTimeoutError(
+            f"rank {rank}: not every rank reached GroupRegistry.create() within "
+            f"{timeout.total_seconds():g}s; ranks that never arrived: {missing or 'unknown'}. "
+            "fix: make every rank call create() (in the same order as other registries), check "
+            "that no rank died, or raise create_timeout_s"
+        ) from error
+
+
+def _missing_ranks(store: Store, world_size: int) -> list[int]:
+    missing: list[int] = []
+    for other in range(world_size):
+        try:
+            if not store.check([f"digest/{other}"]):
+                missing.append(other)
+        except RuntimeError:
+            return missing
+        if len(missing) >= MAX_NAMED_RANKS:
+            break
+    return missing

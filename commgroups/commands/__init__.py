@@ -1,0 +1,1 @@
+"""Sub-commands of the ``commgroups`` command line, one module each."""

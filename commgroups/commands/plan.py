@@ -1,0 +1,80 @@
+"""``commgroups plan LAYOUT``: print the roles, their groups, one rank's groups and the fingerprint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from commgroups.layout_io import load_layout
+from commgroups.plan import Plan
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``plan`` sub-command."""
+    parser = subparsers.add_parser(
+        "plan", help="show a layout's roles and rank groups (no torch.distributed needed)"
+    )
+    parser.add_argument("layout", help="layout file (.toml, .yaml, .yml or .json)")
+    parser.add_argument("--rank", type=int, default=0, help="the rank whose groups to show")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--max-groups", type=int, default=8,
+                        help="list at most this many groups per role (default 8)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the plan of ``args.layout``."""
+    plan = Plan(load_layout(args.layout))
+    if not 0 <= args.rank < plan.world_size:
+        raise SystemExit(f"commgroups plan: --rank must be in 0..{plan.world_size - 1}")
+    summary = plan.to_dict(rank=args.rank, max_groups=args.max_groups)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(render(plan, summary, args.max_groups))
+    return 0
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if len(ranks) > 8 and ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"[{ranks[0]}..{ranks[-1]}]"
+    if len(ranks) > 8:
+        return "[" + ", ".join(map(str, ranks[:6])) + f", ... {ranks[-1]}] ({len(ranks)} ranks)"
+    return str(ranks)
+
+
+def render(plan: Plan, summary: dict[str, Any], max_groups: int) -> str:
+    """The plan as readable text."""
+    dims = " x ".join(f"{k}={v}" for k, v in summary["dims"].items())
+    lines = [
+        f"layout: {dims} (world size {summary['world_size']})",
+        f"fingerprint: {summary['fingerprint']}",
+        "",
+    ]
+    header = ("role", "dims", "backend", "group size", "groups", "regular")
+    rows = [header]
+    for role in summary["roles"]:
+        dims_text = "explicit" if role["dims"] is None else (
+            "world" if plan.layout.role(role["name"]).dims == "world" else " x ".join(role["dims"])
+        )
+        rows.append((role["name"], dims_text, role["backend"], str(role["group_size"]),
+                     str(role["num_groups"]), "yes" if role["regular"] else "no"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    table.insert(1, "  ".join("-" * w for w in widths))
+    lines += table
+    rank = summary["rank"]
+    coords = ", ".join(f"{k}={v}" for k, v in summary["coords"].items())
+    lines += ["", f"rank {rank} ({coords}): {summary['communicators_per_rank']} communicators"]
+    for role in summary["roles"]:
+        mine = role["rank_group"]
+        lines.append(f"  {role['name']}: {'-' if mine is None else _ranks_text(mine)}")
+    lines += ["", f"groups (up to {max_groups} per role):"]
+    for role in summary["roles"]:
+        groups = role.get("groups")
+        if groups is None:
+            lines.append(f"  {role['name']}: {role['num_groups']} groups (not listed)")
+            continue
+        lines.append(f"  {role['name']}: " + " ".join(_ranks_text(g) for g in groups))
+    return "\n".join(lines)

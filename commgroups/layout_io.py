@@ -1,0 +1,71 @@
+"""Read a :class:`~commgroups.Layout` from a TOML, YAML or JSON file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from commgroups.errors import LayoutError, LayoutFileError
+from commgroups.specs import Layout
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[import-not-found,no-redef]
+
+__all__ = ["SUFFIXES", "load_layout", "parse_layout"]
+
+SUFFIXES = (".toml", ".yaml", ".yml", ".json")
+
+
+def _parse(text: str, suffix: str, source: str) -> Any:
+    try:
+        if suffix == ".toml":
+            return tomllib.loads(text)
+        if suffix == ".json":
+            return json.loads(text)
+        try:
+            import yaml
+        except ImportError as error:
+            raise LayoutFileError(
+                f"{source}: reading YAML needs PyYAML; fix: pip install 'commgroups[yaml]' or use "
+                "TOML/JSON"
+            ) from error
+        return yaml.safe_load(text)
+    except LayoutError:
+        raise
+    except Exception as error:  # each parser has its own error types; all mean "bad syntax"
+        raise LayoutFileError(
+            f"{source}: not valid {suffix.lstrip('.').upper()}: {error}; fix: correct the syntax"
+        ) from None
+
+
+def parse_layout(text: str, suffix: str, source: str = "<layout>") -> Layout:
+    """Parse layout text in the format of ``suffix`` (.toml, .yaml, .yml or .json)."""
+    if suffix not in SUFFIXES:
+        raise LayoutFileError(
+            f"{source}: unknown layout format {suffix!r}; fix: use one of {', '.join(SUFFIXES)}"
+        )
+    data = _parse(text, suffix, source)
+    if not isinstance(data, dict):
+        raise LayoutFileError(
+            f"{source}: a layout must be a table/mapping with 'dims' (and optionally 'roles'), got "
+            f"{type(data).__name__}; fix: start with e.g. [dims] in TOML"
+        )
+    try:
+        return Layout.model_validate(data)
+    except LayoutError as error:
+        error.args = (f"{source}: {error.args[0]}",)
+        raise
+
+
+def load_layout(path: str | Path) -> Layout:
+    """Read and validate a layout file; every failure is a LayoutError naming the field and fix."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise LayoutFileError(f"{path}: cannot read layout file ({error}); fix: check the path") from None
+    return parse_layout(text, path.suffix.lower(), str(path))

@@ -1,0 +1,397 @@
+"""The GroupRegistry: owns every process group a training job uses, one dedicated group per role.
+
+Creation is collective and happens in one place: ranks first agree on the plan's fingerprint (so a
+disagreement is an error on every rank, not a hang), then every rank makes the same creation calls in
+the same order. A role's group is never the default group, not even when the role spans the world.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported at runtime
+from torch.distributed.device_mesh import DeviceMesh
+from typing_extensions import Self
+
+from commgroups.agreement import agree
+from commgroups.backends import BackendAdapter, resolve_backend
+from commgroups.creation import CREATION_MODES, CreatedRole, choose_method, create_role_group
+from commgroups.errors import (
+    BackendUnavailableError,
+    CommGroupsError,
+    LayoutError,
+    NotAMemberError,
+    RegistryClosedError,
+    RegistryStateError,
+    UnknownDimError,
+    WorldSizeMismatchError,
+)
+from commgroups.meshes import build_mesh
+from commgroups.plan import Plan
+from commgroups.specs import Layout, RoleSpec
+
+if TYPE_CHECKING:
+    from commgroups.collectives import RoleCollectives
+
+__all__ = ["GroupRegistry"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CREATE_TIMEOUT_S = 300.0
+STORE_PREFIX = "commgroups"
+
+
+class GroupRegistry:
+    """Owns one dedicated process group per role of a :class:`~commgroups.Layout`.
+
+    Use after ``torch.distributed.init_process_group`` (or under torchrun)::
+
+        registry = GroupRegistry(layout)
+        registry.create()                 # collective; or `with GroupRegistry(layout) as registry:`
+        cp = registry.group("cp")         # never the default group
+        mesh = registry.device_mesh(["dp_shard", "cp"])
+        registry.close()                  # destroys every group it made
+
+    Args:
+        layout: the validated layout.
+        creation: ``auto`` (fastest safe path per role), ``all_ranks``, ``local`` or ``split``.
+        create_timeout_s: how long ranks wait for each other to agree on the plan before every rank
+            raises :class:`~commgroups.errors.AgreementTimeoutError`.
+    """
+
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        creation: str = "auto",
+        create_timeout_s: float = DEFAULT_CREATE_TIMEOUT_S,
+    ) -> None:
+        if not isinstance(layout, Layout):
+            raise TypeError(
+                f"GroupRegistry needs a commgroups.Layout, got {type(layout).__name__}; "
+                "fix: build one with cg.Layout(...) or cg.load_layout(path)"
+            )
+        if creation not in CREATION_MODES:
+            raise LayoutError(
+                f"creation: unknown mode {creation!r}; fix: use one of {', '.join(CREATION_MODES)}",
+                field="creation",
+            )
+        if create_timeout_s <= 0:
+            raise LayoutError(
+                f"create_timeout_s: must be > 0, got {create_timeout_s}; fix: give seconds, e.g. "
+                "300",
+                field="create_timeout_s",
+            )
+        self.layout = layout
+        self.plan = Plan(layout)
+        self.creation = creation
+        self.create_timeout_s = create_timeout_s
+        self._rank = -1
+        self._adapters: dict[str, BackendAdapter] = {}
+        self._created: dict[str, CreatedRole] = {}
+        self._dim_groups: dict[str, CreatedRole] = {}
+        self._meshes: dict[tuple[str, ...], DeviceMesh] = {}
+        self._state = "new"
+
+    # --------------------------------------------------------------------------------- creation
+    def create(self) -> Self:
+        """Create every role's dedicated group. Collective: every rank must call it.
+
+        Raises the same LayoutError subclass on every rank when the layout is invalid for this job or
+        when ranks disagree, before any group exists.
+        """
+        if self._state == "created":
+            raise RegistryStateError("create() was already called on this registry")
+        if self._state == "closed":
+            raise RegistryClosedError("this registry was closed; make a new GroupRegistry")
+        if not dist.is_available() or not dist.is_initialized():
+            raise RegistryStateError(
+                "torch.distributed is not initialized; fix: call "
+                "torch.distributed.init_process_group() (or run under torchrun) before create()"
+            )
+        rank, world = dist.get_rank(), dist.get_world_size()
+        default_backend = str(dist.get_backend())
+        local_error: CommGroupsError | None = None
+        if self.layout.world_size != world:
+            local_error = WorldSizeMismatchError(
+                f"dims: the layout's world size is {self.layout.world_size} "
+                f"({' x '.join(f'{k}={v}' for k, v in self.layout.dims.items())}) but the job has "
+                f"{world} ranks; fix: make the product of dims equal {world}",
+                field="dims",
+            )
+        adapters: dict[str, BackendAdapter] = {}
+        methods: dict[str, str] = {}
+        if local_error is None:
+            try:
+                for role in self.layout.roles:
+                    adapter = resolve_backend(role.backend, default_backend)
+                    adapter.check_available()
+                    adapters[role.name] = adapter
+                    methods[role.name] = choose_method(self.creation, self.plan, role.name, adapter)
+            except BackendUnavailableError as error:
+                local_error = error
+        payload: dict[str, Any] = {
+            "layout": self.plan.canonical(),
+            "backends": {name: adapter.name for name, adapter in adapters.items()},
+            "creation": methods,
+            "world_size": world,
+            "error": f"{type(local_error).__name__}: {local_error}" if local_error else None,
+        }
+        if default_backend != "fake":
+            # One process simulates the world under the fake backend: there is nobody to disagree.
+            agree(self._agreement_store(rank), rank, world, payload,
+                  timedelta(seconds=self.create_timeout_s))
+        if local_error is not None:
+            raise local_error
+
+        self._rank = rank
+        self._adapters = adapters
+        for role in self.layout.roles:
+            self._created[role.name] = create_role_group(
+                self.plan,
+                role.name,
+                adapters[role.name],
+                role.options,
+                role.timeout_s,
+                rank,
+                methods[role.name],
+            )
+            logger.debug("rank %d: created role %s via %s", rank, role.name, methods[role.name])
+        self._state = "created"
+        return self
+
+    def _agreement_store(self, rank: int) -> Store:
+        store = dist.distributed_c10d._get_default_store()
+        # Each rank counts its own create() calls in the store itself (no process-wide counter), so
+        # the n-th create() of every rank meets in the same namespace.
+        generation = store.add(f"{STORE_PREFIX}/generation/{rank}", 1)
+        return PrefixStore(f"{STORE_PREFIX}/agree/{generation}/", store)
+
+    # ----------------------------------------------------------------------------------- access
+    def _check_usable(self) -> None:
+        if self._state == "closed":
+            raise RegistryClosedError(
+                "this registry was closed and its groups destroyed; make a new GroupRegistry"
+            )
+        if self._state != "created":
+            raise RegistryStateError(
+                "the registry has no groups yet; fix: call registry.create() on every rank first"
+            )
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """Role names in creation order."""
+        return self.layout.role_names
+
+    @property
+    def created(self) -> bool:
+        """True between a successful create() and close()."""
+        return self._state == "created"
+
+    def spec(self, role: str) -> RoleSpec:
+        """The RoleSpec of ``role``; KeyError listing the known roles otherwise."""
+        return self.layout.role(role)
+
+    def group(self, role: str) -> dist.ProcessGroup:
+        """This rank's dedicated ProcessGroup for ``role`` (never the default group)."""
+        self.spec(role)
+        self._check_usable()
+        group = self._created[role].group
+        if group is None:
+            raise NotAMemberError(
+                f"rank {self._rank} is in no group of role {role!r} (its ranks are "
+                f"{self.layout.role(role).ranks}); fix: only call group({role!r}) on member ranks"
+            )
+        return group
+
+    def ranks(self, role: str) -> tuple[int, ...]:
+        """Global ranks of this rank's group for ``role``."""
+        self.spec(role)
+        self._check_usable()
+        ranks = self.plan.group_of(role, self._rank)
+        if ranks is None:
+            raise NotAMemberError(f"rank {self._rank} is in no group of role {role!r}")
+        return ranks
+
+    def backend(self, role: str) -> str:
+        """The backend ``role`` resolved to on this machine (nccl, rccl, hccl, gloo or fake)."""
+        self.spec(role)
+        self._check_usable()
+        return self._adapters[role].name
+
+    def creation_method(self, role: str) -> str:
+        """How ``role``'s groups were created here (all_ranks, local or split)."""
+        self.spec(role)
+        self._check_usable()
+        return self._created[role].method
+
+    def timeout(self, role: str) -> timedelta:
+        """The timeout ``role``'s group was created with."""
+        spec = self.spec(role)
+        self._check_usable()
+        adapter = self._adapters[role]
+        if spec.timeout_s is None:
+            return adapter.default_timeout()
+        return timedelta(seconds=spec.timeout_s)
+
+    def collectives(self, role: str) -> RoleCollectives:
+        """The torch.distributed collective API on ``role``'s group, without ``group=``.
+
+        Every call is issued ``async_op=True`` and waited at once (unless the role's ``safeguard`` is
+        off); a caller that asks for ``async_op=True`` gets the Work back unwaited.
+        """
+        from commgroups.collectives import RoleCollectives
+
+        group = self.group(role)
+        return RoleCollectives(group, role=role, safeguard=self.spec(role).safeguard)
+
+    # ----------------------------------------------------------------------------------- meshes
+    def device_mesh(self, dims_or_role: str | Sequence[str]) -> DeviceMesh:
+        """A DeviceMesh over the registry's own groups.
+
+        ``dims_or_role`` is a role name (a 1-D mesh on that role's group, named after the role: this
+        is how a role over several dims, like fsdp over dp_shard x cp, is meshed, never with
+        ``_flatten()``), one dim name, or a list of dims in layout order. A dim with a role of its own
+        (dims == [dim]) uses that role's group; any other dim gets a dedicated group, created on first
+        use: that call is then collective, so make it on every rank in the same order.
+        """
+        self._check_usable()
+        if isinstance(dims_or_role, str) and dims_or_role in self.roles:
+            role = dims_or_role
+            key: tuple[str, ...] = (f"role:{role}",)
+            if key not in self._meshes:
+                self._meshes[key] = DeviceMesh.from_group(
+                    self.group(role), self._adapters[role].device_type, mesh_dim_names=(role,)
+                )
+            return self._meshes[key]
+        dims = (dims_or_role,) if isinstance(dims_or_role, str) else tuple(dims_or_role)
+        self._check_mesh_dims(dims)
+        if dims not in self._meshes:
+            created = [self._group_for_dim(dim) for dim in dims]
+            device_types = {adapter.device_type for adapter, _ in created}
+            if len(device_types) != 1:
+                raise LayoutError(
+                    f"mesh dims {list(dims)} use groups on different device types "
+                    f"{sorted(device_types)}; fix: give those dims' roles the same backend"
+                )
+            self._meshes[dims] = build_mesh(
+                self.plan, self._rank, dims, [group for _, group in created], device_types.pop()
+            )
+        return self._meshes[dims]
+
+    def _check_mesh_dims(self, dims: tuple[str, ...]) -> None:
+        known = list(self.layout.dims)
+        for dim in dims:
+            if dim not in self.layout.dims:
+                raise UnknownDimError(
+                    f"device_mesh: {dim!r} is neither a dim nor a role; dims: {', '.join(known)}; "
+                    f"roles: {', '.join(self.roles)}",
+                    field="dims",
+                )
+        ordered = tuple(d for d in known if d in dims)
+        if ordered != dims or len(set(dims)) != len(dims):
+            raise UnknownDimError(
+                f"device_mesh: dims {list(dims)} must be distinct and in layout order; fix: use "
+                f"{list(ordered)}",
+                field="dims",
+            )
+
+    def _group_for_dim(self, dim: str) -> tuple[BackendAdapter, dist.ProcessGroup]:
+        device = resolve_backend("device", str(dist.get_backend()))
+        for role in self.layout.roles:
+            if role.dims == [dim] and self._adapters[role.name].device_type == device.device_type:
+                return self._adapters[role.name], self.group(role.name)
+        if dim not in self._dim_groups:
+            dim_layout = Layout(dims=dict(self.layout.dims), roles=[RoleSpec(name=dim, dims=[dim])])
+            dim_plan = Plan(dim_layout)
+            self._dim_groups[dim] = create_role_group(
+                dim_plan,
+                dim,
+                device,
+                dim_layout.roles[0].options,
+                None,
+                self._rank,
+                choose_method(self.creation, dim_plan, dim, device),
+                group_desc=f"mesh-{dim}",
+            )
+            logger.debug("rank %d: created a dedicated mesh group for dim %s", self._rank, dim)
+        group = self._dim_groups[dim].group
+        assert group is not None  # dims cover the world: every rank is in one group
+        return device, group
+
+    # ------------------------------------------------------------------------------- reporting
+    def describe(self) -> str:
+        """A readable table: each role's dims, backend, size, groups, this rank's ranks, timeout."""
+        header = ("role", "dims", "backend", "size", "groups", "creation", "timeout", "safeguard",
+                  "this rank's group")
+        rows = [header]
+        for name in self.roles:
+            spec = self.spec(name)
+            info = self.plan.role(name)
+            dims = "world" if spec.dims == "world" else ("x".join(info.dims) if info.dims
+                                                          else "explicit")
+            if self._state == "created":
+                backend, method = self._adapters[name].name, self._created[name].method
+                timeout = f"{self.timeout(name).total_seconds():g}s"
+                mine = self.plan.group_of(name, self._rank)
+                group_text = "-" if mine is None else _short_ranks(mine)
+            else:
+                backend, method, group_text = spec.backend, "-", "-"
+                timeout = "default" if spec.timeout_s is None else f"{spec.timeout_s:g}s"
+            rows.append((name, dims, backend, str(info.group_size), str(info.num_groups), method,
+                         timeout, "on" if spec.safeguard else "off", group_text))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        title = (f"GroupRegistry: world {self.layout.world_size} "
+                 f"({', '.join(f'{k}={v}' for k, v in self.layout.dims.items())}), "
+                 f"fingerprint {self.plan.fingerprint[:12]}, state {self._state}")
+        return "\n".join([title, *lines])
+
+    def __repr__(self) -> str:
+        return (f"GroupRegistry(world={self.layout.world_size}, roles={list(self.roles)}, "
+                f"state={self._state!r})")
+
+    # --------------------------------------------------------------------------------- teardown
+    def close(self) -> None:
+        """Destroy every group this registry created. Idempotent; the registry is unusable after."""
+        if self._state == "closed":
+            return
+        owned = [g for c in (*self._created.values(), *self._dim_groups.values()) for g in c.owned]
+        self._meshes.clear()
+        self._created.clear()
+        self._dim_groups.clear()
+        self._state = "closed"
+        if not (dist.is_available() and dist.is_initialized()):
+            return  # the whole world was torn down already, our groups with it
+        for group in owned:
+            try:
+                dist.destroy_process_group(group)
+            except (RuntimeError, ValueError) as error:  # already destroyed elsewhere
+                logger.debug("destroying %s: %s", group, error)
+
+    def __enter__(self) -> Self:
+        if self._state == "new":
+            self.create()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _short_ranks(ranks: Sequence[int]) -> str:
+    if len(ranks) > 8 and list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"{ranks[0]}..{ranks[-1]}"
+    if len(ranks) > 8:
+        return f"{list(ranks[:4])[:-1]}, ... {ranks[-1]}]".replace("], ...", ", ...")
+    return str(list(ranks))

@@ -1,0 +1,1 @@
+"""commgroups' tests. A package so spawned ranks can import test helpers by name."""
