@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from commgroups.layout_io import load_layout
+from commgroups.memory import DEVICE_BACKENDS, estimate_memory
 from commgroups.plan import Plan
 
 
@@ -20,6 +21,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--max-groups", type=int, default=8,
                         help="list at most this many groups per role (default 8)")
+    parser.add_argument("--device", choices=DEVICE_BACKENDS, default="nccl",
+                        help="what backend='device' roles are for the memory estimate (default nccl)")
     parser.set_defaults(run=run)
 
 
@@ -29,10 +32,14 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.rank < plan.world_size:
         raise SystemExit(f"commgroups plan: --rank must be in 0..{plan.world_size - 1}")
     summary = plan.to_dict(rank=args.rank, max_groups=args.max_groups)
+    memory = estimate_memory(plan.layout, args.rank, device_backend=args.device)
     if args.json:
+        summary["memory"] = memory.to_dict()
         print(json.dumps(summary, indent=2))
         return 0
     print(render(plan, summary, args.max_groups))
+    print()
+    print(memory.text())
     return 0
 
 
