@@ -31,7 +31,9 @@ logger = logging.getLogger(__name__)
 MAX_NAMED_RANKS = 16
 
 
-def describe_differences(reference: Any, other: Any, path: str = "", limit: int = 6) -> list[str]:
+def describe_differences(
+    reference: Any, other: Any, labels: tuple[str, str] = ("reference", "other"), limit: int = 6
+) -> list[str]:
     """Readable lines naming where two JSON-like values differ (``dims: rank 0 has .., ...``)."""
     lines: list[str] = []
 
@@ -45,10 +47,22 @@ def describe_differences(reference: Any, other: Any, path: str = "", limit: int 
             for i, (x, y) in enumerate(zip(a, b)):
                 walk(x, y, f"{where}[{i}]")
         else:
-            lines.append(f"{where or '<root>'}: {{ref}} has {a!r}, {{other}} has {b!r}")
+            lines.append(
+                f"{where or '<root>'}: {labels[0]} has {_short(a)}, {labels[1]} has {_short(b)}"
+            )
 
-    walk(reference, other, path)
+    # The layout is the root cause of most differences; name it before what follows from it.
+    if isinstance(reference, dict) and isinstance(other, dict) and "layout" in reference:
+        walk(reference.get("layout"), other.get("layout"), "layout")
+        reference = {k: v for k, v in reference.items() if k != "layout"}
+        other = {k: v for k, v in other.items() if k != "layout"}
+    walk(reference, other, "")
     return lines
+
+
+def _short(value: Any, width: int = 100) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 4] + " ..."
 
 
 def _digest(text: str) -> str:
@@ -91,10 +105,7 @@ def agree(
     ranks = sorted(int(store.get(f"mismatch/{i}").decode()) for i in range(1, named + 1))
     reference = json.loads(store.get("detail/0").decode())
     other = json.loads(store.get(f"detail/{ranks[0]}").decode())
-    lines = [
-        line.format(ref="rank 0", other=f"rank {ranks[0]}")
-        for line in describe_differences(reference, other)
-    ]
+    lines = describe_differences(reference, other, ("rank 0", f"rank {ranks[0]}"))
     more = f" (and {mismatches - named} more)" if mismatches > named else ""
     raise LayoutMismatchError(
         f"ranks {ranks}{more} built a different layout than rank 0 "

@@ -378,6 +378,15 @@ class Layout(SpecModel):
                             )
         return self
 
+    def __eq__(self, other: object) -> bool:
+        # Dim order is part of the layout (it decides which ranks share a group); dict equality
+        # would ignore it.
+        if not isinstance(other, Layout):
+            return NotImplemented
+        return list(self.dims.items()) == list(other.dims.items()) and self.roles == other.roles
+
+    __hash__ = None  # type: ignore[assignment]  # dims is a dict: layouts are not hashable
+
     @property
     def world_size(self) -> int:
         """The number of ranks the layout describes: the product of the dim sizes."""

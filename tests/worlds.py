@@ -121,7 +121,7 @@ def run_world(
     missing = [r for r in range(world_size) if r not in collected]
     if missing and not expect_errors:
         raise AssertionError(
-            f"ranks {missing} did not finish within {timeout:g}s (hang or crash); "
+            f"ranks {missing} reported nothing within {timeout:g}s (hang, or crash before reporting); "
             f"exit codes: {[p.exitcode for p in procs]}"
         )
     if expect_errors:

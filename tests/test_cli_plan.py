@@ -1,0 +1,44 @@
+"""`commgroups plan` and `python -m commgroups plan` from the repository root."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from commgroups.cli import main
+
+
+def test_plan_text(capsys: object) -> None:
+    assert main(["plan", "examples/layouts/llm_8x8x2.json", "--rank", "77"]) == 0
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert "world size 128" in out
+    assert "rank 77 (pp=1, dp_shard=1, cp=1, tp=1): 5 communicators" in out
+    assert "pp: [13, 77]" in out
+    assert "tp: [76, 77, 78, 79]" in out
+
+
+def test_plan_json(capsys: object) -> None:
+    assert main(["plan", "examples/layouts/seed_cp4.toml", "--rank", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
+    assert data["world_size"] == 4
+    assert [r["name"] for r in data["roles"]] == ["fsdp", "cp", "checkpoint-metadata"]
+    assert all(r["rank_group"] == [0, 1, 2, 3] for r in data["roles"])
+    assert len(data["fingerprint"]) == 64
+
+
+def test_plan_bad_layout_exits_2(tmp_path: object, capsys: object) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "bad.toml"
+    path.write_text("[dims]\ncp = 0\n")
+    assert main(["plan", str(path)]) == 2
+    assert "dims.cp" in capsys.readouterr().err  # type: ignore[attr-defined]
+
+
+def test_python_dash_m_from_root() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "commgroups", "plan", "examples/layouts/hsdp_2x2.yaml"],
+        capture_output=True, text=True, check=True,
+    )
+    assert "dp_replicate" in out.stdout and "fingerprint" in out.stdout

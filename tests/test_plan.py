@@ -1,0 +1,159 @@
+"""The pure planner: partitions, canonical order, one-rank planning at scale, the fingerprint."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import commgroups as cg
+
+DIM_NAMES = ["pp", "dp_replicate", "dp_shard", "cp", "tp", "ep"]
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> cg.Layout:
+    """Random layouts: 1-4 dims of size 1-5, random roles over ordered subsets of dims."""
+    names = draw(st.lists(st.sampled_from(DIM_NAMES), min_size=1, max_size=4, unique=True))
+    names = [n for n in DIM_NAMES if n in names]
+    dims = {n: draw(st.integers(1, 5)) for n in names}
+    roles: list[cg.RoleSpec] = []
+    for i in range(draw(st.integers(1, 4))):
+        subset = draw(st.lists(st.sampled_from(names), min_size=1, unique=True))
+        roles.append(cg.RoleSpec(name=f"r{i}", dims=[n for n in names if n in subset]))
+    if draw(st.booleans()):
+        roles.append(cg.RoleSpec(name="all", dims="world", backend="gloo"))
+    return cg.Layout(dims=dims, roles=roles)
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts())
+def test_groups_partition_the_world(layout: cg.Layout) -> None:
+    plan = cg.plan(layout)
+    for role in plan.roles:
+        info = plan.role(role)
+        groups = plan.groups(role)
+        flat = [r for g in groups for r in g]
+        assert sorted(flat) == list(range(plan.world_size))  # each rank in exactly one group
+        assert all(len(g) == info.group_size for g in groups)
+        assert len(groups) == info.num_groups == plan.world_size // info.group_size
+        assert all(list(g) == sorted(g) for g in groups)  # new_group's rank order
+        for index, group in enumerate(groups):
+            for rank in group:
+                assert plan.group_of(role, rank) == group
+                assert plan.group_index(role, rank) == index
+
+
+@settings(max_examples=100, deadline=None)
+@given(layouts())
+def test_groups_match_device_mesh_rows(layout: cg.Layout) -> None:
+    """A role over dims D groups the ranks that share every other coordinate (DeviceMesh's rule)."""
+    plan = cg.plan(layout)
+    grid = np.arange(plan.world_size).reshape(plan.dim_sizes)
+    for role in plan.roles:
+        info = plan.role(role)
+        assert info.dims is not None
+        axes = [plan.dim_names.index(d) for d in info.dims]
+        others = [i for i in range(grid.ndim) if i not in axes]
+        rows = np.transpose(grid, others + axes).reshape(-1, info.group_size)
+        assert [tuple(r) for r in rows.tolist()] == plan.groups(role)
+
+
+@settings(max_examples=100, deadline=None)
+@given(layouts(), st.data())
+def test_fingerprint_is_stable_and_order_sensitive(layout: cg.Layout, data: st.DataObject) -> None:
+    again = cg.Layout.model_validate(layout.model_dump())
+    assert cg.plan(again).fingerprint == cg.plan(layout).fingerprint
+    if len(layout.roles) > 1:
+        swapped = [layout.roles[1], layout.roles[0], *layout.roles[2:]]
+        assert cg.plan(cg.Layout(dims=layout.dims, roles=swapped)).fingerprint != cg.plan(
+            layout).fingerprint
+    if len(layout.dims) > 1:
+        reordered = dict(reversed(list(layout.dims.items())))
+        roles = [r for r in layout.roles if r.dims == "world"] or [
+            cg.RoleSpec(name="all", dims="world")]
+        a = cg.Layout(dims=layout.dims, roles=roles)
+        b = cg.Layout(dims=reordered, roles=roles)
+        assert cg.plan(a).fingerprint != cg.plan(b).fingerprint
+    changed = layout.with_dims(**{next(iter(layout.dims)): next(iter(layout.dims.values())) + 1})
+    assert cg.plan(changed).fingerprint != cg.plan(layout).fingerprint
+
+
+def test_fingerprint_sees_options_backend_and_timeout() -> None:
+    base = cg.Layout(dims={"cp": 4}, roles=[cg.RoleSpec(name="cp", dims=["cp"])])
+    variants = [
+        cg.Layout(dims={"cp": 4}, roles=[cg.RoleSpec(name="cp", dims=["cp"], backend="gloo")]),
+        cg.Layout(dims={"cp": 4}, roles=[cg.RoleSpec(name="cp", dims=["cp"], timeout_s=5)]),
+        cg.Layout(dims={"cp": 4}, roles=[cg.RoleSpec(
+            name="cp", dims=["cp"], options={"nccl": {"high_priority_stream": True}})]),
+        cg.Layout(dims={"cp": 4}, roles=[cg.RoleSpec(name="cp", dims=["cp"], safeguard=False)]),
+    ]
+    prints = {cg.plan(v).fingerprint for v in [base, *variants]}
+    assert len(prints) == 5
+
+
+def test_seed_layout_plan() -> None:
+    plan = cg.plan(cg.load_layout("examples/layouts/seed_cp4.toml"))
+    assert plan.roles == ("fsdp", "cp", "checkpoint-metadata")
+    for role in plan.roles:
+        assert plan.groups(role) == [(0, 1, 2, 3)]
+        assert plan.role(role).spans_world
+    assert plan.communicators_per_rank(2) == 3
+    assert plan.coords(2) == {"dp_shard": 0, "cp": 2}
+
+
+def test_explicit_rank_groups_are_irregular() -> None:
+    layout = cg.Layout(dims={"pp": 4}, roles=[cg.RoleSpec(name="embed", ranks=[[3, 0]]),
+                                              cg.RoleSpec(name="pp", dims=["pp"])])
+    plan = cg.plan(layout)
+    assert plan.groups("embed") == [(0, 3)]
+    assert plan.group_of("embed", 3) == (0, 3)
+    assert plan.group_of("embed", 1) is None
+    assert not plan.role("embed").regular and plan.role("pp").regular
+    assert not plan.is_regular
+    assert plan.communicators_per_rank(1) == 1
+
+
+def test_one_rank_of_a_million_rank_layout() -> None:
+    """One rank's groups come from its coordinates; nothing world-sized is materialised."""
+    layout = cg.Layout(dims={"pp": 16, "dp_shard": 512, "cp": 8, "tp": 16})
+    assert layout.world_size == 1_048_576
+    plan = cg.plan(layout)
+    rank = 777_777
+    coords = plan.coords(rank)
+    assert rank == sum(coords[d] * s for d, s in zip(plan.dim_names, plan.dim_strides))
+    tp = plan.group_of("tp", rank)
+    assert tp is not None and len(tp) == 16 and rank in tp
+    assert tp == tuple(range(rank - rank % 16, rank - rank % 16 + 16))
+    fsdp = plan.group_of("fsdp", rank)
+    assert fsdp is not None and len(fsdp) == 512 * 8 and rank in fsdp
+    assert np.all(np.diff(fsdp) > 0)
+    assert all(plan.coords(r)["pp"] == coords["pp"] and plan.coords(r)["tp"] == coords["tp"]
+               for r in fsdp[:: 97])
+    assert plan.group_index("pp", rank) == rank % plan.role("pp").num_groups
+    assert math.prod(plan.dim_sizes) == plan.world_size
+
+
+def test_plan_imports_nothing_from_torch_distributed() -> None:
+    code = ("import sys; import commgroups.plan, commgroups.specs, commgroups.layout_io; "
+            "print(any(m.startswith('torch') for m in sys.modules))")
+    # commgroups/__init__ imports the registry (and torch); import the pure modules in isolation
+    code = ("import importlib.util, sys, types;"
+            "pkg = types.ModuleType('commgroups'); pkg.__path__ = ['commgroups']; "
+            "sys.modules['commgroups'] = pkg;"
+            "import commgroups.plan, commgroups.layout_io;"
+            "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('torch')}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("rank", [-1, 4])
+def test_rank_out_of_range(rank: int) -> None:
+    plan = cg.plan(cg.Layout(dims={"cp": 4}))
+    with pytest.raises(ValueError, match="outside"):
+        plan.group_of("cp", rank)

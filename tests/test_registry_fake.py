@@ -1,0 +1,34 @@
+"""The registry on the fake backend: one process plays one rank of a 4,096-rank world."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch.distributed as dist
+
+import commgroups as cg
+
+
+@pytest.mark.parametrize("rank", [0, 5, 2047, 4095])
+def test_4096_ranks_plan_and_groups(fake_world: Callable[..., None], rank: int) -> None:
+    fake_world(4096, rank)
+    layout = cg.Layout(dims={"pp": 4, "dp_shard": 128, "cp": 2, "tp": 4})
+    plan = cg.plan(layout)
+    default = dist.distributed_c10d._get_default_group()
+    with cg.GroupRegistry(layout) as registry:
+        assert registry.roles == ("pp", "dp_shard", "cp", "tp", "fsdp", "checkpoint-metadata")
+        for role in registry.roles:
+            group = registry.group(role)
+            assert group.group_name != default.group_name
+            assert dist.get_backend(group) == "fake"  # every role is simulated under fake
+            assert registry.ranks(role) == plan.group_of(role, rank)
+            assert dist.get_process_group_ranks(group) == list(plan.group_of(role, rank) or ())
+        assert registry.backend("checkpoint-metadata") == "fake"
+        mesh = registry.device_mesh(["pp", "dp_shard", "cp", "tp"])
+        assert tuple(mesh.shape) == (4, 128, 2, 4)
+        assert mesh.get_group("tp") is registry.group("tp")
+        assert mesh.get_group("dp_shard") is registry.group("dp_shard")
+        fsdp = registry.device_mesh("fsdp")
+        assert fsdp.size() == 256 and fsdp.get_group() is registry.group("fsdp")
+        assert "fake" in registry.describe()

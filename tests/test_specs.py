@@ -1,0 +1,129 @@
+"""Layout and RoleSpec validation: every bad input is a specific LayoutError naming field and fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import commgroups as cg
+from commgroups import errors
+
+
+def test_default_roles_follow_torchtitan() -> None:
+    layout = cg.Layout(dims={"dp_replicate": 2, "dp_shard": 2, "cp": 2, "tp": 1})
+    roles = {r.name: r for r in layout.roles}
+    assert list(roles) == ["dp_replicate", "dp_shard", "cp", "fsdp", "checkpoint-metadata"]
+    assert roles["fsdp"].dims == ["dp_shard", "cp"]
+    assert roles["checkpoint-metadata"].dims == "world"
+    assert roles["checkpoint-metadata"].backend == "gloo"
+    assert "tp" not in roles  # size-1 dims get no role
+
+
+def test_seed_layout_defaults() -> None:
+    layout = cg.Layout(dims={"dp_shard": 1, "cp": 4})
+    assert layout.role_names == ("cp", "fsdp", "checkpoint-metadata")
+    assert layout.world_size == 4
+
+
+def test_explicit_roles_and_options_round_trip() -> None:
+    layout = cg.Layout(
+        dims={"dp_shard": 2, "cp": 2},
+        roles=[
+            cg.RoleSpec(name="cp", dims=["cp"], timeout_s=30,
+                        options=cg.RoleOptions(nccl=cg.NcclOptions(high_priority_stream=True))),
+            cg.RoleSpec(name="ckpt", dims="world", backend="gloo", safeguard=False),
+            cg.RoleSpec(name="embed", ranks=[[0, 3]]),
+        ],
+    )
+    again = cg.Layout.model_validate(layout.model_dump())
+    assert again == layout
+    assert cg.plan(again).fingerprint == cg.plan(layout).fingerprint
+
+
+BAD: list[tuple[dict[str, Any], type[errors.LayoutError], str]] = [
+    ({"dims": {}}, errors.EmptyDimsError, "dims"),
+    ({"dims": {"cp": 0}}, errors.InvalidSizeError, "dims.cp"),
+    ({"dims": {"cp": -2}}, errors.InvalidSizeError, "dims.cp"),
+    ({"dims": {"cp": "4"}}, errors.InvalidSizeError, "dims.cp"),
+    ({"dims": {"cp": 2.5}}, errors.InvalidSizeError, "dims.cp"),
+    ({"dims": {"world": 2}}, errors.InvalidNameError, "dims.world"),
+    ({"dims": {"1cp": 2}}, errors.InvalidNameError, "dims.1cp"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": ["cpp"]}]},
+     errors.UnknownDimError, "roles[0].dims[0]"),
+    ({"dims": {"a": 2, "b": 2}, "roles": [{"name": "x", "dims": ["b", "a"]}]},
+     errors.UnknownDimError, "roles[0].dims"),
+    ({"dims": {"a": 2}, "roles": [{"name": "x", "dims": ["a", "a"]}]},
+     errors.UnknownDimError, "roles[0].dims[1]"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": ["cp"]}, {"name": "cp", "dims": "world"}]},
+     errors.DuplicateRoleError, "roles[1].name"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": []}]}, errors.EmptyDimsError, "roles[0].dims"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "cp"}]}, errors.EmptyDimsError, "roles[0].dims"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": ["cp"], "backend": "mpi"}]},
+     errors.UnknownBackendError, "roles[0].backend"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": ["cp"], "timeout": 5}]},
+     errors.UnknownOptionError, "roles[0].timeout"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": ["cp"], "options": {"nccl": {"bogus": 1}}}]},
+     errors.UnknownOptionError, "roles[0].options.nccl.bogus"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": ["cp"], "options": {"mpi": {}}}]},
+     errors.UnknownOptionError, "roles[0].options.mpi"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "c", "dims": ["cp"], "backend": "gloo",
+                                    "options": {"nccl": {}}}]},
+     errors.UnknownOptionError, "roles[0].options.nccl"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "c", "dims": ["cp"], "backend": "nccl",
+                                    "options": {"hccl": {"buffer_size_mb": 100}}}]},
+     errors.UnknownOptionError, "roles[0].options.hccl"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "c", "dims": ["cp"], "backend": "hccl",
+                                    "options": {"hccl": {"config": {"hccl_buffer_size": 1}}}}]},
+     errors.UnknownOptionError, "roles[0].options.hccl.config.hccl_buffer_size"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "c", "dims": ["cp"],
+                                    "options": {"nccl": {"min_ctas": 8, "max_ctas": 2}}}]},
+     errors.UnknownOptionError, "roles[0].options.nccl.min_ctas"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "c", "dims": ["cp"], "ranks": [[0]]}]},
+     errors.EmptyDimsError, "roles[0].dims"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "c", "ranks": [[0, 1], [1, 2]]}]},
+     errors.InvalidSizeError, "roles[0].ranks[1]"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "c", "ranks": [[0, 7]]}]},
+     errors.InvalidSizeError, "roles[0].ranks[0]"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "bad name", "dims": ["cp"]}]},
+     errors.InvalidNameError, "roles[0].name"),
+    ({"dims": {"cp": 4}, "extra": 1}, errors.UnknownOptionError, "extra"),
+]
+
+
+@pytest.mark.parametrize(("data", "error", "field"), BAD, ids=[f"{e.__name__}:{f}" for _, e, f in BAD])
+def test_bad_input_names_field_and_fix(data: dict[str, Any], error: type[Exception], field: str) -> None:
+    with pytest.raises(error) as info:
+        cg.Layout(**data)
+    assert info.value.field == field
+    message = str(info.value)
+    assert field in message
+    assert "fix" in message
+    # the same input through model_validate (the file path) gives the same error
+    with pytest.raises(error):
+        cg.Layout.model_validate(data)
+
+
+def test_errors_are_layout_errors_and_value_errors() -> None:
+    for _, error, _ in BAD:
+        assert issubclass(error, errors.LayoutError)
+        assert issubclass(error, ValueError)
+
+
+def test_several_problems_are_all_reported() -> None:
+    with pytest.raises(errors.LayoutError) as info:
+        cg.Layout(dims={"cp": 4}, roles=[{"name": "a", "dims": ["cp"], "backend": "mpi",
+                                          "timeout_s": -1}])
+    assert "backend" in str(info.value) and "timeout_s" in str(info.value)
+
+
+def test_role_lookup_lists_known_roles() -> None:
+    layout = cg.Layout(dims={"cp": 4})
+    with pytest.raises(KeyError, match="known roles: cp, fsdp, checkpoint-metadata"):
+        layout.role("tp")
+
+
+def test_specs_are_immutable() -> None:
+    spec = cg.RoleSpec(name="cp", dims=["cp"])
+    with pytest.raises(Exception):  # noqa: B017  pydantic's frozen-instance error
+        spec.name = "x"  # type: ignore[misc]
