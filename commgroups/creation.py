@@ -1,28 +1,121 @@
 """How a role's groups are created: the same calls, in the same order, on every rank.
 
-``all_ranks`` is torch's default contract: every rank calls ``new_group`` for every group of the role
-(O(world / group size) calls per rank). Faster, still-safe paths are chosen per role by
-:func:`choose_method`.
+Three paths, chosen per role by :func:`choose_method` from facts that are the same on every rank (the
+plan, the role's backend adapter, the torch version and the default group's device binding):
+
+``all_ranks``
+    torch's default contract: every rank calls ``new_group`` for every group of the role
+    (``world / group size`` calls per rank). Always safe; the fallback for everything else.
+``local``
+    ``new_group(my_ranks, use_local_synchronization=True)``: one call per role per rank, non-members
+    skip it. torch then names the group ``sha1(ranks + len(_world.pg_names))`` (see
+    ``distributed_c10d._hash_ranks_to_str``), so every member must have the same number of groups
+    registered when it calls. :func:`creation_order` and :func:`confirm_local` guarantee that, or the
+    role falls back to ``all_ranks``.
+``split``
+    ``split_group(split_ranks=all groups of the role)``: one call per role per rank (ncclCommSplit),
+    when the default group is bound to a device and the backend can split.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import Literal
+from datetime import timedelta
+from typing import Any, Literal
 
+import torch
 import torch.distributed as dist
+from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported at runtime
 
 from commgroups.backends import BackendAdapter
+from commgroups.errors import AgreementTimeoutError
 from commgroups.plan import Plan
 from commgroups.specs import RoleOptions
 
-__all__ = ["CREATION_MODES", "CreatedRole", "CreationMode", "choose_method", "create_role_group"]
+__all__ = [
+    "CREATION_MODES",
+    "CreatedRole",
+    "CreationContext",
+    "CreationMode",
+    "choose_method",
+    "confirm_local",
+    "create_role_group",
+    "creation_order",
+    "split_supported_by_torch",
+]
 
 logger = logging.getLogger(__name__)
 
 CreationMode = Literal["auto", "all_ranks", "local", "split"]
 CREATION_MODES: tuple[str, ...] = ("auto", "all_ranks", "local", "split")
+
+# torch 2.6.0-2.7.1: a default group bound with init_process_group(device_id=...) hangs in eager
+# communicator init / split (pytorch#153960), so split creation is not used there; all_ranks is.
+_SPLIT_HANG_FIRST = (2, 6, 0)
+_SPLIT_HANG_LAST = (2, 7, 1)
+
+# Where each rank records the hashed group names it has had torch create (see confirm_local).
+_CLAIM_PREFIX = "commgroups/hashed-names/"
+
+
+def _parse_version(text: str) -> tuple[int, int, int]:
+    parts: list[int] = []
+    for piece in text.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    while len(parts) < 3:
+        parts.append(0)
+    return parts[0], parts[1], parts[2]
+
+
+def split_supported_by_torch(version: tuple[int, int, int]) -> bool:
+    """Whether split creation is safe on this torch version (public ``split_group``, no hang)."""
+    if version < _SPLIT_HANG_FIRST:
+        return False  # dist.split_group is not public before 2.6
+    return not (_SPLIT_HANG_FIRST <= version <= _SPLIT_HANG_LAST)
+
+
+@dataclass(frozen=True)
+class CreationContext:
+    """The job-wide facts that decide a creation path; identical on every rank of a sane job.
+
+    They enter the agreement payload through the chosen methods, so a rank that differs (one rank
+    bound to a device, another not) is an error on every rank, not a hang.
+    """
+
+    default_backend: str
+    """``dist.get_backend()`` of the default group (e.g. nccl, gloo, fake, cpu:gloo,cuda:nccl)."""
+    device_bound: bool
+    """The default group was bound to a device (``init_process_group(device_id=...)``)."""
+    torch_version: tuple[int, int, int]
+    """Major, minor, patch of the running torch."""
+    accelerator: bool = False
+    """An accelerator is visible (split_group needs one)."""
+    torchcomms: bool = False
+    """torch delegates new_group to split_group (TorchComms); local creation raises there."""
+    has_split_group: bool = True
+    """``torch.distributed.split_group`` exists."""
+
+    @classmethod
+    def detect(cls) -> CreationContext:
+        """Read the facts from the initialized default group and the running torch."""
+        default_pg = dist.distributed_c10d._get_default_group()
+        accelerator_mod = getattr(torch, "accelerator", None)
+        if accelerator_mod is not None:
+            accelerator = bool(accelerator_mod.is_available())
+        else:
+            accelerator = bool(torch.cuda.is_available())
+        torchcomms_check = getattr(dist.distributed_c10d, "_use_torchcomms_enabled", None)
+        return cls(
+            default_backend=str(dist.get_backend()),
+            device_bound=getattr(default_pg, "bound_device_id", None) is not None,
+            torch_version=_parse_version(torch.__version__),
+            accelerator=accelerator,
+            torchcomms=bool(torchcomms_check()) if callable(torchcomms_check) else False,
+            has_split_group=hasattr(dist, "split_group"),
+        )
 
 
 @dataclass
@@ -37,12 +130,179 @@ class CreatedRole:
     """Groups this rank must destroy on close."""
 
 
-def choose_method(mode: str, plan: Plan, role: str, adapter: BackendAdapter) -> str:
-    """The creation path for ``role`` under ``mode``; the same answer on every rank."""
-    del plan, role, adapter
-    if mode in ("auto", "all_ranks"):
+def creation_order(plan: Plan) -> list[str]:
+    """The order roles are created in: regular roles first (layout order), then irregular ones.
+
+    Creating a regular role registers exactly one group on every rank, whatever the path; an
+    irregular role registers one on its members only. Putting irregular roles last keeps every rank's
+    group count equal while regular roles are created, which local creation needs (torch's hashed
+    group name includes that count).
+    """
+    roles = plan.roles
+    return [r for r in roles if plan.role(r).regular] + [
+        r for r in roles if not plan.role(r).regular
+    ]
+
+
+def _split_blocker(adapter: BackendAdapter, context: CreationContext) -> str | None:
+    """Why split creation cannot be used (None: it can)."""
+    if not adapter.supports_split:
+        return f"backend {adapter.name} cannot split communicators"
+    if not context.device_bound:
+        return "the default group is not bound to a device (init_process_group(device_id=...))"
+    if context.default_backend != adapter.torch_backend:
+        return (f"the default group's backend {context.default_backend!r} is not "
+                f"{adapter.torch_backend!r} (split children inherit the parent's backends)")
+    if not context.accelerator:
+        return "no accelerator is visible"
+    if not context.has_split_group:
+        return "torch.distributed.split_group does not exist in this torch"
+    if not split_supported_by_torch(context.torch_version):
+        return (f"torch {'.'.join(map(str, context.torch_version))} hangs with a device-bound "
+                "default group on 2.6.0-2.7.1 (pytorch#153960) and has no public split before 2.6")
+    return None
+
+
+def _local_blocker(adapter: BackendAdapter, context: CreationContext) -> str | None:
+    """Why member-only creation cannot be used (None: it can)."""
+    if not adapter.supports_local_creation:
+        return f"member-only creation hangs on backend {adapter.name}"
+    if context.device_bound:
+        # With a bound default group that can split (NCCL), torch makes non-members of every new
+        # group, whatever its backend, join an ncclCommSplit (perform_nocolor_split): skipping the
+        # call, as local creation does, hangs the members.
+        return "the default group is bound to a device: non-members must join torch's comm split"
+    if context.torchcomms:
+        return "TorchComms delegates new_group to split_group, which has no member-only mode"
+    if context.default_backend == "mpi":
+        return "MPI has no member-only synchronization"
+    return None
+
+
+def choose_method(
+    mode: str,
+    plan: Plan,
+    role: str,
+    adapter: BackendAdapter,
+    context: CreationContext | None = None,
+) -> str:
+    """The creation path for ``role`` under ``mode``; the same answer on every rank.
+
+    ``auto`` picks split, else local, else all_ranks; ``local`` and ``split`` fall back to
+    all_ranks (with a log line saying why) where they are not safe. Only regular roles (every rank in
+    exactly one equal-sized group) use local or split. ``context`` defaults to
+    :meth:`CreationContext.detect`.
+    """
+    if mode not in CREATION_MODES:
+        raise ValueError(f"creation mode {mode!r} is not supported; use one of {CREATION_MODES}")
+    if mode == "all_ranks":
         return "all_ranks"
-    raise ValueError(f"creation mode {mode!r} is not supported; use one of {CREATION_MODES}")
+    if adapter.name == "hccl":
+        logger.info(
+            "role %s: creating hccl groups on every rank (all_ranks): member-only creation hangs "
+            "on HCCL and HCCL cannot split here", role,
+        )
+        return "all_ranks"
+    info = plan.role(role)
+    if not info.regular:
+        level = logging.INFO if mode != "auto" else logging.DEBUG
+        logger.log(level, "role %s: its explicit rank groups do not cover the world evenly; "
+                   "creating it on every rank (all_ranks)", role)
+        return "all_ranks"
+    ctx = context if context is not None else CreationContext.detect()
+    split_reason = _split_blocker(adapter, ctx)
+    local_reason = _local_blocker(adapter, ctx)
+    if mode in ("auto", "split") and split_reason is None:
+        return "split"
+    if mode == "auto" and local_reason is None:
+        return "local"
+    if mode == "local" and local_reason is None:
+        return "local"
+    reason = split_reason if mode == "split" else local_reason
+    level = logging.DEBUG if mode == "auto" else logging.INFO
+    logger.log(level, "role %s: %s creation not used (%s); creating on every rank (all_ranks)",
+               role, "split" if mode == "split" else "local", reason)
+    return "all_ranks"
+
+
+def _torch_hashed_name(ranks: tuple[int, ...] | list[int], registered: int) -> str:
+    # Mirrors distributed_c10d._hash_ranks_to_str with len(_world.pg_names) == registered.
+    text = "_".join([*map(str, ranks), str(registered)])
+    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+
+
+def _registered_names() -> dict[Any, str] | None:
+    world = getattr(dist.distributed_c10d, "_world", None)
+    names = getattr(world, "pg_names", None)
+    return names if isinstance(names, dict) else None
+
+
+def confirm_local(
+    plan: Plan,
+    order: list[str],
+    methods: dict[str, str],
+    rank: int,
+    world_size: int,
+    store: Store | None,
+    timeout: timedelta,
+) -> dict[str, str]:
+    """Check, collectively, that local creation of ``methods``' local roles cannot hang.
+
+    Every rank must call it with the same arguments shape, after agreement. Local creation is kept
+    only when (1) every rank has the same number of registered groups now (torch's hashed names
+    include it), and (2) no rank has had torch create one of the names before (a name reused after
+    ``destroy_process_group`` meets its predecessor's stale rendezvous keys in the store; reproduced as
+    a hang on 4 gloo ranks) nor holds a live group by that name. Otherwise every local role becomes
+    all_ranks, on every rank alike. ``store`` is a namespace unique to this call (None: the default
+    group is fake, one process simulates the world and nothing can disagree).
+
+    Cost: a handful of store operations per rank, O(1) in the world size.
+    """
+    if "local" not in methods.values() or store is None:
+        return dict(methods)
+    names = _registered_names()
+    if names is None:  # torch changed its internals: the name rule is unknown, so do not risk it
+        count, unsafe = 0, 1
+    else:
+        count, unsafe = len(names), 0
+        live = set(names.values())
+        claims = PrefixStore(_CLAIM_PREFIX, dist.distributed_c10d._get_default_store())
+        for position, role in enumerate(order):
+            if methods.get(role) != "local":
+                continue
+            ranks = plan.group_of(role, rank)
+            if ranks is None:  # not regular after all: never hash a name we will not create
+                unsafe = 1
+                continue
+            # Regular roles come first in `order` and each registers exactly one group per rank.
+            name = _torch_hashed_name(ranks, count + position)
+            if name in live or claims.add(f"{name}/{rank}", 1) > 1:
+                unsafe = 1
+    store.add("local/sum", count)
+    store.add("local/sumsq", count * count)
+    store.add("local/unsafe", unsafe)
+    if store.add("local/arrived", 1) == world_size:
+        store.set("local/all", "1")
+    try:
+        store.wait(["local/all"], timeout)
+    except (RuntimeError, dist.DistStoreError) as error:
+        raise AgreementTimeoutError(
+            f"rank {rank}: not every rank reached the local-creation check within "
+            f"{timeout.total_seconds():g}s; fix: make every rank call create()/device_mesh() in "
+            "the same order, check that no rank died, or raise create_timeout_s"
+        ) from error
+    total, squares = store.add("local/sum", 0), store.add("local/sumsq", 0)
+    flagged = store.add("local/unsafe", 0)
+    # Cauchy-Schwarz: sum^2 == n * sum of squares exactly when all n counts are equal.
+    uniform = total * total == world_size * squares
+    if uniform and flagged == 0:
+        return dict(methods)
+    why = ("ranks have registered different numbers of process groups before this call"
+           if not uniform else
+           f"{flagged} rank(s) would reuse a group name torch created before")
+    if rank == 0:
+        logger.warning("local creation not safe (%s); creating those roles on every rank", why)
+    return {role: ("all_ranks" if method == "local" else method) for role, method in methods.items()}
 
 
 def create_role_group(
@@ -55,9 +315,41 @@ def create_role_group(
     method: str,
     group_desc: str | None = None,
 ) -> CreatedRole:
-    """Create ``role``'s groups by ``method`` and return this rank's. Collective over all ranks."""
+    """Create ``role``'s groups by ``method`` and return this rank's. Collective over all ranks.
+
+    ``local`` is collective over this rank's group only; ``split`` and ``all_ranks`` over all ranks.
+    """
     desc = group_desc or role
-    mine: dist.ProcessGroup | None = None
+    if method == "local":
+        mine = plan.group_of(role, rank)
+        if mine is None:
+            raise ValueError(f"role {role!r}: rank {rank} has no group; local creation needs a "
+                             "regular role (choose_method never picks local for it)")
+        # A fresh options object per group: new_group mutates it (timeout, name, split fields).
+        args = adapter.group_args(options, timeout_s)
+        group = dist.new_group(
+            list(mine),
+            timeout=args.timeout,
+            backend=args.backend,
+            pg_options=args.pg_options,
+            use_local_synchronization=True,
+            group_desc=desc,
+        )
+        return CreatedRole(group=group, method="local", owned=[group])
+    if method == "split":
+        args = adapter.group_args(options, timeout_s)
+        # One ncclCommSplit per role: the default group is the parent, so its ranks are global
+        # ranks. split_share (from the role's options.nccl) rides in pg_options.config.
+        split = dist.split_group(
+            split_ranks=[list(ranks) for ranks in plan.groups(role)],
+            timeout=args.timeout,
+            pg_options=args.pg_options,
+            group_desc=desc,
+        )
+        return CreatedRole(group=split, method="split", owned=[split] if split is not None else [])
+    if method != "all_ranks":
+        raise ValueError(f"unknown creation method {method!r}; use all_ranks, local or split")
+    found: dist.ProcessGroup | None = None
     my_index = plan.group_index(role, rank)
     for index, ranks in enumerate(plan.groups(role)):
         # A fresh options object per group: new_group mutates it (timeout, name, split fields).
@@ -70,5 +362,5 @@ def create_role_group(
             group_desc=desc,
         )
         if index == my_index:
-            mine = group
-    return CreatedRole(group=mine, method="all_ranks", owned=[mine] if mine is not None else [])
+            found = group
+    return CreatedRole(group=found, method="all_ranks", owned=[found] if found is not None else [])

@@ -20,7 +20,15 @@ from typing_extensions import Self
 
 from commgroups.agreement import agree
 from commgroups.backends import BackendAdapter, resolve_backend
-from commgroups.creation import CREATION_MODES, CreatedRole, choose_method, create_role_group
+from commgroups.creation import (
+    CREATION_MODES,
+    CreatedRole,
+    CreationContext,
+    choose_method,
+    confirm_local,
+    create_role_group,
+    creation_order,
+)
 from commgroups.errors import (
     BackendUnavailableError,
     CommGroupsError,
@@ -126,13 +134,16 @@ class GroupRegistry:
             )
         adapters: dict[str, BackendAdapter] = {}
         methods: dict[str, str] = {}
+        context = CreationContext.detect()
         if local_error is None:
             try:
                 for role in self.layout.roles:
                     adapter = resolve_backend(role.backend, default_backend)
                     adapter.check_available()
                     adapters[role.name] = adapter
-                    methods[role.name] = choose_method(self.creation, self.plan, role.name, adapter)
+                    methods[role.name] = choose_method(
+                        self.creation, self.plan, role.name, adapter, context
+                    )
             except BackendUnavailableError as error:
                 local_error = error
         payload: dict[str, Any] = {
@@ -142,26 +153,32 @@ class GroupRegistry:
             "world_size": world,
             "error": f"{type(local_error).__name__}: {local_error}" if local_error else None,
         }
+        store: Store | None = None
         if default_backend != "fake":
             # One process simulates the world under the fake backend: there is nobody to disagree.
-            agree(self._agreement_store(rank), rank, world, payload,
-                  timedelta(seconds=self.create_timeout_s))
+            store = self._agreement_store(rank)
+            agree(store, rank, world, payload, timedelta(seconds=self.create_timeout_s))
         if local_error is not None:
             raise local_error
 
         self._rank = rank
         self._adapters = adapters
-        for role in self.layout.roles:
-            self._created[role.name] = create_role_group(
+        # Regular roles first: keeps every rank's group count equal while local roles are created.
+        order = creation_order(self.plan)
+        methods = confirm_local(self.plan, order, methods, rank, world, store,
+                                timedelta(seconds=self.create_timeout_s))
+        for name in order:
+            role = self.layout.role(name)
+            self._created[name] = create_role_group(
                 self.plan,
-                role.name,
-                adapters[role.name],
+                name,
+                adapters[name],
                 role.options,
                 role.timeout_s,
                 rank,
-                methods[role.name],
+                methods[name],
             )
-            logger.debug("rank %d: created role %s via %s", rank, role.name, methods[role.name])
+            logger.debug("rank %d: created role %s via %s", rank, name, methods[name])
         self._state = "created"
         return self
 
@@ -309,6 +326,14 @@ class GroupRegistry:
         if dim not in self._dim_groups:
             dim_layout = Layout(dims=dict(self.layout.dims), roles=[RoleSpec(name=dim, dims=[dim])])
             dim_plan = Plan(dim_layout)
+            methods = {dim: choose_method(self.creation, dim_plan, dim, device)}
+            if "local" in methods.values():
+                # Groups may have been made unevenly since create(): check again, collectively.
+                fake = str(dist.get_backend()) == "fake"  # one process: nobody to disagree
+                methods = confirm_local(dim_plan, [dim], methods, self._rank,
+                                        dim_layout.world_size,
+                                        None if fake else self._agreement_store(self._rank),
+                                        timedelta(seconds=self.create_timeout_s))
             self._dim_groups[dim] = create_role_group(
                 dim_plan,
                 dim,
@@ -316,7 +341,7 @@ class GroupRegistry:
                 dim_layout.roles[0].options,
                 None,
                 self._rank,
-                choose_method(self.creation, dim_plan, dim, device),
+                methods[dim],
                 group_desc=f"mesh-{dim}",
             )
             logger.debug("rank %d: created a dedicated mesh group for dim %s", self._rank, dim)

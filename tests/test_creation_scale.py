@@ -1,0 +1,157 @@
+"""Creation at scale, simulated: one process is one rank of a 65,536-rank fake-backend world.
+
+The default group is made to raise on any collective (FakeProcessGroup.Options.error_on_collective),
+so every role working proves it never touches the default group. new_group calls are counted by
+wrapping torch.distributed.new_group; timings are printed next to init_device_mesh + _flatten for the
+same dims, never asserted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import commgroups as cg
+from commgroups.registry import GroupRegistry
+
+WORLD = 65_536
+DIMS = {"dp_shard": 8_192, "cp": 8}
+RANK = 12_345  # an arbitrary rank in the middle of the world
+ROLES = ("fsdp", "cp", "dp_shard", "checkpoint-metadata")
+
+
+def _layout() -> cg.Layout:
+    return cg.Layout(
+        dims=dict(DIMS),
+        roles=[
+            cg.RoleSpec(name="fsdp", dims=["dp_shard", "cp"]),
+            cg.RoleSpec(name="cp", dims=["cp"]),
+            cg.RoleSpec(name="dp_shard", dims=["dp_shard"]),
+            cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo"),
+        ],
+    )
+
+
+@pytest.fixture
+def guarded_world() -> Iterator[None]:
+    """A fake world of 65,536 ranks whose default group raises on any collective."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers backend "fake"
+    from torch._C._distributed_c10d import FakeProcessGroup
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    options = FakeProcessGroup.Options()
+    options.error_on_collective = True
+    dist.init_process_group("fake", store=FakeStore(), rank=RANK, world_size=WORLD,
+                            pg_options=options)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def new_group_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every torch.distributed.new_group call made while the test runs, with its keywords."""
+    calls: list[dict[str, Any]] = []
+    original: Callable[..., Any] = dist.new_group
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(dict(kwargs, nranks=len(args[0]) if args else len(kwargs.get("ranks") or [])))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "new_group", counting)
+    # DeviceMesh imported the function by name: count its calls too.
+    import torch.distributed.device_mesh as device_mesh
+
+    if hasattr(device_mesh, "new_group"):
+        monkeypatch.setattr(device_mesh, "new_group", counting)
+    return calls
+
+
+def _check_roles(registry: GroupRegistry) -> None:
+    for role in ROLES:
+        group = registry.group(role)
+        assert group is not dist.group.WORLD
+        assert group.size() == registry.plan.role(role).group_size
+        assert tuple(dist.get_process_group_ranks(group)) == registry.plan.group_of(role, RANK)
+        tensor = torch.ones(4)
+        dist.all_reduce(tensor, group=group)  # raises if it lands on the default group
+        dist.broadcast(tensor, group_src=0, group=group)
+
+
+@pytest.mark.usefixtures("guarded_world")
+def test_default_group_raises_on_collectives() -> None:
+    """The detector works: a collective on the default group raises."""
+    with pytest.raises(RuntimeError, match="error_on_collective"):
+        dist.all_reduce(torch.ones(2))
+
+
+@pytest.mark.usefixtures("guarded_world")
+@pytest.mark.parametrize("mode", ["local", "auto"])
+def test_one_new_group_call_per_role(mode: str, new_group_calls: list[dict[str, Any]]) -> None:
+    """Local and auto creation make one new_group call per role on a rank, member-only."""
+    started = time.perf_counter()
+    registry = GroupRegistry(_layout(), creation=mode).create()
+    elapsed = time.perf_counter() - started
+    try:
+        assert len(new_group_calls) == len(ROLES)
+        assert all(call["use_local_synchronization"] for call in new_group_calls)
+        assert {registry.creation_method(role) for role in ROLES} == {"local"}
+        _check_roles(registry)
+        assert "local" in registry.describe()
+    finally:
+        registry.close()
+    print(f"\n[scale] {mode}: {len(new_group_calls)} new_group calls on rank {RANK} of {WORLD}, "
+          f"{elapsed:.3f}s")
+
+
+@pytest.mark.usefixtures("guarded_world")
+def test_registry_vs_device_mesh(new_group_calls: list[dict[str, Any]]) -> None:
+    """Compare calls and time with all_ranks and with init_device_mesh + _flatten (same dims)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    started = time.perf_counter()
+    local = GroupRegistry(_layout(), creation="auto").create()
+    local_s = time.perf_counter() - started
+    local_calls = len(new_group_calls)
+    _check_roles(local)
+    local.close()
+
+    new_group_calls.clear()
+    started = time.perf_counter()
+    every = GroupRegistry(_layout(), creation="all_ranks").create()
+    all_ranks_s = time.perf_counter() - started
+    all_ranks_calls = len(new_group_calls)
+    _check_roles(every)
+    every.close()
+
+    new_group_calls.clear()
+    started = time.perf_counter()
+    mesh = init_device_mesh("cpu", tuple(DIMS.values()), mesh_dim_names=tuple(DIMS))
+    flat = mesh["dp_shard", "cp"]._flatten()
+    mesh_s = time.perf_counter() - started
+    mesh_calls = len(new_group_calls)
+
+    assert local_calls == len(ROLES)
+    # all_ranks: one call per group of every role (1 + 8192 + 8 + 1).
+    assert all_ranks_calls == sum(_layout_groups(role) for role in ROLES)
+    # What the registry exists to avoid: the world-spanning flattened dim is the default group here.
+    flat_aliases_default = flat.get_group() is dist.group.WORLD
+    print(
+        f"\n[scale] world {WORLD} ({DIMS}), rank {RANK}, roles {list(ROLES)}\n"
+        f"  registry auto (local): {local_calls} new_group calls, {local_s:.3f}s\n"
+        f"  registry all_ranks:    {all_ranks_calls} new_group calls, {all_ranks_s:.3f}s\n"
+        f"  init_device_mesh+_flatten: {mesh_calls} new_group calls, {mesh_s:.3f}s "
+        f"(flattened group is the default group: {flat_aliases_default})\n"
+        f"  ratio registry-local / device-mesh time: {local_s / mesh_s:.3f}; "
+        f"all_ranks / device-mesh: {all_ranks_s / mesh_s:.3f}"
+    )
+
+
+def _layout_groups(role: str) -> int:
+    return cg.plan(_layout()).role(role).num_groups
