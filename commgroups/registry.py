@@ -104,6 +104,7 @@ class GroupRegistry:
         self._created: dict[str, CreatedRole] = {}
         self._dim_groups: dict[str, CreatedRole] = {}
         self._meshes: dict[tuple[str, ...], DeviceMesh] = {}
+        self._timeout_overrides: dict[str, timedelta] = {}
         self._state = "new"
 
     # --------------------------------------------------------------------------------- creation
@@ -248,13 +249,39 @@ class GroupRegistry:
         return self._created[role].method
 
     def timeout(self, role: str) -> timedelta:
-        """The timeout ``role``'s group was created with."""
+        """The collective timeout of ``role``'s group: its spec's, or the last set_timeout()."""
         spec = self.spec(role)
         self._check_usable()
-        adapter = self._adapters[role]
+        if role in self._timeout_overrides:
+            return self._timeout_overrides[role]
         if spec.timeout_s is None:
-            return adapter.default_timeout()
+            return self._adapters[role].default_timeout()
         return timedelta(seconds=spec.timeout_s)
+
+    def set_timeout(self, role: str, seconds: float) -> None:
+        """Change ``role``'s collective timeout on a live job.
+
+        The new timeout applies to collectives issued after the call; one already in flight keeps
+        the timeout it started with. The change is local to this rank (it needs no communication,
+        so it cannot hang): call it on every member rank, between steps, so that all ranks of the
+        group time out alike. The layout (and its fingerprint) is unchanged.
+        """
+        self.spec(role)
+        self._check_usable()
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
+            raise LayoutError(
+                f"timeout_s: set_timeout({role!r}, {seconds!r}) needs seconds > 0; fix: pass a "
+                "positive number of seconds",
+                field="timeout_s",
+            )
+        timeout = timedelta(seconds=seconds)
+        group = self._created[role].group
+        if group is not None:
+            # torch has no public setter; _set_pg_timeout (torch >= 2.3) updates the group's gloo
+            # or NCCL backend in place, which is what new collectives read.
+            dist.distributed_c10d._set_pg_timeout(timeout, group)
+        self._timeout_overrides[role] = timeout
+        logger.info("rank %d: role %s timeout set to %ss", self._rank, role, seconds)
 
     def collectives(self, role: str) -> RoleCollectives:
         """The torch.distributed collective API on ``role``'s group, without ``group=``.

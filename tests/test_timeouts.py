@@ -1,0 +1,50 @@
+"""Per-role timeouts reach their groups; set_timeout changes one role's timeout on a live job."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import commgroups as cg
+from tests.worlds import run_world
+
+
+def _backend_timeout(group: dist.ProcessGroup) -> timedelta:
+    return group._get_backend(torch.device("cpu")).options._timeout  # type: ignore[no-any-return]
+
+
+def _timeouts(rank: int, world_size: int) -> dict[str, Any]:
+    layout = cg.Layout(dims={"dp_shard": 2, "cp": 2}, roles=[
+        cg.RoleSpec(name="cp", dims=["cp"], timeout_s=7),
+        cg.RoleSpec(name="fsdp", dims=["dp_shard", "cp"], timeout_s=11.5),
+        cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo"),
+    ])
+    out: dict[str, Any] = {}
+    with cg.GroupRegistry(layout) as registry:
+        out["created"] = {r: _backend_timeout(registry.group(r)).total_seconds() for r in registry.roles}
+        out["reported"] = {r: registry.timeout(r).total_seconds() for r in registry.roles}
+        registry.set_timeout("cp", 3)
+        out["after_set"] = {r: _backend_timeout(registry.group(r)).total_seconds()
+                            for r in registry.roles}
+        out["reported_after"] = registry.timeout("cp").total_seconds()
+        value = torch.ones(1)
+        dist.all_reduce(value, group=registry.group("cp"))  # still works after the change
+        out["sum"] = value.item()
+        try:
+            registry.set_timeout("cp", 0)
+        except cg.errors.LayoutError as error:
+            out["bad"] = str(error)
+    return out
+
+
+def test_role_timeouts_reach_groups_and_can_change() -> None:
+    for out in run_world(_timeouts, 4):
+        assert out["created"] == {"cp": 7.0, "fsdp": 11.5, "checkpoint-metadata": 1800.0}
+        assert out["reported"] == out["created"]
+        assert out["after_set"] == {"cp": 3.0, "fsdp": 11.5, "checkpoint-metadata": 1800.0}
+        assert out["reported_after"] == 3.0
+        assert out["sum"] == 2.0
+        assert "timeout_s" in out["bad"] and "fix" in out["bad"]
