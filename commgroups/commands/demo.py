@@ -1,0 +1,85 @@
+"""``commgroups demo``: train a small transformer through the registry's groups and audit it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from commgroups.demo.config import BASELINES, DemoConfig
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``demo`` sub-command."""
+    parser = subparsers.add_parser(
+        "demo",
+        help="the main job: FSDP2 + cp (spmd_types) + DCP on the registry's groups, audited",
+        description=(
+            "Train a small transformer for a few steps on CPU/gloo: FSDP2 on the fsdp role, the "
+            "sequence sharded over cp with K/V gathered through spmd_types on the registry's cp group, "
+            "the audit on; then a DCP save through the checkpoint-metadata group, a load into a fresh "
+            "model and an exact comparison. Spawns its own processes unless run under torchrun "
+            "(torchrun --nproc-per-node N -m commgroups demo)."
+        ),
+    )
+    parser.add_argument("-n", "--world-size", type=int, default=None,
+                        help="processes to start (default: the layout's world size, else 4; "
+                             "under torchrun: torchrun's)")
+    parser.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
+    parser.add_argument("--layout", default=None,
+                        help="layout file (default: the seed's, dp_shard=1 and cp=world size)")
+    parser.add_argument("--baseline", choices=BASELINES, default=None,
+                        help="run on plain init_device_mesh groups instead, to see what the audit "
+                             "finds there")
+    parser.add_argument("--json", dest="json_path", metavar="FILE", default=None,
+                        help="write the result as JSON to FILE")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="where DCP writes (default: a temporary directory, removed after)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds before a stuck run is stopped (default 300)")
+    parser.add_argument("--no-audit", action="store_true", help="do not record collectives")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the report")
+    parser.set_defaults(run=run)
+
+
+def _world_size(args: argparse.Namespace) -> int:
+    import os
+
+    from commgroups.demo.launch import under_torchrun
+    from commgroups.layout_io import load_layout
+
+    layout_world = load_layout(args.layout).world_size if args.layout else None
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if args.world_size not in (None, world):
+            raise SystemExit(f"commgroups demo: --world-size {args.world_size} but torchrun started "
+                             f"{world} processes; fix: drop --world-size under torchrun")
+    else:
+        world = args.world_size or layout_world or 4
+    if layout_world is not None and layout_world != world:
+        raise SystemExit(f"commgroups demo: the layout {args.layout} describes {layout_world} ranks "
+                         f"but the run has {world}; fix: make them agree")
+    if world < 1:
+        raise SystemExit("commgroups demo: --world-size must be >= 1")
+    return world
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo as the parsed ``args`` ask."""
+    from commgroups.demo.launch import launch
+
+    if args.steps < 1:
+        raise SystemExit("commgroups demo: --steps must be >= 1")
+    cfg = DemoConfig(
+        world_size=_world_size(args),
+        steps=args.steps,
+        layout_path=args.layout,
+        baseline=args.baseline,
+        json_path=args.json_path,
+        checkpoint_dir=args.checkpoint_dir,
+        timeout_s=args.timeout,
+        audit=not args.no_audit,
+        quiet=args.quiet,
+    )
+    return launch(cfg)
