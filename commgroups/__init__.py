@@ -9,7 +9,9 @@ checkpoint-metadata, ...), never the default group, each with its own backend, o
         cp_group = registry.group("cp")
 """
 
-from commgroups import errors
+from commgroups import audit, errors
+from commgroups.async_wait import AsyncWaitDist, async_and_wait
+from commgroups.collectives import RoleCollectives
 from commgroups.layout_io import load_layout, parse_layout
 from commgroups.plan import Plan, RolePlan, plan
 from commgroups.registry import GroupRegistry
@@ -25,6 +27,7 @@ from commgroups.specs import (
 
 __all__ = [
     "CHECKPOINT_ROLE",
+    "AsyncWaitDist",
     "GroupRegistry",
     "HcclOptions",
     "Layout",
@@ -32,7 +35,10 @@ __all__ = [
     "Plan",
     "RoleOptions",
     "RolePlan",
+    "RoleCollectives",
     "RoleSpec",
+    "async_and_wait",
+    "audit",
     "default_roles",
     "errors",
     "load_layout",

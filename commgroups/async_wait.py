@@ -1,0 +1,304 @@
+"""Async-and-wait: issue every collective ``async_op=True`` and wait on it at once.
+
+Why: since torch 2.8, ProcessGroupNCCL runs a *blocking* collective (``async_op=False``) on the caller's
+current CUDA stream with no fence, while an ``async_op=True`` one runs on the group's own stream after
+waiting on the caller's. Code that mixes both on one communicator (spmd_types' blocking CP collectives
+next to FSDP2's async ones) drives one NCCL/RCCL communicator from two streams with nothing ordering
+them, and ranks deadlock. Issuing everything async and waiting at once keeps one ordered stream per
+communicator; ``work.wait()`` only makes the current stream wait (the host is not blocked on NCCL), so
+it costs nothing. On gloo ``wait()`` blocks the calling thread: async-and-wait equals a blocking call.
+
+Three ways to apply the rule:
+
+- :class:`commgroups.collectives.RoleCollectives` (``registry.collectives(role)``) for our own calls;
+- :class:`AsyncWaitDist`, a module-like stand-in for ``torch.distributed`` for libraries that accept a
+  dist module (``spmd_types.set_dist(cg.AsyncWaitDist())``);
+- :func:`async_and_wait`, a scope that patches ``torch.distributed``'s collective entry points for
+  libraries that call ``torch.distributed`` directly.
+
+A caller that explicitly asks for ``async_op=True`` always gets its Work back unwaited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+__all__ = [
+    "ASYNC_OP_FUNCTIONS",
+    "BLOCKING_P2P_FUNCTIONS",
+    "AsyncWaitDist",
+    "async_and_wait",
+    "async_and_wait_active",
+    "wrap_async_wait",
+]
+
+logger = logging.getLogger(__name__)
+
+# torch.distributed functions with an ``async_op`` parameter. Names missing from the installed torch
+# (all_gather_single and reduce_scatter_single appeared in 2.13) are skipped.
+ASYNC_OP_FUNCTIONS: tuple[str, ...] = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "_all_gather_base",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "_reduce_scatter_base",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "barrier",
+)
+
+# Blocking point-to-point calls and the non-blocking call each one is rebuilt from.
+BLOCKING_P2P_FUNCTIONS: tuple[tuple[str, str], ...] = (("send", "isend"), ("recv", "irecv"))
+
+# Marks our wrappers, so nothing is wrapped twice and restore can tell ours from someone else's.
+_MARK = "__commgroups_async_wait__"
+# The process-wide patch state lives on the module it patches (see _PatchState).
+_STATE_ATTR = "__commgroups_async_wait_state__"
+
+
+def _async_op_index(fn: Callable[..., Any]) -> int:
+    """Position of ``async_op`` in ``fn``'s signature (callers may pass it positionally)."""
+    params = list(inspect.signature(fn).parameters)
+    if "async_op" not in params:
+        raise TypeError(f"{getattr(fn, '__name__', fn)!r} has no async_op parameter")
+    return params.index("async_op")
+
+
+def wrap_async_wait(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a torch.distributed collective with an ``async_op`` parameter in the async-and-wait rule.
+
+    The wrapper issues ``fn(..., async_op=True)`` and waits on the Work at once, returning what the
+    blocking call returns (None). When the caller itself passes ``async_op=True`` (by keyword or
+    position) the Work is returned unwaited. Wrapping a wrapper returns it unchanged.
+    """
+    if getattr(fn, _MARK, False):
+        return fn
+    index = _async_op_index(fn)
+
+    @functools.wraps(fn)
+    def async_wait(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > index:
+            if args[index]:
+                return fn(*args, **kwargs)
+            args = (*args[:index], True, *args[index + 1:])
+        elif kwargs.get("async_op", False):
+            return fn(*args, **kwargs)
+        else:
+            kwargs["async_op"] = True
+        work = fn(*args, **kwargs)
+        if work is not None:  # None: this rank is not in the group
+            work.wait()
+        return None
+
+    setattr(async_wait, _MARK, True)
+    return async_wait
+
+
+def _wrap_send(isend: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
+             group_dst: int | None = None) -> None:
+        work = isend(tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
+        if work is not None:
+            work.wait()
+
+    setattr(send, _MARK, True)
+    return send
+
+
+def _wrap_recv(irecv: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
+             group_src: int | None = None) -> int:
+        work = irecv(tensor, src=src, group=group, tag=tag, group_src=group_src)
+        if work is None:
+            return -1  # torch's recv returns -1 when this rank is not in the group
+        work.wait()
+        return source_rank(work, src, group, group_src)
+
+    setattr(recv, _MARK, True)
+    return recv
+
+
+def source_rank(work: Any, src: int | None, group: Any, group_src: int | None) -> int:
+    """The global rank a finished irecv came from, as ``torch.distributed.recv`` returns it."""
+    if src is not None:
+        return src
+    pg = group if group is not None else c10d._get_default_group()
+    if group_src is None:
+        group_src = int(work._source_rank())  # the only way c10d exposes an any-source recv's peer
+    return int(dist.get_global_rank(pg, group_src))
+
+
+def _wrapped_entry(name: str, original: Callable[..., Any], base: Any) -> Callable[..., Any]:
+    """The async-and-wait version of ``base.<name>`` (``original``)."""
+    for blocking, nonblocking in BLOCKING_P2P_FUNCTIONS:
+        if name == blocking:
+            maker = _wrap_send if name == "send" else _wrap_recv
+            return maker(getattr(base, nonblocking), original)
+    return wrap_async_wait(original)
+
+
+def _entry_names() -> tuple[str, ...]:
+    return ASYNC_OP_FUNCTIONS + tuple(name for name, _ in BLOCKING_P2P_FUNCTIONS)
+
+
+class AsyncWaitDist:
+    """A module-like stand-in for ``torch.distributed`` that issues collectives async and waits.
+
+    Every attribute is forwarded to the wrapped module (``torch.distributed`` by default), looked up
+    at call time; the collectives with an ``async_op`` parameter (:data:`ASYNC_OP_FUNCTIONS`) and the
+    blocking ``send``/``recv`` are returned wrapped: issued ``async_op=True`` (``isend``/``irecv``)
+    and waited at once. A caller passing ``async_op=True`` gets the Work back unwaited. Object
+    collectives, ``get_rank``, ``ReduceOp`` and the rest pass through unchanged.
+
+    Use it with libraries that take a dist module, e.g. spmd_types (0.2.3 and 0.3.x)::
+
+        spmd_types.set_dist(cg.AsyncWaitDist())
+        ...
+        spmd_types.set_dist(None)   # back to torch.distributed
+
+    Its reach is the library that was handed it; nothing process-wide changes.
+    """
+
+    def __init__(self, base: ModuleType | Any = None) -> None:
+        # object.__setattr__ keeps __getattr__ (forwarding) away from our own two fields.
+        object.__setattr__(self, "_base", dist if base is None else base)
+        names = frozenset(n for n in _entry_names() if hasattr(self._base, n))
+        object.__setattr__(self, "_wrapped_names", names)
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._base, name)
+        if name in self._wrapped_names and callable(attribute):
+            return _wrapped_entry(name, attribute, self._base)
+        return attribute
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(dir(self._base)) | set(object.__dir__(self)))
+
+    def __repr__(self) -> str:
+        return f"AsyncWaitDist(base={getattr(self._base, '__name__', self._base)!r})"
+
+
+class _PatchState:
+    """Process-wide bookkeeping of the :func:`async_and_wait` patch.
+
+    The patch itself is process-wide (it replaces attributes of torch.distributed), so its bookkeeping
+    must be too: this object is stored on ``torch.distributed.distributed_c10d`` itself, next to what
+    it patches, rather than in a module global of ours. ``depth`` counts open scopes in all threads;
+    the first opens the patch and the last closes it, so nested and overlapping scopes are safe.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.originals: dict[tuple[str, str], Callable[..., Any]] = {}
+
+
+def _patch_state() -> _PatchState:
+    # dict.setdefault is atomic under the GIL: two threads entering at once get the same state.
+    state: _PatchState = vars(c10d).setdefault(_STATE_ATTR, _PatchState())
+    return state
+
+
+def _patched_modules() -> tuple[ModuleType, ...]:
+    # torch.distributed re-exports c10d's functions: user code looks them up on torch.distributed,
+    # torch's own helpers (all_gather_object -> all_gather, send -> isend) on distributed_c10d.
+    return (dist, c10d)
+
+
+def _install(state: _PatchState) -> None:
+    wrappers: dict[int, Callable[..., Any]] = {}  # one wrapper per original function object
+    for module in _patched_modules():
+        for name in _entry_names():
+            original = getattr(module, name, None)
+            if original is None or getattr(original, _MARK, False):
+                continue
+            if id(original) not in wrappers:
+                wrappers[id(original)] = _wrapped_entry(name, original, c10d)
+            state.originals[(module.__name__, name)] = original
+            setattr(module, name, wrappers[id(original)])
+    logger.debug("async_and_wait: patched %d entry points", len(state.originals))
+
+
+def _restore(state: _PatchState) -> None:
+    modules = {module.__name__: module for module in _patched_modules()}
+    for (module_name, name), original in state.originals.items():
+        module = modules[module_name]
+        current = getattr(module, name, None)
+        if current is not None and not getattr(current, _MARK, False):
+            # Someone replaced our wrapper while the scope was open; theirs stays, and it wraps ours
+            # at worst, which is still correct. Say so rather than silently undo their change.
+            logger.warning(
+                "async_and_wait: %s.%s was replaced inside the scope; leaving the replacement in "
+                "place", module_name, name,
+            )
+            continue
+        setattr(module, name, original)
+    state.originals.clear()
+
+
+def async_and_wait_active() -> bool:
+    """True while an :func:`async_and_wait` scope is open anywhere in this process."""
+    return _patch_state().depth > 0
+
+
+@contextlib.contextmanager
+def async_and_wait() -> Iterator[None]:
+    """A scope in which ``torch.distributed``'s collectives are issued async and waited at once.
+
+    Inside it, ``torch.distributed.<fn>`` and ``torch.distributed.distributed_c10d.<fn>`` for every
+    function in :data:`ASYNC_OP_FUNCTIONS`, plus ``send`` and ``recv``, are replaced by wrappers that
+    issue ``async_op=True`` (``isend``/``irecv``) and wait at once; all are restored on exit, also
+    when the body raises. Use it for libraries that call ``torch.distributed`` directly::
+
+        with cg.async_and_wait():
+            loss = model(batch)        # spmd_types' blocking CP collectives become async-and-wait
+
+    Reach (read this before using it):
+
+    - **Process-wide, all threads**: a collective issued by any thread while any scope is open is
+      wrapped. That is harmless to callers: a blocking call still returns only when done, and an
+      ``async_op=True`` call still gets its Work unwaited.
+    - **Covered**: calls that look the function up on ``torch.distributed`` or
+      ``torch.distributed.distributed_c10d`` at call time, including torch's own object collectives
+      (``all_gather_object`` etc. call ``all_gather``/``broadcast``/``gather``/``scatter`` through
+      ``distributed_c10d``), spmd_types (``_dist.dist.all_reduce``), FSDP2 and DCP.
+    - **Not covered**: names bound before the scope opened (``from torch.distributed import
+      all_reduce``), ``ProcessGroup`` methods (``pg.allreduce``), and functional collectives
+      (``torch.distributed._functional_collectives``), which always take the async path anyway.
+    - Nesting and overlapping scopes (also across threads) are safe: the patch is reference-counted
+      and only the last scope to close restores the originals.
+    """
+    state = _patch_state()
+    with state.lock:
+        if state.depth == 0:
+            _install(state)
+        state.depth += 1
+    try:
+        yield
+    finally:
+        with state.lock:
+            state.depth -= 1
+            if state.depth == 0:
+                _restore(state)

@@ -1,0 +1,261 @@
+"""``registry.collectives(role)``: the torch.distributed collective API bound to one role's group.
+
+Every method has torch.distributed's signature without ``group=``. With the role's ``safeguard`` on
+(the default) each call is issued ``async_op=True`` and waited at once, so on NCCL/RCCL it runs on the
+group's own stream behind a fence instead of unfenced on the caller's stream (see
+:mod:`commgroups.async_wait`); a caller that asks for ``async_op=True`` gets the Work back unwaited.
+Object collectives (``all_gather_object`` ...) pass through to torch, run inside
+:func:`~commgroups.async_wait.async_and_wait` so that the tensor collectives torch issues for them
+follow the same rule. With ``safeguard=False`` every call goes to torch exactly as given.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commgroups.async_wait import async_and_wait, source_rank
+
+__all__ = ["RoleCollectives"]
+
+logger = logging.getLogger(__name__)
+
+Work = Any  # torch.distributed.Work; torch's stubs type the async returns loosely
+ReduceOp = Any  # dist.ReduceOp or dist.ReduceOp.RedOpType, as torch.distributed accepts
+
+
+class RoleCollectives:
+    """torch.distributed collectives on one role's dedicated group, async-and-wait by default.
+
+    Made by :meth:`commgroups.GroupRegistry.collectives`; usable on any ProcessGroup::
+
+        cp = registry.collectives("cp")
+        cp.all_gather_into_tensor(out, x)            # issued async_op=True, waited at once
+        work = cp.all_reduce(t, async_op=True)       # the caller's Work, unwaited
+        peers = cp.p2p_op(dist.isend, t, peer=1)     # P2POp bound to this group
+
+    Args:
+        group: the process group every call runs on.
+        role: the role's name (for messages and logs).
+        safeguard: issue every call ``async_op=True`` and wait at once (off: pass calls through).
+    """
+
+    def __init__(self, group: dist.ProcessGroup, *, role: str, safeguard: bool) -> None:
+        if group is None or not isinstance(group, dist.ProcessGroup):
+            raise TypeError(
+                f"RoleCollectives for role {role!r} needs a ProcessGroup, got "
+                f"{type(group).__name__}; fix: pass registry.group({role!r})"
+            )
+        self.group = group
+        self.role = role
+        self.safeguard = safeguard
+
+    def __repr__(self) -> str:
+        return (f"RoleCollectives(role={self.role!r}, group={self.group.group_name!r}, "
+                f"size={self.size}, safeguard={self.safeguard})")
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in the group."""
+        return int(self.group.size())
+
+    @property
+    def rank(self) -> int:
+        """This process's rank within the group."""
+        return int(self.group.rank())
+
+    # ------------------------------------------------------------------------------- the rule
+    def _issue(self, fn: Callable[..., Any], async_op: bool, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn(*args, group=self.group, async_op=..., **kwargs)`` under the safeguard rule."""
+        if async_op or not self.safeguard:
+            return fn(*args, group=self.group, async_op=async_op, **kwargs)
+        work = fn(*args, group=self.group, async_op=True, **kwargs)
+        if work is not None:
+            work.wait()
+        return None
+
+    @contextmanager
+    def _object_scope(self) -> Iterator[None]:
+        with async_and_wait() if self.safeguard else nullcontext():
+            yield
+
+    # -------------------------------------------------------------------------- collectives
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = dist.ReduceOp.SUM,
+                   async_op: bool = False) -> Work | None:
+        """``torch.distributed.all_reduce`` on this role's group."""
+        return self._issue(dist.all_reduce, async_op, tensor, op=op)
+
+    def broadcast(self, tensor: torch.Tensor, src: int | None = None, async_op: bool = False,
+                  group_src: int | None = None) -> Work | None:
+        """``torch.distributed.broadcast``; ``src`` is a global rank, ``group_src`` a group rank."""
+        return self._issue(dist.broadcast, async_op, tensor, src=src, group_src=group_src)
+
+    def reduce(self, tensor: torch.Tensor, dst: int | None = None,
+               op: ReduceOp = dist.ReduceOp.SUM, async_op: bool = False,
+               group_dst: int | None = None) -> Work | None:
+        """``torch.distributed.reduce``; ``dst`` is a global rank, ``group_dst`` a group rank."""
+        return self._issue(dist.reduce, async_op, tensor, dst=dst, op=op, group_dst=group_dst)
+
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+                   async_op: bool = False) -> Work | None:
+        """``torch.distributed.all_gather`` (into a list; tensors may have uneven sizes)."""
+        return self._issue(dist.all_gather, async_op, tensor_list, tensor)
+
+    def all_gather_into_tensor(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                               async_op: bool = False) -> Work | None:
+        """``torch.distributed.all_gather_into_tensor`` (``all_gather_single`` in torch >= 2.13)."""
+        fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return self._issue(fn, async_op, output_tensor, input_tensor)
+
+    all_gather_single = all_gather_into_tensor
+
+    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor],
+                       op: ReduceOp = dist.ReduceOp.SUM, async_op: bool = False) -> Work | None:
+        """``torch.distributed.reduce_scatter`` (from a list of inputs)."""
+        return self._issue(dist.reduce_scatter, async_op, output, input_list, op=op)
+
+    def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor,
+                              op: ReduceOp = dist.ReduceOp.SUM,
+                              async_op: bool = False) -> Work | None:
+        """``torch.distributed.reduce_scatter_tensor`` (``reduce_scatter_single`` in >= 2.13)."""
+        fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return self._issue(fn, async_op, output, input, op=op)
+
+    reduce_scatter_single = reduce_scatter_tensor
+
+    def all_to_all(self, output_tensor_list: list[torch.Tensor],
+                   input_tensor_list: list[torch.Tensor], async_op: bool = False) -> Work | None:
+        """``torch.distributed.all_to_all`` (lists; chunks may have uneven sizes)."""
+        return self._issue(dist.all_to_all, async_op, output_tensor_list, input_tensor_list)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: list[int] | None = None,
+                          input_split_sizes: list[int] | None = None,
+                          async_op: bool = False) -> Work | None:
+        """``torch.distributed.all_to_all_single``."""
+        return self._issue(dist.all_to_all_single, async_op, output, input,
+                           output_split_sizes=output_split_sizes,
+                           input_split_sizes=input_split_sizes)
+
+    def gather(self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
+               dst: int | None = None, async_op: bool = False,
+               group_dst: int | None = None) -> Work | None:
+        """``torch.distributed.gather``; ``gather_list`` only on the destination."""
+        return self._issue(dist.gather, async_op, tensor, gather_list=gather_list, dst=dst,
+                           group_dst=group_dst)
+
+    def scatter(self, tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None,
+                src: int | None = None, async_op: bool = False,
+                group_src: int | None = None) -> Work | None:
+        """``torch.distributed.scatter``; ``scatter_list`` only on the source."""
+        return self._issue(dist.scatter, async_op, tensor, scatter_list=scatter_list, src=src,
+                           group_src=group_src)
+
+    def barrier(self, async_op: bool = False, device_ids: list[int] | None = None,
+                timeout: timedelta | None = None) -> Work | None:
+        """``torch.distributed.barrier`` on this role's group."""
+        return self._issue(dist.barrier, async_op, device_ids=device_ids, timeout=timeout)
+
+    # ------------------------------------------------------------------------ point to point
+    def send(self, tensor: torch.Tensor, dst: int | None = None, tag: int = 0,
+             group_dst: int | None = None) -> None:
+        """``torch.distributed.send``: with the safeguard, ``isend`` waited at once."""
+        if not self.safeguard:
+            dist.send(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
+            return
+        work = dist.isend(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
+        if work is not None:
+            work.wait()
+
+    def recv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0,
+             group_src: int | None = None) -> int:
+        """``torch.distributed.recv``: returns the sender's global rank (``irecv`` waited at once)."""
+        if not self.safeguard:
+            return int(dist.recv(tensor, src=src, group=self.group, tag=tag, group_src=group_src))
+        work = dist.irecv(tensor, src=src, group=self.group, tag=tag, group_src=group_src)
+        if work is None:
+            return -1
+        work.wait()
+        return source_rank(work, src, self.group, group_src)
+
+    def isend(self, tensor: torch.Tensor, dst: int | None = None, tag: int = 0,
+              group_dst: int | None = None) -> Work | None:
+        """``torch.distributed.isend``: the caller's Work, unwaited."""
+        return dist.isend(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
+
+    def irecv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0,
+              group_src: int | None = None) -> Work | None:
+        """``torch.distributed.irecv``: the caller's Work, unwaited."""
+        return dist.irecv(tensor, src=src, group=self.group, tag=tag, group_src=group_src)
+
+    def p2p_op(self, op: Callable[..., Any], tensor: torch.Tensor, peer: int | None = None,
+               tag: int = 0, group_peer: int | None = None) -> dist.P2POp:
+        """A ``torch.distributed.P2POp`` bound to this role's group, for :meth:`batch_isend_irecv`."""
+        return dist.P2POp(op, tensor, peer, self.group, tag, group_peer)
+
+    def batch_isend_irecv(self, p2p_op_list: list[dist.P2POp]) -> list[Work]:
+        """``torch.distributed.batch_isend_irecv``; every op must be on this role's group.
+
+        Returns the Works unwaited, like torch (the call is asynchronous by definition).
+        """
+        for index, p2p in enumerate(p2p_op_list):
+            if p2p.group is not self.group:
+                default = dist.distributed_c10d._get_default_group()
+                where = ("the default group" if p2p.group is None or p2p.group is default
+                         else f"group {getattr(p2p.group, 'group_name', p2p.group)!r}")
+                raise ValueError(
+                    f"batch_isend_irecv on role {self.role!r}: op {index} is on {where}, not this "
+                    f"role's group; fix: build it with registry.collectives({self.role!r}).p2p_op(...)"
+                )
+        return list(dist.batch_isend_irecv(p2p_op_list))
+
+    # --------------------------------------------------------------------- object collectives
+    def all_gather_object(self, object_list: list[Any], obj: Any) -> None:
+        """``torch.distributed.all_gather_object`` on this role's group."""
+        with self._object_scope():
+            dist.all_gather_object(object_list, obj, group=self.group)
+
+    def gather_object(self, obj: Any, object_gather_list: list[Any] | None = None,
+                      dst: int | None = None, group_dst: int | None = None) -> None:
+        """``torch.distributed.gather_object`` on this role's group."""
+        with self._object_scope():
+            dist.gather_object(obj, object_gather_list, dst=dst, group=self.group,
+                               group_dst=group_dst)
+
+    def broadcast_object_list(self, object_list: list[Any], src: int | None = None,
+                              device: torch.device | None = None,
+                              group_src: int | None = None) -> None:
+        """``torch.distributed.broadcast_object_list`` on this role's group."""
+        with self._object_scope():
+            dist.broadcast_object_list(object_list, src=src, group=self.group, device=device,
+                                       group_src=group_src)
+
+    def scatter_object_list(self, scatter_object_output_list: list[Any],
+                            scatter_object_input_list: list[Any] | None = None,
+                            src: int | None = None, group_src: int | None = None) -> None:
+        """``torch.distributed.scatter_object_list`` on this role's group."""
+        with self._object_scope():
+            dist.scatter_object_list(scatter_object_output_list, scatter_object_input_list,
+                                     src=src, group=self.group, group_src=group_src)
+
+    def send_object_list(self, object_list: list[Any], dst: int | None = None,
+                         device: torch.device | None = None,
+                         group_dst: int | None = None) -> None:
+        """``torch.distributed.send_object_list`` on this role's group."""
+        with self._object_scope():
+            dist.send_object_list(object_list, dst=dst, group=self.group, device=device,
+                                  group_dst=group_dst)
+
+    def recv_object_list(self, object_list: list[Any], src: int | None = None,
+                         device: torch.device | None = None,
+                         group_src: int | None = None) -> int:
+        """``torch.distributed.recv_object_list`` on this role's group; returns the sender rank."""
+        with self._object_scope():
+            return int(dist.recv_object_list(object_list, src=src, group=self.group,
+                                             device=device, group_src=group_src))
