@@ -44,7 +44,9 @@ def guarded_world() -> Iterator[None]:
     from torch._C._distributed_c10d import FakeProcessGroup
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    options = FakeProcessGroup.Options()
+    # The type stubs lag the binding: Options() takes no argument and has error_on_collective.
+    fake_pg_class: Any = FakeProcessGroup
+    options = fake_pg_class.Options()
     options.error_on_collective = True
     dist.init_process_group("fake", store=FakeStore(), rank=RANK, world_size=WORLD,
                             pg_options=options)

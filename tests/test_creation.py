@@ -1,0 +1,335 @@
+"""Creation paths on real gloo worlds (4 and 8 ranks) and the split decision with a mocked NCCL.
+
+One spawned world runs every check of its size (worlds cost about a second of CPU per rank); the
+workers return plain data and the assertions run in the parent against the pure plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import commgroups as cg
+from commgroups.backends import BackendAdapter
+from commgroups.backends.fake import FakeAdapter
+from commgroups.backends.gloo import GlooAdapter
+from commgroups.backends.hccl import HcclAdapter
+from commgroups.backends.nccl import NcclAdapter
+from commgroups.backends.rccl import RcclAdapter
+from commgroups.creation import (
+    CreationContext,
+    choose_method,
+    create_role_group,
+    creation_order,
+    split_supported_by_torch,
+)
+from commgroups.registry import GroupRegistry
+from tests.worlds import run_world
+
+PATHS = ("all_ranks", "local", "auto")
+
+# ------------------------------------------------------------------------------------ layouts
+
+
+def _regular(world: int) -> cg.Layout:
+    dims = {"dp_shard": 2, "cp": 2} if world == 4 else {"dp_shard": 2, "cp": 2, "tp": 2}
+    return cg.Layout(dims=dims)  # built-in roles: one per dim, fsdp, checkpoint-metadata (gloo)
+
+
+def _irregular(world: int) -> cg.Layout:
+    """An explicit-ranks role that leaves ranks out, declared first, between regular roles."""
+    return cg.Layout(
+        dims={"dp_shard": world // 2, "cp": 2},
+        roles=[
+            cg.RoleSpec(name="embed", ranks=[[0, world - 1]]),
+            cg.RoleSpec(name="cp", dims=["cp"]),
+            cg.RoleSpec(name="pairs", ranks=[[0, 1], [2]]),  # uneven sizes
+            cg.RoleSpec(name="fsdp", dims=["dp_shard", "cp"]),
+            cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo"),
+        ],
+    )
+
+
+# ------------------------------------------------------------------------------------ workers
+
+
+def _exercise(registry: GroupRegistry, rank: int) -> dict[str, Any]:
+    """Per role: method, ranks, an all_reduce of the global ranks, and default-group aliasing."""
+    roles: dict[str, Any] = {}
+    for role in registry.roles:
+        if registry.plan.group_of(role, rank) is None:
+            roles[role] = {"method": registry.creation_method(role), "member": False}
+            continue
+        group = registry.group(role)
+        tensor = torch.tensor([float(rank)])
+        dist.all_reduce(tensor, group=group)
+        roles[role] = {
+            "method": registry.creation_method(role),
+            "member": True,
+            "ranks": tuple(dist.get_process_group_ranks(group)),
+            "registry_ranks": registry.ranks(role),
+            "sum": tensor.item(),
+            "is_default": group is dist.group.WORLD,
+        }
+    return roles
+
+
+def paths_worker(rank: int, world: int, runs: list[tuple[str, str, str, bool]]) -> dict[str, Any]:
+    """Per (label, layout kind, mode, keep): create, time and exercise a registry.
+
+    Kept registries stay alive until every run is done (so later ones start at other group counts);
+    the others are closed at once.
+    """
+    out: dict[str, Any] = {}
+    kept: list[GroupRegistry] = []
+    for label, kind, mode, keep in runs:
+        if label == "close-kept":
+            for registry in reversed(kept):
+                registry.close()
+            kept.clear()
+            continue
+        layout = _regular(world) if kind == "regular" else _irregular(world)
+        started = time.perf_counter()
+        registry = GroupRegistry(layout, creation=mode, create_timeout_s=60).create()
+        elapsed = time.perf_counter() - started
+        out[label] = {"roles": _exercise(registry, rank), "seconds": elapsed,
+                      "describe": registry.describe()}
+        if keep:
+            kept.append(registry)
+        else:
+            registry.close()
+    for registry in kept:
+        registry.close()
+    return out
+
+
+def mesh_worker(rank: int, world: int) -> dict[str, Any]:
+    """A mesh dim without a role of its own gets a dedicated group (via the checked local path)."""
+    layout = cg.Layout(dims={"dp_shard": 2, "cp": 2},
+                       roles=[cg.RoleSpec(name="fsdp", dims=["dp_shard", "cp"])])
+    with GroupRegistry(layout, creation="auto", create_timeout_s=60) as registry:
+        mesh = registry.device_mesh(["dp_shard", "cp"])
+        groups = [mesh.get_group(dim) for dim in ("dp_shard", "cp")]
+        sums = []
+        for group in groups:
+            tensor = torch.tensor([float(rank)])
+            dist.all_reduce(tensor, group=group)
+            sums.append(tensor.item())
+        return {
+            "ranks": [tuple(dist.get_process_group_ranks(g)) for g in groups],
+            "sums": sums,
+            "default": [g is dist.group.WORLD for g in groups],
+            "methods": {dim: c.method for dim, c in registry._dim_groups.items()},
+        }
+
+
+# ------------------------------------------------------------------------------------ checks
+
+
+def _check(layout: cg.Layout, rank: int, roles: dict[str, Any]) -> None:
+    plan = cg.plan(layout)
+    for role in plan.roles:
+        expected = plan.group_of(role, rank)
+        got = roles[role]
+        if expected is None:
+            assert not got["member"], (role, rank)
+            continue
+        assert got["ranks"] == expected == got["registry_ranks"], (role, rank)
+        assert got["sum"] == float(sum(expected)), (role, rank)
+        assert not got["is_default"], (role, rank)
+
+
+def _methods(roles: dict[str, Any]) -> dict[str, str]:
+    return {role: info["method"] for role, info in roles.items()}
+
+
+RUNS: list[tuple[str, str, str, bool]] = [
+    ("warm-up", "regular", "all_ranks", False),  # first connections cost extra: keep them out
+    ("all_ranks", "regular", "all_ranks", True),
+    ("local", "regular", "local", True),
+    ("auto", "regular", "auto", True),
+    # Explicit-ranks roles leave group counts uneven across ranks: they fall back and go last.
+    ("irregular-local", "irregular", "local", True),
+    # Counts now differ between ranks (members of the irregular groups have more): local would hang.
+    ("after-irregular", "regular", "local", True),
+    ("close-kept", "", "", False),
+    ("local-fresh", "regular", "local", False),
+    # The same groups again right after destroying them: local would reuse their hashed names.
+    ("local-again", "regular", "local", False),
+]
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_every_path_creates_correct_groups(world: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """all_ranks, local and auto give the planned groups; unsafe local falls back, never hangs."""
+    results = run_world(paths_worker, world, RUNS, timeout=180)
+    regular, irregular = _regular(world), _irregular(world)
+    labels = [label for label, _, _, _ in RUNS if label != "close-kept"]
+    for rank, result in enumerate(results):
+        for label, kind, _, _ in RUNS:
+            if label in labels:
+                _check(regular if kind == "regular" else irregular, rank, result[label]["roles"])
+        assert set(_methods(result["all_ranks"]["roles"]).values()) == {"all_ranks"}
+        assert set(_methods(result["local"]["roles"]).values()) == {"local"}
+        assert set(_methods(result["auto"]["roles"]).values()) == {"local"}  # gloo: no split
+        assert _methods(result["irregular-local"]["roles"]) == {
+            "embed": "all_ranks", "cp": "local", "pairs": "all_ranks", "fsdp": "local",
+            "checkpoint-metadata": "local",
+        }
+        assert set(_methods(result["after-irregular"]["roles"]).values()) == {"all_ranks"}
+        assert set(_methods(result["local-fresh"]["roles"]).values()) == {"local"}
+        assert set(_methods(result["local-again"]["roles"]).values()) == {"all_ranks"}
+    assert "local" in results[0]["local"]["describe"]
+    with capsys.disabled():
+        slowest = {label: max(r[label]["seconds"] for r in results) for label in labels}
+        print(f"\n[gloo {world} ranks] create() seconds (slowest rank): "
+              + ", ".join(f"{k}={v:.3f}" for k, v in slowest.items())
+              + f"; all_ranks/local ratio {slowest['all_ranks'] / slowest['local']:.2f}")
+
+
+def test_mesh_dim_groups_are_dedicated() -> None:
+    """device_mesh over dims without roles: dedicated groups, made member-only after the check."""
+    results = run_world(mesh_worker, 4, timeout=120)
+    plan = cg.plan(cg.Layout(dims={"dp_shard": 2, "cp": 2}))
+    for rank, result in enumerate(results):
+        expected = [plan.group_of(dim, rank) for dim in ("dp_shard", "cp")]
+        assert result["ranks"] == expected
+        assert result["sums"] == [float(sum(g or ())) for g in expected]
+        assert result["default"] == [False, False]
+        assert set(result["methods"].values()) == {"local"}
+
+
+# ------------------------------------------------------------------------------ pure decisions
+
+
+def test_creation_order_puts_irregular_roles_last() -> None:
+    """Regular roles first, in layout order; irregular after."""
+    assert creation_order(cg.plan(_irregular(4))) == [
+        "cp", "fsdp", "checkpoint-metadata", "embed", "pairs"]
+
+
+def test_gloo_decisions() -> None:
+    """CPU/gloo: local where regular, all_ranks otherwise; split never (no device binding)."""
+    plan = cg.plan(_irregular(8))
+    ctx = CreationContext(default_backend="gloo", device_bound=False, torch_version=(2, 13, 0))
+    gloo = GlooAdapter()
+    assert choose_method("auto", plan, "cp", gloo, ctx) == "local"
+    assert choose_method("local", plan, "cp", gloo, ctx) == "local"
+    assert choose_method("split", plan, "cp", gloo, ctx) == "all_ranks"
+    assert choose_method("all_ranks", plan, "cp", gloo, ctx) == "all_ranks"
+    assert choose_method("auto", plan, "embed", gloo, ctx) == "all_ranks"
+    assert choose_method("local", plan, "pairs", FakeAdapter(), ctx) == "all_ranks"
+    torchcomms = CreationContext(default_backend="gloo", device_bound=False,
+                                 torch_version=(2, 13, 0), torchcomms=True)
+    assert choose_method("auto", plan, "cp", gloo, torchcomms) == "all_ranks"
+    with pytest.raises(ValueError, match="creation mode"):
+        choose_method("fastest", plan, "cp", gloo, ctx)
+
+
+def test_hccl_is_always_all_ranks_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    """HCCL: member-only creation hangs, so every mode creates on all ranks, logged at INFO."""
+    plan = cg.plan(_regular(4))
+    ctx = CreationContext(default_backend="hccl", device_bound=True, torch_version=(2, 13, 0),
+                          accelerator=True)
+    with caplog.at_level(logging.INFO, logger="commgroups.creation"):
+        for mode in ("auto", "local", "split"):
+            assert choose_method(mode, plan, "cp", HcclAdapter(), ctx) == "all_ranks"
+    assert any("hccl" in r.getMessage() and "hangs" in r.getMessage() and r.levelno == logging.INFO
+               for r in caplog.records)
+
+
+def test_split_torch_version_gate() -> None:
+    """No split before public split_group (2.6) nor on 2.6.0-2.7.1 (device_id hang)."""
+    assert not split_supported_by_torch((2, 5, 1))
+    assert not split_supported_by_torch((2, 6, 0))
+    assert not split_supported_by_torch((2, 7, 1))
+    assert split_supported_by_torch((2, 7, 2))
+    assert split_supported_by_torch((2, 13, 0))
+
+
+# ---------------------------------------------------------------------------- mock NCCL (split)
+
+BOUND_NCCL = CreationContext(default_backend="nccl", device_bound=True, torch_version=(2, 13, 0),
+                             accelerator=True)
+
+
+@pytest.mark.parametrize("adapter", [NcclAdapter(), RcclAdapter()], ids=["nccl", "rccl"])
+def test_mock_nccl_split_decision(adapter: BackendAdapter) -> None:
+    """Mock NCCL: split exactly when bound, same backend, accelerator and a safe torch."""
+    plan = cg.plan(_irregular(8))
+    assert choose_method("auto", plan, "cp", adapter, BOUND_NCCL) == "split"
+    assert choose_method("split", plan, "fsdp", adapter, BOUND_NCCL) == "split"
+    # Bound NCCL: non-members must join torch's comm split, so never local; and no split for
+    # irregular roles.
+    assert choose_method("local", plan, "cp", adapter, BOUND_NCCL) == "all_ranks"
+    assert choose_method("auto", plan, "embed", adapter, BOUND_NCCL) == "all_ranks"
+    assert choose_method("auto", plan, "cp", GlooAdapter(), BOUND_NCCL) == "all_ranks"
+    for changed in (
+        {"torch_version": (2, 7, 0)},  # device_id hang range
+        {"default_backend": "cpu:gloo,cuda:nccl"},  # split would copy the gloo backend too
+        {"accelerator": False},
+        {"has_split_group": False},
+    ):
+        ctx = CreationContext(**{**BOUND_NCCL.__dict__, **changed})
+        assert choose_method("auto", plan, "cp", adapter, ctx) == "all_ranks", changed
+    unbound = CreationContext(**{**BOUND_NCCL.__dict__, "device_bound": False})
+    assert choose_method("auto", plan, "cp", adapter, unbound) == "local"
+    assert choose_method("split", plan, "cp", adapter, unbound) == "all_ranks"
+
+
+class _MockNcclConfig:
+    split_share = 0
+    blocking = 1
+    cga_cluster_size = 0
+    min_ctas = 0
+    max_ctas = 0
+    net_name = ""
+
+
+class _MockNcclOptions:
+    def __init__(self, is_high_priority_stream: bool = False) -> None:
+        self.is_high_priority_stream = is_high_priority_stream
+        self.config = _MockNcclConfig()
+        self._timeout = timedelta(0)
+
+
+class _MockProcessGroupNCCL:
+    Options = _MockNcclOptions
+
+
+def test_mock_nccl_split_creation_one_call_per_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mock NCCL: split makes one split_group call with every group, passing split_share."""
+    calls: list[dict[str, Any]] = []
+    sentinel = object()
+
+    def fake_split_group(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return sentinel
+
+    def forbidden_new_group(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("split creation must not call new_group")
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", _MockProcessGroupNCCL, raising=False)
+    monkeypatch.setattr(dist, "split_group", fake_split_group)
+    monkeypatch.setattr(dist, "new_group", forbidden_new_group)
+    layout = cg.Layout(
+        dims={"dp_shard": 4, "cp": 2},
+        roles=[cg.RoleSpec(name="cp", dims=["cp"], backend="nccl", timeout_s=42,
+                           options=cg.RoleOptions(nccl=cg.NcclOptions(split_share=True)))],
+    )
+    plan = cg.plan(layout)
+    spec = layout.role("cp")
+    created = create_role_group(plan, "cp", NcclAdapter(), spec.options, spec.timeout_s, 5, "split")
+    assert created.method == "split" and created.group is sentinel and created.owned == [sentinel]
+    assert len(calls) == 1
+    call = calls[0]
+    assert call["split_ranks"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert call["timeout"] == timedelta(seconds=42)
+    assert call["pg_options"].config.split_share == 1
+    assert call["group_desc"] == "cp"
