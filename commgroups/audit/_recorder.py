@@ -24,7 +24,9 @@ run, not for production throughput.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+import typing_extensions
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -78,7 +81,8 @@ class CollectiveRecord:
     the caller's current CUDA stream id at issue time, or ``"cpu"``; ``exec_stream`` is where the
     call executes under ProcessGroupNCCL's rule (blocking: the caller's stream; async: the group's
     own stream, ``group:<name>``). ``group_seq`` counts this rank's recorded calls on the group from 1.
-    ``caller`` is the first frame outside torch and commgroups (``path:line in function``).
+    ``caller`` is the first frame outside torch and commgroups (``path:line in function``), also
+    skipping decorator plumbing (typing_extensions, contextlib, functools).
     """
 
     index: int
@@ -115,7 +119,12 @@ def _skip_prefixes() -> tuple[str, ...]:
     # commgroups/backends is a symlink to ../backends: frames there carry the real path.
     roots |= {os.path.realpath(root) for root in roots}
     roots.add(os.path.realpath(os.path.join(os.path.dirname(commgroups.__file__), "backends")))
-    return tuple(root.rstrip(os.sep) + os.sep for root in roots)
+    prefixes = [root.rstrip(os.sep) + os.sep for root in roots]
+    # Decorator plumbing between torch and its caller (typing_extensions.deprecated wraps
+    # all_gather_into_tensor in torch 2.13) is nobody's call site: skip those files too.
+    prefixes += [os.path.splitext(module.__file__ or "")[0] for module in
+                 (typing_extensions, contextlib, functools) if module.__file__]
+    return tuple(prefixes)
 
 
 def _resolve_roles(roles: Any) -> dict[str, dist.ProcessGroup]:

@@ -1,0 +1,265 @@
+"""AsyncWaitDist and the async_and_wait() scope: what they patch, restore and issue.
+
+In-process checks use a real 1-rank gloo world; spmd_types' raw blocking paths are checked on a real
+4-rank gloo world, observed at the c10d op level through the audit recorder.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+import commgroups as cg
+from commgroups.async_wait import ASYNC_OP_FUNCTIONS, async_and_wait_active, wrap_async_wait
+from tests.worlds import run_world
+
+SEED = "examples/layouts/seed_cp4.toml"
+ENTRY_POINTS = (*ASYNC_OP_FUNCTIONS, "send", "recv")
+
+
+def _snapshot() -> dict[tuple[str, str], Any]:
+    return {(m.__name__, n): getattr(m, n, None) for m in (dist, c10d) for n in ENTRY_POINTS}
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> Iterator[dist.ProcessGroup]:
+    """A real 1-rank gloo world in this process, with one dedicated group."""
+    if dist.is_initialized():
+        pytest.skip("another test left a default group initialized in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.new_group([0])
+    finally:
+        dist.destroy_process_group()
+
+
+def _async_flags(rec: cg.audit.Recorder) -> list[tuple[str, bool | None]]:
+    return [(r.op, r.async_op) for r in rec.records]
+
+
+# ------------------------------------------------------------------------ the scope: patch/restore
+def test_scope_patches_every_entry_point_and_restores_them() -> None:
+    before = _snapshot()
+    assert not async_and_wait_active()
+    with cg.async_and_wait():
+        assert async_and_wait_active()
+        inside = _snapshot()
+        for key, original in before.items():
+            if original is not None:
+                assert inside[key] is not original, key
+                assert getattr(inside[key], "__wrapped__", None) is original, key
+        # one wrapper per function: torch.distributed and distributed_c10d agree
+        assert dist.all_reduce is c10d.all_reduce
+    assert _snapshot() == before
+    assert not async_and_wait_active()
+
+
+def test_scope_restores_on_exception() -> None:
+    before = _snapshot()
+    with pytest.raises(KeyError, match="boom"), cg.async_and_wait():
+        raise KeyError("boom")
+    assert _snapshot() == before
+
+
+def test_nested_scopes_restore_only_at_the_outermost_exit() -> None:
+    before = _snapshot()
+    with cg.async_and_wait():
+        patched = _snapshot()
+        with cg.async_and_wait():
+            assert _snapshot() == patched  # nothing wrapped twice
+        assert _snapshot() == patched  # the inner exit kept the outer scope's patch
+    assert _snapshot() == before
+
+
+def test_overlapping_scopes_across_threads() -> None:
+    before = _snapshot()
+    entered, release_a, a_done = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+
+    def thread_a() -> None:
+        with cg.async_and_wait():
+            entered.set()
+            release_a.wait(10)
+        a_done.set()
+
+    worker = threading.Thread(target=thread_a)
+    worker.start()
+    assert entered.wait(10)
+    with cg.async_and_wait():
+        release_a.set()
+        assert a_done.wait(10)
+        seen["still_patched_after_a_left"] = async_and_wait_active()
+    worker.join(10)
+    assert seen["still_patched_after_a_left"]
+    assert _snapshot() == before
+
+
+def test_replacement_inside_scope_is_left_alone(caplog: pytest.LogCaptureFixture) -> None:
+    before = _snapshot()
+
+    def theirs(*args: Any, **kwargs: Any) -> None:
+        """someone else's patch"""
+
+    with cg.async_and_wait():
+        dist.barrier = theirs
+    try:
+        assert dist.barrier is theirs
+        assert "replaced inside the scope" in caplog.text
+    finally:
+        dist.barrier = before[("torch.distributed", "barrier")]
+    assert _snapshot() == before
+
+
+def test_wrap_needs_async_op() -> None:
+    with pytest.raises(TypeError, match="no async_op parameter"):
+        wrap_async_wait(dist.all_gather_object)
+    wrapped = wrap_async_wait(dist.all_reduce)
+    assert wrap_async_wait(wrapped) is wrapped
+
+
+# ------------------------------------------------------------------ what reaches c10d (1 rank)
+def test_scope_issues_async_whatever_the_caller_passed(one_rank: dist.ProcessGroup) -> None:
+    t = torch.ones(3)
+    with cg.audit.record() as rec:
+        dist.all_reduce(t, group=one_rank)  # raw, outside the scope: blocking
+        with cg.async_and_wait():
+            assert dist.all_reduce(t, group=one_rank) is None
+            assert dist.all_reduce(t, dist.ReduceOp.SUM, one_rank, False) is None  # positional
+            work = dist.all_reduce(t, dist.ReduceOp.SUM, one_rank, True)
+            assert type(work).__name__ == "Work"  # the caller asked async: unwaited Work
+            work.wait()
+            objects: list[Any] = [None]
+            dist.all_gather_object(objects, {"x": 1}, group=one_rank)  # torch's inner calls
+            dist.barrier(group=one_rank)
+    flags = _async_flags(rec)
+    assert flags[0] == ("c10d.allreduce_", False)
+    assert all(async_op is True for _, async_op in flags[1:]), flags
+    assert [op for op, _ in flags].count("c10d.allgather_") == 2  # sizes, then the payload
+    assert objects == [{"x": 1}]
+    assert t.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_async_wait_dist_forwards_and_wraps(one_rank: dist.ProcessGroup) -> None:
+    fake_dist = cg.AsyncWaitDist()
+    assert fake_dist.ReduceOp is dist.ReduceOp
+    assert fake_dist.get_rank(one_rank) == 0
+    assert fake_dist.ProcessGroup is dist.ProcessGroup
+    assert "all_reduce" in dir(fake_dist) and "AsyncWaitDist" in repr(fake_dist)
+    assert fake_dist.all_gather_object is dist.all_gather_object  # object collectives pass through
+    t = torch.ones(2)
+    out = torch.empty(2)
+    with cg.audit.record() as rec:
+        fake_dist.all_reduce(t, op=fake_dist.ReduceOp.SUM, group=one_rank)
+        fake_dist.all_gather_into_tensor(out, t, group=one_rank)
+        fake_dist.reduce_scatter_tensor(out, t, group=one_rank)
+        fake_dist.broadcast(t, src=0, group=one_rank)
+        work = fake_dist.all_reduce(t, group=one_rank, async_op=True)
+        work.wait()
+    flags = _async_flags(rec)
+    assert len(flags) == 5 and all(async_op is True for _, async_op in flags), flags
+    assert not async_and_wait_active()  # AsyncWaitDist changes nothing process-wide
+
+
+# ------------------------------------------------------------- spmd_types on 4 gloo ranks
+def _spmd_paths(spmd: Any, pg: dist.ProcessGroup, rank: int) -> dict[str, list[Any]]:
+    """spmd_types' collectives that 0.3.x still issues as raw blocking torch.distributed calls."""
+    from spmd_types.types import P, R, S, V
+
+    out: dict[str, list[Any]] = {}
+    x = torch.arange(8.0) + 100 * rank
+    inplace = x.clone()
+    spmd.all_reduce(inplace, pg, src=P, dst=R, inplace=True)
+    out["all_reduce_inplace"] = inplace.tolist()
+    out["all_gather_stack"] = spmd.all_gather(x[:2], pg, src=V, dst=R).tolist()
+    # gloo's allgather needs equal sizes: equal split_sizes still take the uneven (list) path
+    out["all_gather_uneven"] = spmd.all_gather(x[:2], pg, src=S(0), dst=R,
+                                               split_sizes=[2, 2, 2, 2]).tolist()
+    out["reduce_scatter_stack"] = spmd.reduce_scatter(x[:4].reshape(4, 1), pg, src=P,
+                                                      dst=V).tolist()
+    out["reduce_scatter_uneven"] = spmd.reduce_scatter(x, pg, src=P, dst=S(0),
+                                                       split_sizes=[1, 2, 3, 2]).tolist()
+    out["all_to_all_stack"] = spmd.all_to_all(x[:4].reshape(4, 1), pg, src=V, dst=V).tolist()
+    # gloo's alltoall (list form) needs equal sizes too: equal split sizes, the uneven path
+    out["all_to_all_uneven"] = spmd.all_to_all(x, pg, src=V, dst=V, input_split_sizes=[2] * 4,
+                                               output_split_sizes=[2] * 4).tolist()
+    return out
+
+
+def _spmd_world(rank: int, world: int) -> dict[str, Any]:
+    import spmd_types as spmd
+
+    registry = cg.GroupRegistry(cg.load_layout(SEED)).create()
+    try:
+        pg = registry.group("cp")
+        result: dict[str, Any] = {"version": getattr(spmd, "__version__", None)}
+        with cg.audit.record(registry) as rec:
+            result["raw"] = _spmd_paths(spmd, pg, rank)
+        result["raw_calls"] = _async_flags(rec)
+        spmd.set_dist(cg.AsyncWaitDist())
+        try:
+            with cg.audit.record(registry) as rec:
+                result["set_dist"] = _spmd_paths(spmd, pg, rank)
+        finally:
+            spmd.set_dist(None)
+        result["set_dist_calls"] = _async_flags(rec)
+        result["callers"] = sorted({r.caller.split(":")[0].rsplit("/", 1)[-1] for r in rec.records})
+        with cg.audit.record(registry) as rec, cg.async_and_wait():
+            result["scope"] = _spmd_paths(spmd, pg, rank)
+        result["scope_calls"] = _async_flags(rec)
+        result["dist_after"] = spmd._dist.dist is dist
+        return result
+    finally:
+        registry.close()
+
+
+@pytest.fixture(scope="module")
+def spmd_results() -> list[dict[str, Any]]:
+    """One 4-rank gloo world for every spmd_types check."""
+    pytest.importorskip("spmd_types")
+    return run_world(_spmd_world, 4)
+
+
+def test_spmd_raw_paths_are_blocking_without_the_safeguard(
+    spmd_results: list[dict[str, Any]],
+) -> None:
+    # the baseline: these are the calls that race FSDP on NCCL; the observation sees them blocking
+    for result in spmd_results:
+        blocking = {op for op, async_op in result["raw_calls"] if async_op is False}
+        assert {"c10d.allreduce_", "c10d._allgather_base_", "c10d.allgather_",
+                "c10d._reduce_scatter_base_", "c10d.reduce_scatter_", "c10d.alltoall_"} <= blocking
+
+
+@pytest.mark.parametrize("variant", ["set_dist", "scope"])
+def test_spmd_through_the_safeguard_issues_nothing_blocking(
+    spmd_results: list[dict[str, Any]], variant: str,
+) -> None:
+    for result in spmd_results:
+        calls = result[f"{variant}_calls"]
+        assert len(calls) == len(result["raw_calls"]) >= 7
+        assert [op for op, _ in calls] == [op for op, _ in result["raw_calls"]]
+        assert [op for op, async_op in calls if async_op is not True] == []
+        assert result[variant] == result["raw"]  # same numbers
+
+
+def test_spmd_results_are_right(spmd_results: list[dict[str, Any]]) -> None:
+    r0, r2 = spmd_results[0]["set_dist"], spmd_results[2]["set_dist"]
+    total = [600.0 + 4 * i for i in range(8)]  # sum over ranks of arange(8) + 100 * rank
+    assert r0["all_reduce_inplace"] == total
+    assert r0["all_gather_stack"] == [[100.0 * r, 100.0 * r + 1] for r in range(4)]
+    assert r0["all_gather_uneven"] == [v for r in range(4) for v in (100.0 * r, 100.0 * r + 1)]
+    assert r2["reduce_scatter_stack"] == [total[2]]
+    assert r2["reduce_scatter_uneven"] == total[3:6]
+    assert r2["all_to_all_stack"] == [[100.0 * r + 2] for r in range(4)]
+    assert r2["all_to_all_uneven"] == [v for r in range(4) for v in (100.0 * r + 4, 100.0 * r + 5)]
+    assert spmd_results[0]["dist_after"]  # set_dist(None) put torch.distributed back
+
+
+def test_spmd_caller_is_spmd_types(spmd_results: list[dict[str, Any]]) -> None:
+    # the first frame outside torch and commgroups is spmd_types' own
+    assert spmd_results[0]["callers"] == ["_collectives.py"]
