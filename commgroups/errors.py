@@ -15,6 +15,7 @@ __all__ = [
     "CommGroupsError",
     "DuplicateRoleError",
     "EmptyDimsError",
+    "GroupCreationError",
     "InvalidNameError",
     "InvalidSizeError",
     "LayoutError",
@@ -94,6 +95,13 @@ class AgreementTimeoutError(CommGroupsError, TimeoutError):
 
 class BackendUnavailableError(CommGroupsError, RuntimeError):
     """A role's backend cannot be used on this machine (NCCL without CUDA, HCCL without torch_npu)."""
+
+
+class GroupCreationError(CommGroupsError, RuntimeError):
+    """Creating a role's group failed after agreement (a peer died, a backend refused); names the role.
+
+    The registry destroys the groups it had already made on this rank before raising.
+    """
 
 
 class RegistryStateError(CommGroupsError, RuntimeError):

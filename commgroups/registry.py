@@ -32,6 +32,7 @@ from commgroups.creation import (
 from commgroups.errors import (
     BackendUnavailableError,
     CommGroupsError,
+    GroupCreationError,
     LayoutError,
     NotAMemberError,
     RegistryClosedError,
@@ -168,20 +169,46 @@ class GroupRegistry:
         order = creation_order(self.plan)
         methods = confirm_local(self.plan, order, methods, rank, world, store,
                                 timedelta(seconds=self.create_timeout_s))
-        for name in order:
-            role = self.layout.role(name)
-            self._created[name] = create_role_group(
-                self.plan,
-                name,
-                adapters[name],
-                role.options,
-                role.timeout_s,
-                rank,
-                methods[name],
-            )
-            logger.debug("rank %d: created role %s via %s", rank, name, methods[name])
+        try:
+            for name in order:
+                self._created[name] = self._create_role(name, adapters[name], methods[name], rank)
+        except Exception as error:
+            # Leave nothing half-made: destroy what this rank created, then say which role failed.
+            self._destroy_groups()
+            self._created.clear()
+            raise GroupCreationError(
+                f"rank {rank}: creating role {name!r} ({methods[name]}) failed: {error}; fix: check "
+                "that every rank is alive and calls create(); creation waits at most "
+                f"create_timeout_s={self.create_timeout_s:g}s for peers"
+            ) from error
         self._state = "created"
         return self
+
+    def _create_role(
+        self, name: str, adapter: BackendAdapter, method: str, rank: int
+    ) -> CreatedRole:
+        role = self.layout.role(name)
+        timeout = (adapter.default_timeout() if role.timeout_s is None
+                   else timedelta(seconds=role.timeout_s))
+        # gloo (and NCCL with eager init) rendezvous with peers under the group's own timeout, 30
+        # minutes by default: a peer that died during create() would hang the others that long.
+        # Create under create_timeout_s, then give the group its role timeout.
+        bounded = adapter.name in ("gloo", "nccl", "rccl") and (
+            timeout.total_seconds() > self.create_timeout_s
+        )
+        created = create_role_group(
+            self.plan,
+            name,
+            adapter,
+            role.options,
+            self.create_timeout_s if bounded else timeout.total_seconds(),
+            rank,
+            method,
+        )
+        if bounded and created.group is not None:
+            dist.distributed_c10d._set_pg_timeout(timeout, created.group)
+        logger.debug("rank %d: created role %s via %s", rank, name, method)
+        return created
 
     def _agreement_store(self, rank: int) -> Store:
         store = dist.distributed_c10d._get_default_store()
@@ -414,11 +441,14 @@ class GroupRegistry:
         """Destroy every group this registry created. Idempotent; the registry is unusable after."""
         if self._state == "closed":
             return
-        owned = [g for c in (*self._created.values(), *self._dim_groups.values()) for g in c.owned]
+        self._destroy_groups()
         self._meshes.clear()
         self._created.clear()
         self._dim_groups.clear()
         self._state = "closed"
+
+    def _destroy_groups(self) -> None:
+        owned = [g for c in (*self._created.values(), *self._dim_groups.values()) for g in c.owned]
         if not (dist.is_available() and dist.is_initialized()):
             return  # the whole world was torn down already, our groups with it
         for group in owned:

@@ -1,0 +1,76 @@
+"""Faults during creation: a rank that dies makes the others raise within create_timeout_s.
+
+Each test kills a real rank process (os._exit) at a chosen point; the survivors must raise a clear
+error naming what failed, well before any backend's default timeout (30 minutes for gloo).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+import commgroups as cg
+from tests.worlds import run_world
+
+CREATE_TIMEOUT_S = 6.0
+
+
+def _die_before_create(rank: int, world_size: int) -> dict[str, Any]:
+    dist.barrier()  # the default group is fully connected before the fault
+    if rank == 3:
+        os._exit(3)
+    started = time.monotonic()
+    try:
+        cg.GroupRegistry(cg.Layout(dims={"cp": 4}), create_timeout_s=CREATE_TIMEOUT_S).create()
+        return {"error": None}
+    except cg.errors.CommGroupsError as error:
+        return {"error": f"{type(error).__name__}: {error}", "seconds": time.monotonic() - started}
+
+
+def _die_inside_new_group(rank: int, world_size: int) -> dict[str, Any]:
+    dist.barrier()
+    if rank == 3:
+        real = dist.new_group
+        calls = []
+
+        def dying_new_group(*args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 2:  # after agreement, in the middle of creating the roles
+                os._exit(3)
+            return real(*args, **kwargs)
+
+        dist.new_group = dying_new_group  # fault injection in this rank's process only
+    started = time.monotonic()
+    try:
+        cg.GroupRegistry(cg.Layout(dims={"dp_shard": 1, "cp": 4}), creation="all_ranks",
+                         create_timeout_s=CREATE_TIMEOUT_S).create()
+        return {"error": None}
+    except cg.errors.CommGroupsError as error:
+        return {
+            "error": f"{type(error).__name__}: {error}",
+            "seconds": time.monotonic() - started,
+            "leftover_groups": len(dist.distributed_c10d._world.pg_map) - 1,
+        }
+
+
+def test_rank_dies_before_create() -> None:
+    results = run_world(_die_before_create, 4, timeout=90, expect_errors=True)
+    assert isinstance(results[3], TimeoutError)  # the dead rank reported nothing
+    for result in results[:3]:
+        assert result["error"].startswith("AgreementTimeoutError"), result
+        assert "never arrived: [3]" in result["error"]
+        assert result["seconds"] < CREATE_TIMEOUT_S + 5
+
+
+def test_rank_dies_while_groups_are_created() -> None:
+    results = run_world(_die_inside_new_group, 4, timeout=90, expect_errors=True)
+    assert isinstance(results[3], TimeoutError)
+    for result in results[:3]:
+        assert result["error"] is not None, "survivors must not create groups with a dead peer"
+        assert result["error"].startswith("GroupCreationError"), result["error"]
+        assert "creating role" in result["error"]
+        assert result["seconds"] < CREATE_TIMEOUT_S + 10
+        assert result["leftover_groups"] == 0, "a failed create() leaves no groups behind"
