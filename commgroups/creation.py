@@ -301,7 +301,7 @@ def confirm_local(
            if not uniform else
            f"{flagged} rank(s) would reuse a group name torch created before")
     if rank == 0:
-        logger.warning("local creation not safe (%s); creating those roles on every rank", why)
+        logger.info("local creation not safe (%s); creating those roles on every rank", why)
     return {role: ("all_ranks" if method == "local" else method) for role, method in methods.items()}
 
 
