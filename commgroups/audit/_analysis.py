@@ -50,6 +50,10 @@ _UNIFORM_SHAPE_OPS = frozenset({
 })
 
 
+# How many distinct callers of blocking calls a mixed_streams hazard lists.
+_MAX_CALLERS = 8
+
+
 class AuditFileError(CommGroupsError, ValueError):
     """An audit directory or file cannot be read as commgroups audit output."""
 
@@ -280,10 +284,12 @@ def _mixed_streams(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
                 "dedicated group"
             )
             blocking_ops = Counter(r["op"] for r in blocking)
+            callers = sorted({r["caller"] for r in blocking})
             found.append((("streams", group), rank, Hazard(
                 "mixed_streams", "error" if live else "warning", group, roles, (), message,
                 {"streams": dict(streams), "blocking": len(blocking),
-                 "async": len(asynchronous), "blocking_ops": dict(blocking_ops)})))
+                 "async": len(asynchronous), "blocking_ops": dict(blocking_ops),
+                 "blocking_callers": callers[:_MAX_CALLERS]})))
     return _merge_by_key(found)
 
 
