@@ -29,6 +29,9 @@ from tests.worlds import run_world
 WORLD = 4
 
 
+_NOT_COLLECTIVES = frozenset({"wait_tensor", "_wrap_tensor_autograd"})
+
+
 @dataclass(frozen=True)
 class C10dOp:
     """One recorded c10d op: its name, the group's name and whether it was issued async."""
@@ -55,7 +58,9 @@ class C10dRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func.namespace in ("c10d", "_c10d_functional"):
+        # wait_tensor and _wrap_tensor_autograd follow a functional collective already recorded and
+        # move no data
+        if func.namespace in ("c10d", "_c10d_functional") and func._opname not in _NOT_COLLECTIVES:
             names = [a.name for a in func._schema.arguments]
             bound = dict(zip(names, args)) | kwargs
             group = None

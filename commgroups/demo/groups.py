@@ -68,6 +68,10 @@ class JobGroups:
     save: Callable[[dict[str, Any], str], Any]
     load: Callable[[dict[str, Any], str], None]
     roles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    role_groups: dict[str, dist.ProcessGroup] = field(default_factory=dict)
+    """Role -> the group doing that role's work (for the audit's role names)."""
+    exchange_group: dist.ProcessGroup | None = None
+    """Where the demo gathers the audit records (a CPU group; None: the default group)."""
     registry: GroupRegistry | None = None
     close: Callable[[], None] = lambda: None
 
@@ -121,6 +125,8 @@ def _registry_groups(layout: Layout) -> JobGroups:
         save=lambda state, path: cg_dcp.save(state, checkpoint_id=path, registry=registry),
         load=lambda state, path: cg_dcp.load(state, checkpoint_id=path, registry=registry),
         roles=roles,
+        role_groups={name: registry.group(name) for name in registry.roles},
+        exchange_group=registry.group(CHECKPOINT_ROLE),
         registry=registry,
         close=registry.close,
     )
@@ -155,6 +161,10 @@ def _devicemesh_groups(layout: Layout) -> JobGroups:
         roles["cp"] = _role_info(cp_group, backend, "mesh['cp']")
     # torchtitan's synchronous save and loads pass no process_group: the default group.
     roles[CHECKPOINT_ROLE] = _role_info(None, backend, "dcp default (process_group=None)")
+    role_groups = {"fsdp": fsdp_mesh.get_group(),
+                   CHECKPOINT_ROLE: dist.distributed_c10d._get_default_group()}
+    if cp_group is not None:
+        role_groups["cp"] = cp_group
     return JobGroups(
         mode="devicemesh",
         fsdp_mesh=fsdp_mesh,
@@ -164,6 +174,7 @@ def _devicemesh_groups(layout: Layout) -> JobGroups:
         save=lambda state, path: dcp_save(state, checkpoint_id=path),
         load=lambda state, path: dcp_load(state, checkpoint_id=path),
         roles=roles,
+        role_groups=role_groups,
     )
 
 

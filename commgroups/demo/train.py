@@ -143,9 +143,11 @@ def _run(
 
     audit = start_audit(cfg.audit, groups)
     gather = spmd_seq_gather("cp") if groups.cp_group is not None else None
-    losses: list[float] = []
+    local_losses: list[torch.Tensor] = []
     ckpt_dir, owns_dir = _shared_dir(cfg, rank)
     try:
+        # The audit sees the job's own traffic only (FSDP2, cp, DCP); the demo's bookkeeping (loss
+        # averages, the comparison's verdict) is reduced after the recording ends.
         with audit.recording():
             model = _build_model(0, mcfg, groups)
             optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
@@ -159,10 +161,9 @@ def _run(
                     loss.backward()  # type: ignore[no-untyped-call]
                 optim.step()
                 optim.zero_grad(set_to_none=True)
-                total = _all_reduce_sum(loss.detach().clone(), groups.fsdp_group)
-                losses.append(float(total) / dist.get_world_size(groups.fsdp_group))
-                emit(f"[demo] step {step + 1}/{cfg.steps}  loss {losses[-1]:.4f}  "
-                     f"({time.monotonic() - t0:.1f}s)")
+                local_losses.append(loss.detach())
+                emit(f"[demo] step {step + 1}/{cfg.steps}  loss {float(local_losses[-1]):.4f} (rank 0's "
+                     f"tokens)  ({time.monotonic() - t0:.1f}s)")
 
             path = os.path.join(ckpt_dir, "step-final")
             ckpt = groups.roles["checkpoint-metadata"]
@@ -173,14 +174,16 @@ def _run(
             before = _local_state(fresh)
             groups.load({"model": fresh.state_dict()}, path)
             saved, loaded = _local_state(model), _local_state(fresh)
-            mismatched = [k for k in saved if not torch.equal(saved[k], loaded[k])]
-            unchanged = [k for k in saved if torch.equal(before[k], saved[k])]
-            counts = _all_reduce_sum(torch.tensor([len(mismatched), len(unchanged)]),
-                                     groups.fsdp_group)
         hazards = audit.finish()
-        _all_reduce_sum(torch.zeros(1), groups.fsdp_group)  # everyone is done reading the files
+        mismatched = [k for k in saved if not torch.equal(saved[k], loaded[k])]
+        unchanged = [k for k in saved if torch.equal(before[k], saved[k])]
+        counts = _all_reduce_sum(torch.tensor([len(mismatched), len(unchanged)]), groups.fsdp_group)
+        # Every rank holds an equal share of the tokens: the mean of local means is the global mean.
+        summed = _all_reduce_sum(torch.stack(local_losses), groups.fsdp_group)
+        losses = (summed / dist.get_world_size(groups.fsdp_group)).tolist()
     finally:
         if owns_dir:
+            # Only after every rank has read the files: the reductions above are collective.
             shutil.rmtree(ckpt_dir, ignore_errors=True)
 
     bad, vacuous = int(counts[0]), int(counts[1])
@@ -191,6 +194,7 @@ def _run(
     else:
         roundtrip = "exact"
     emit(f"[demo] load into a fresh model: {roundtrip} ({len(saved)} tensors per rank)")
+    emit("[demo] losses (mean over all ranks): " + "  ".join(f"{v:.4f}" for v in losses))
     return {
         "mode": cfg.mode,
         "world_size": world,
