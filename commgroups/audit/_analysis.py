@@ -101,7 +101,8 @@ class AuditReport:
 
     def render(self) -> str:
         """Readable text: per-group call counts, then each hazard."""
-        lines = [f"audit: {len(self.ranks)} rank file(s), world size {self.world_size}"]
+        lines = [f"audit: {len(self.ranks)} rank file(s), world size {self.world_size}; "
+                 "calls per group, summed over ranks:"]
         for name, group in sorted(self.summary["groups"].items(), key=lambda kv: _group_key(kv[0])):
             roles = ",".join(group["roles"]) or "-"
             tag = " (default group)" if group["default"] else ""
