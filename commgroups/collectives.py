@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from commgroups.async_wait import async_and_wait, source_rank
+from commgroups.errors import RoleCollectiveError, RoleTimeoutError
 
 __all__ = ["RoleCollectives"]
 
@@ -55,6 +56,8 @@ class RoleCollectives:
         self.group = group
         self.role = role
         self.safeguard = safeguard
+        self.calls = 0
+        """How many calls this object has issued: the sequence number errors name."""
 
     def __repr__(self) -> str:
         return (f"RoleCollectives(role={self.role!r}, group={self.group.group_name!r}, "
@@ -71,18 +74,45 @@ class RoleCollectives:
         return int(self.group.rank())
 
     # ------------------------------------------------------------------------------- the rule
+    @contextmanager
+    def _named(self, op: str) -> Iterator[None]:
+        """Number the call and turn a failure into an error naming the role, op and sequence."""
+        self.calls += 1
+        seq = self.calls
+        try:
+            yield
+        except RoleCollectiveError:
+            raise
+        except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
+            text = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+            timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+            cls = RoleTimeoutError if timed_out else RoleCollectiveError
+            what = "timed out" if timed_out else "failed"
+            raise cls(
+                f"role {self.role!r}: {op} #{seq} on group {self.group.group_name!r} {what}: {text}"
+                f"; fix: check that every rank of the role is alive and issues the same "
+                f"collectives in the same order"
+                + (", or raise the role's timeout_s" if timed_out else ""),
+                role=self.role, op=op, seq=seq,
+            ) from error
+
     def _issue(self, fn: Callable[..., Any], async_op: bool, *args: Any, **kwargs: Any) -> Any:
-        """Call ``fn(*args, group=self.group, async_op=..., **kwargs)`` under the safeguard rule."""
-        if async_op or not self.safeguard:
-            return fn(*args, group=self.group, async_op=async_op, **kwargs)
-        work = fn(*args, group=self.group, async_op=True, **kwargs)
-        if work is not None:
-            work.wait()
-        return None
+        """Call ``fn(*args, group=self.group, async_op=..., **kwargs)`` under the safeguard rule.
+
+        Failures of calls this method waits for name the role, op and sequence number; a Work
+        handed back unwaited (``async_op=True``) raises torch's own error from its ``wait()``.
+        """
+        with self._named(fn.__name__):
+            if async_op or not self.safeguard:
+                return fn(*args, group=self.group, async_op=async_op, **kwargs)
+            work = fn(*args, group=self.group, async_op=True, **kwargs)
+            if work is not None:
+                work.wait()
+            return None
 
     @contextmanager
-    def _object_scope(self) -> Iterator[None]:
-        with async_and_wait() if self.safeguard else nullcontext():
+    def _object_scope(self, op: str) -> Iterator[None]:
+        with self._named(op), async_and_wait() if self.safeguard else nullcontext():
             yield
 
     # -------------------------------------------------------------------------- collectives
@@ -166,23 +196,26 @@ class RoleCollectives:
     def send(self, tensor: torch.Tensor, dst: int | None = None, tag: int = 0,
              group_dst: int | None = None) -> None:
         """``torch.distributed.send``: with the safeguard, ``isend`` waited at once."""
-        if not self.safeguard:
-            dist.send(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
-            return
-        work = dist.isend(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
-        if work is not None:
-            work.wait()
+        with self._named("send"):
+            if not self.safeguard:
+                dist.send(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
+                return
+            work = dist.isend(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
+            if work is not None:
+                work.wait()
 
     def recv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0,
              group_src: int | None = None) -> int:
         """``torch.distributed.recv``: returns the sender's global rank (``irecv`` waited at once)."""
-        if not self.safeguard:
-            return int(dist.recv(tensor, src=src, group=self.group, tag=tag, group_src=group_src))
-        work = dist.irecv(tensor, src=src, group=self.group, tag=tag, group_src=group_src)
-        if work is None:
-            return -1
-        work.wait()
-        return source_rank(work, src, self.group, group_src)
+        with self._named("recv"):
+            if not self.safeguard:
+                return int(dist.recv(tensor, src=src, group=self.group, tag=tag,
+                                     group_src=group_src))
+            work = dist.irecv(tensor, src=src, group=self.group, tag=tag, group_src=group_src)
+            if work is None:
+                return -1
+            work.wait()
+            return source_rank(work, src, self.group, group_src)
 
     def isend(self, tensor: torch.Tensor, dst: int | None = None, tag: int = 0,
               group_dst: int | None = None) -> Work | None:
@@ -218,13 +251,13 @@ class RoleCollectives:
     # --------------------------------------------------------------------- object collectives
     def all_gather_object(self, object_list: list[Any], obj: Any) -> None:
         """``torch.distributed.all_gather_object`` on this role's group."""
-        with self._object_scope():
+        with self._object_scope("all_gather_object"):
             dist.all_gather_object(object_list, obj, group=self.group)
 
     def gather_object(self, obj: Any, object_gather_list: list[Any] | None = None,
                       dst: int | None = None, group_dst: int | None = None) -> None:
         """``torch.distributed.gather_object`` on this role's group."""
-        with self._object_scope():
+        with self._object_scope("gather_object"):
             dist.gather_object(obj, object_gather_list, dst=dst, group=self.group,
                                group_dst=group_dst)
 
@@ -232,7 +265,7 @@ class RoleCollectives:
                               device: torch.device | None = None,
                               group_src: int | None = None) -> None:
         """``torch.distributed.broadcast_object_list`` on this role's group."""
-        with self._object_scope():
+        with self._object_scope("broadcast_object_list"):
             dist.broadcast_object_list(object_list, src=src, group=self.group, device=device,
                                        group_src=group_src)
 
@@ -240,7 +273,7 @@ class RoleCollectives:
                             scatter_object_input_list: list[Any] | None = None,
                             src: int | None = None, group_src: int | None = None) -> None:
         """``torch.distributed.scatter_object_list`` on this role's group."""
-        with self._object_scope():
+        with self._object_scope("scatter_object_list"):
             dist.scatter_object_list(scatter_object_output_list, scatter_object_input_list,
                                      src=src, group=self.group, group_src=group_src)
 
@@ -248,7 +281,7 @@ class RoleCollectives:
                          device: torch.device | None = None,
                          group_dst: int | None = None) -> None:
         """``torch.distributed.send_object_list`` on this role's group."""
-        with self._object_scope():
+        with self._object_scope("send_object_list"):
             dist.send_object_list(object_list, dst=dst, group=self.group, device=device,
                                   group_dst=group_dst)
 
@@ -256,6 +289,6 @@ class RoleCollectives:
                          device: torch.device | None = None,
                          group_src: int | None = None) -> int:
         """``torch.distributed.recv_object_list`` on this role's group; returns the sender rank."""
-        with self._object_scope():
+        with self._object_scope("recv_object_list"):
             return int(dist.recv_object_list(object_list, src=src, group=self.group,
                                              device=device, group_src=group_src))

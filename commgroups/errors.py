@@ -24,6 +24,7 @@ __all__ = [
     "NotAMemberError",
     "RegistryClosedError",
     "RegistryStateError",
+    "RoleCollectiveError",
     "RoleTimeoutError",
     "UnknownBackendError",
     "UnknownDimError",
@@ -116,11 +117,18 @@ class NotAMemberError(CommGroupsError, LookupError):
     """This rank belongs to no group of the role (only roles with explicit rank groups allow that)."""
 
 
-class RoleTimeoutError(CommGroupsError, TimeoutError):
-    """A collective on a role's group timed out; names the role, the op and the sequence number."""
+class RoleCollectiveError(CommGroupsError, RuntimeError):
+    """A collective issued through ``registry.collectives(role)`` failed (e.g. a peer died).
+
+    Names the role, the op and the call's sequence number on that role.
+    """
 
     def __init__(self, message: str, *, role: str, op: str, seq: int) -> None:
         super().__init__(message)
         self.role = role
         self.op = op
         self.seq = seq
+
+
+class RoleTimeoutError(RoleCollectiveError, TimeoutError):
+    """A collective on a role's group timed out; names the role, the op and the sequence number."""

@@ -106,6 +106,7 @@ class GroupRegistry:
         self._dim_groups: dict[str, CreatedRole] = {}
         self._meshes: dict[tuple[str, ...], DeviceMesh] = {}
         self._timeout_overrides: dict[str, timedelta] = {}
+        self._collectives: dict[str, RoleCollectives] = {}
         self._state = "new"
 
     # --------------------------------------------------------------------------------- creation
@@ -319,7 +320,12 @@ class GroupRegistry:
         from commgroups.collectives import RoleCollectives
 
         group = self.group(role)
-        return RoleCollectives(group, role=role, safeguard=self.spec(role).safeguard)
+        # One object per role, so its call count (the sequence number errors name) is per role.
+        if role not in self._collectives:
+            self._collectives[role] = RoleCollectives(
+                group, role=role, safeguard=self.spec(role).safeguard
+            )
+        return self._collectives[role]
 
     # ----------------------------------------------------------------------------------- meshes
     def device_mesh(self, dims_or_role: str | Sequence[str]) -> DeviceMesh:
@@ -442,6 +448,7 @@ class GroupRegistry:
         if self._state == "closed":
             return
         self._destroy_groups()
+        self._collectives.clear()
         self._meshes.clear()
         self._created.clear()
         self._dim_groups.clear()

@@ -74,3 +74,58 @@ def test_rank_dies_while_groups_are_created() -> None:
         assert "creating role" in result["error"]
         assert result["seconds"] < CREATE_TIMEOUT_S + 10
         assert result["leftover_groups"] == 0, "a failed create() leaves no groups behind"
+
+
+ROLE_TIMEOUT_S = 4.0
+
+
+def _collective_faults(rank: int, world_size: int, fault: str) -> dict[str, Any]:
+    layout = cg.Layout(dims={"cp": 4}, roles=[
+        cg.RoleSpec(name="cp", dims=["cp"], timeout_s=ROLE_TIMEOUT_S),
+        cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo"),
+    ])
+    registry = cg.GroupRegistry(layout, create_timeout_s=30).create()
+    cp = registry.collectives("cp")
+    import torch
+
+    for _ in range(3):  # the role works before the fault
+        value = torch.ones(8)
+        cp.all_reduce(value)
+        assert value[0].item() == world_size
+    dist.barrier(group=registry.group("checkpoint-metadata"))
+    if rank == 3:
+        if fault == "killed":
+            os._exit(3)
+        time.sleep(ROLE_TIMEOUT_S + 4)  # alive but silent: the others must time out
+        os._exit(0)
+    started = time.monotonic()
+    try:
+        cp.all_reduce(torch.ones(8))
+        return {"error": None}
+    except cg.errors.RoleCollectiveError as error:
+        return {
+            "type": type(error).__name__,
+            "role": error.role,
+            "op": error.op,
+            "seq": error.seq,
+            "message": str(error),
+            "seconds": time.monotonic() - started,
+        }
+
+
+def test_rank_killed_mid_collective_survivors_name_the_role() -> None:
+    results = run_world(_collective_faults, 4, "killed", timeout=90, expect_errors=True)
+    for result in results[:3]:
+        assert result.get("error", "x") is not None, "survivors must raise, not hang"
+        assert result["role"] == "cp" and result["op"] == "all_reduce" and result["seq"] == 4
+        assert "role 'cp'" in result["message"] and "all_reduce #4" in result["message"]
+        assert result["seconds"] < ROLE_TIMEOUT_S + 5
+
+
+def test_silent_rank_times_out_within_role_timeout() -> None:
+    results = run_world(_collective_faults, 4, "silent", timeout=90, expect_errors=True)
+    for result in results[:3]:
+        assert result.get("error", "x") is not None
+        assert result["type"] == "RoleTimeoutError", result["message"]
+        assert (result["role"], result["op"], result["seq"]) == ("cp", "all_reduce", 4)
+        assert ROLE_TIMEOUT_S - 0.5 < result["seconds"] < ROLE_TIMEOUT_S + 5
