@@ -69,6 +69,16 @@ def _all_reduce_sum(value: torch.Tensor, group: dist.ProcessGroup) -> torch.Tens
     return value
 
 
+def _cp_mean(value: torch.Tensor, cp_group: dist.ProcessGroup | None) -> torch.Tensor:
+    if cp_group is None:
+        return value
+    from torch.distributed import _functional_collectives as funcol
+
+    total: Any = funcol.all_reduce(value, "sum", cp_group)  # an AsyncCollectiveTensor
+    waited: torch.Tensor = total.wait()
+    return waited / dist.get_world_size(cp_group)
+
+
 def _shared_dir(cfg: DemoConfig, rank: int) -> tuple[str, bool]:
     """The checkpoint directory every rank uses, and whether this rank created it (and must clean)."""
     if cfg.checkpoint_dir:
@@ -146,8 +156,9 @@ def _run(
     local_losses: list[torch.Tensor] = []
     ckpt_dir, owns_dir = _shared_dir(cfg, rank)
     try:
-        # The audit sees the job's own traffic only (FSDP2, cp, DCP); the demo's bookkeeping (loss
-        # averages, the comparison's verdict) is reduced after the recording ends.
+        # The audit sees the job's own traffic (FSDP2, cp, DCP, the per-step loss over cp); the
+        # demo's bookkeeping (averages over the data-parallel replicas, the comparison's verdict)
+        # is reduced after the recording ends.
         with audit.recording():
             model = _build_model(0, mcfg, groups)
             optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
@@ -161,9 +172,11 @@ def _run(
                     loss.backward()  # type: ignore[no-untyped-call]
                 optim.step()
                 optim.zero_grad(set_to_none=True)
-                local_losses.append(loss.detach())
-                emit(f"[demo] step {step + 1}/{cfg.steps}  loss {float(local_losses[-1]):.4f} (rank 0's "
-                     f"tokens)  ({time.monotonic() - t0:.1f}s)")
+                # The sequence's loss, averaged over its cp ranks as CP training loops do for
+                # logging (a functional collective: the async path), on the job's cp group.
+                local_losses.append(_cp_mean(loss.detach(), groups.cp_group))
+                emit(f"[demo] step {step + 1}/{cfg.steps}  loss {float(local_losses[-1]):.4f}  "
+                     f"({time.monotonic() - t0:.1f}s)")
 
             path = os.path.join(ckpt_dir, "step-final")
             ckpt = groups.roles["checkpoint-metadata"]
@@ -178,7 +191,8 @@ def _run(
         mismatched = [k for k in saved if not torch.equal(saved[k], loaded[k])]
         unchanged = [k for k in saved if torch.equal(before[k], saved[k])]
         counts = _all_reduce_sum(torch.tensor([len(mismatched), len(unchanged)]), groups.fsdp_group)
-        # Every rank holds an equal share of the tokens: the mean of local means is the global mean.
+        # Every rank holds an equal share of the tokens: the mean of the per-sequence means over all
+        # ranks is the global mean (each sequence counted once per cp rank, equally).
         summed = _all_reduce_sum(torch.stack(local_losses), groups.fsdp_group)
         losses = (summed / dist.get_world_size(groups.fsdp_group)).tolist()
     finally:
