@@ -9,7 +9,7 @@ checkpoint-metadata, ...), never the default group, each with its own backend, o
         cp_group = registry.group("cp")
 """
 
-from commgroups import audit, errors
+from commgroups import audit, errors, integrations
 from commgroups.async_wait import AsyncWaitDist, async_and_wait
 from commgroups.collectives import RoleCollectives
 from commgroups.layout_io import load_layout, parse_layout
@@ -41,6 +41,7 @@ __all__ = [
     "audit",
     "default_roles",
     "errors",
+    "integrations",
     "load_layout",
     "parse_layout",
     "plan",
