@@ -28,6 +28,7 @@ __all__ = [
     "NCCL_COMM_MB",
     "NCCL_SINGLE_RANK_MB",
     "MemoryEstimate",
+    "SPLIT_PARENT",
     "RoleMemory",
     "communicator_cost_mb",
     "estimate_memory",
@@ -41,6 +42,8 @@ NCCL_SINGLE_RANK_MB: float = 512 * 1024 * 1024 / 1e6
 # Ascend HCCL: hccl_buffer_size defaults to 200 (MB) per communicator.
 HCCL_DEFAULT_BUFFER_MB: float = 200.0
 
+SPLIT_PARENT = "default group (split parent)"
+"""The extra row counted when split_share children share the default group's communicator."""
 DEVICE_BACKENDS: tuple[str, ...] = ("nccl", "rccl", "hccl", "gloo")
 """What a role with ``backend = "device"`` may be estimated as."""
 
@@ -80,8 +83,8 @@ class MemoryEstimate:
 
     @property
     def device_communicators(self) -> int:
-        """How many communicators on this rank hold device memory (non-zero estimates)."""
-        return sum(role.communicators for role in self.roles if role.high_mb > 0)
+        """How many device (NCCL, RCCL, HCCL) communicators this rank holds, shared ones included."""
+        return sum(r.communicators for r in self.roles if r.backend in ("nccl", "rccl", "hccl"))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (``commgroups plan --json`` and the benchmarks)."""
@@ -164,6 +167,7 @@ def estimate_memory(
         )
     plan = Plan(layout)
     rows: list[RoleMemory] = []
+    parent_backend: str | None = None
     for spec in layout.roles:
         backend = device_backend if spec.backend == "device" else spec.backend
         member = plan.group_index(spec.name, rank) is not None
@@ -184,5 +188,13 @@ def estimate_memory(
         if not member:
             low = high = 0.0
         rows.append(RoleMemory(spec.name, backend, int(member), low, high, basis))
+        if member and shared and creation == "split" and backend in ("nccl", "rccl"):
+            parent_backend = backend
+    if parent_backend is not None:
+        # split_share children live off the default group's communicator, which split creation
+        # needs anyway (init_process_group(device_id=...) creates it eagerly): count it once.
+        low, high, basis = communicator_cost_mb(parent_backend, layout.world_size)
+        rows.append(RoleMemory(SPLIT_PARENT, parent_backend, 1, low, high,
+                               f"split parent (default group), {basis.split(', ')[-1]}"))
     return MemoryEstimate(rank=rank, device_backend=device_backend, creation=creation,
                           roles=tuple(rows))

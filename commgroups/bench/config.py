@@ -1,0 +1,105 @@
+"""How big each benchmark run is: the full run, ``--quick`` and the smoke test's smallest run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["BenchConfig", "full_config", "quick_config", "smoke_config"]
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Sizes and repetition counts of every scenario; repetitions are interleaved across variants."""
+
+    name: str
+    gloo_worlds: tuple[int, ...]
+    """Real gloo worlds (4 and 8 ranks) for creation and checkpoint metadata."""
+    creation_repetitions: int
+    fake_worlds: tuple[int, ...]
+    """Simulated worlds (fake backend, one process) for creation at scale."""
+    fake_repetitions: int
+    plan_worlds: tuple[int, ...]
+    plan_repetitions: int
+    safeguard_sizes: tuple[int, ...]
+    """Message sizes in bytes for the safeguard overhead."""
+    safeguard_ops: tuple[str, ...]
+    safeguard_repetitions: int
+    safeguard_target_s: float
+    """Each timed block runs enough calls to take about this long (fewer timer reads per call)."""
+    dcp_repetitions: int
+    dcp_tensors: int
+    dcp_tensor_bytes: int
+    metadata_items: tuple[int, ...]
+    """WriteItems per SavePlan in the metadata exchange."""
+    metadata_repetitions: int
+    timeout_s: float = 600.0
+
+
+def full_config() -> BenchConfig:
+    """The full run (several minutes on 2 cores)."""
+    return BenchConfig(
+        name="full",
+        gloo_worlds=(4, 8),
+        creation_repetitions=15,
+        fake_worlds=(1024, 8192, 65536),
+        fake_repetitions=7,
+        plan_worlds=(1024, 8192, 65536, 262144, 1048576),
+        plan_repetitions=15,
+        safeguard_sizes=(4, 256, 4 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB),
+        safeguard_ops=("all_reduce", "all_gather_into_tensor"),
+        safeguard_repetitions=21,
+        safeguard_target_s=0.05,
+        dcp_repetitions=9,
+        dcp_tensors=16,
+        dcp_tensor_bytes=256 * KiB,
+        metadata_items=(10, 100, 1000, 10000),
+        metadata_repetitions=15,
+    )
+
+
+def quick_config() -> BenchConfig:
+    """``--quick``: every scenario and world, fewer sizes and repetitions (under two minutes)."""
+    return BenchConfig(
+        name="quick",
+        gloo_worlds=(4, 8),
+        creation_repetitions=5,
+        fake_worlds=(1024, 8192, 65536),
+        fake_repetitions=3,
+        plan_worlds=(1024, 65536, 1048576),
+        plan_repetitions=5,
+        safeguard_sizes=(4, 4 * KiB, 64 * KiB, MiB, 16 * MiB),
+        safeguard_ops=("all_reduce",),
+        safeguard_repetitions=9,
+        safeguard_target_s=0.02,
+        dcp_repetitions=5,
+        dcp_tensors=8,
+        dcp_tensor_bytes=64 * KiB,
+        metadata_items=(10, 100, 1000),
+        metadata_repetitions=7,
+    )
+
+
+def smoke_config() -> BenchConfig:
+    """The smallest run of every scenario (the smoke test: seconds, numbers meaningless)."""
+    return BenchConfig(
+        name="smoke",
+        gloo_worlds=(4,),
+        creation_repetitions=1,
+        fake_worlds=(64,),
+        fake_repetitions=1,
+        plan_worlds=(1024,),
+        plan_repetitions=1,
+        safeguard_sizes=(4, 64 * KiB),
+        safeguard_ops=("all_reduce",),
+        safeguard_repetitions=2,
+        safeguard_target_s=0.001,
+        dcp_repetitions=1,
+        dcp_tensors=2,
+        dcp_tensor_bytes=KiB,
+        metadata_items=(10,),
+        metadata_repetitions=1,
+        timeout_s=240.0,
+    )

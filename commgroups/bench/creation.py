@@ -1,0 +1,270 @@
+"""Creation: the registry against ``init_device_mesh`` (+ ``_flatten`` for fsdp) and against an
+all-ranks ``new_group`` loop (Megatron's way), for the same dims and roles.
+
+Every variant builds the same four roles over ``dp_shard x cp``: dp_shard, cp, fsdp (dp_shard x cp,
+which spans the world) and checkpoint-metadata (the world, on gloo where gloo is real). The table
+reports the slowest rank's wall time, how many ``new_group``/``split_group`` calls one rank made, and
+how many roles came back as the default group (DeviceMesh aliases any dim that spans the world).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commgroups.bench.progress import Progress
+from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
+from commgroups.plan import Plan
+from commgroups.registry import GroupRegistry
+from commgroups.specs import CHECKPOINT_ROLE, Layout
+
+__all__ = [
+    "VARIANTS",
+    "CallCounter",
+    "bench_layout",
+    "counting_creation_calls",
+    "measure_fake",
+    "measure_gloo",
+    "tables",
+]
+
+VARIANTS: tuple[str, ...] = ("registry", "registry all_ranks", "devicemesh", "new_group loop")
+"""``registry`` uses creation="auto" (the fastest safe path); ``registry all_ranks`` forces torch's
+default contract, the same calls as the loop."""
+
+_COUNTED = ("new_group", "split_group")
+
+
+def bench_layout(world_size: int) -> Layout:
+    """``dp_shard x cp`` with cp = 4 (2 on 4 ranks) and the built-in roles."""
+    cp = 4 if world_size >= 8 else 2
+    return Layout(dims={"dp_shard": world_size // cp, "cp": cp})
+
+
+@dataclass
+class CallCounter:
+    """Creation calls this process made, and the groups they returned."""
+
+    calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTED, 0))
+    groups: list[Any] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        """new_group plus split_group calls."""
+        return sum(self.calls.values())
+
+
+@contextmanager
+def counting_creation_calls() -> Iterator[CallCounter]:
+    """Count ``new_group``/``split_group`` calls made in this process while the block runs.
+
+    torch.distributed, device_mesh and commgroups modules may hold their own reference to the
+    functions (``from ... import new_group``), so every loaded module attribute that *is* one of the
+    originals is swapped for a counting wrapper, and restored afterwards.
+    """
+    counter = CallCounter()
+    originals: dict[str, Callable[..., Any]] = {
+        name: getattr(dist.distributed_c10d, name) for name in _COUNTED
+    }
+
+    def wrap(name: str) -> Callable[..., Any]:
+        original = originals[name]
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            counter.calls[name] += 1
+            group = original(*args, **kwargs)
+            counter.groups.append(group)
+            return group
+
+        return counted
+
+    wrappers = {name: wrap(name) for name in _COUNTED}
+    patched: list[tuple[Any, str, Any]] = []
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith(("torch.distributed", "commgroups")):
+            continue
+        for name in _COUNTED:
+            if getattr(module, name, None) is originals[name]:
+                patched.append((module, name, originals[name]))
+                setattr(module, name, wrappers[name])
+    try:
+        yield counter
+    finally:
+        for module, name, original in patched:
+            setattr(module, name, original)
+
+
+@dataclass
+class Created:
+    """What one variant made: each role's group on this rank, and how to tear it down."""
+
+    groups: dict[str, Any]
+    teardown: Callable[[], None]
+
+
+def _checkpoint_backend() -> str | None:
+    return None if dist.get_backend() == "fake" else "gloo"
+
+
+def _destroy(groups: list[Any]) -> Callable[[], None]:
+    def teardown() -> None:
+        default = dist.distributed_c10d._get_default_group()
+        for group in groups:
+            if isinstance(group, dist.ProcessGroup) and group is not default:
+                # Already destroyed: DeviceMesh may hand out one group twice.
+                with suppress(RuntimeError, ValueError):
+                    dist.destroy_process_group(group)
+
+    return teardown
+
+
+def _create_registry(layout: Layout, creation: str, counter: CallCounter) -> Created:
+    registry = GroupRegistry(layout, creation=creation).create()
+    return Created({role: registry.group(role) for role in registry.roles}, registry.close)
+
+
+def _create_devicemesh(layout: Layout, counter: CallCounter) -> Created:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    names = tuple(layout.dims)
+    mesh = init_device_mesh("cpu", tuple(layout.dims.values()), mesh_dim_names=names)
+    fsdp = mesh[names]._flatten("fsdp")
+    # torchtitan makes its gloo checkpoint group by hand; DeviceMesh has no role for it.
+    checkpoint = dist.new_group(backend=_checkpoint_backend(), group_desc=CHECKPOINT_ROLE)
+    groups = {name: mesh.get_group(name) for name in names}
+    groups["fsdp"] = fsdp.get_group()
+    groups[CHECKPOINT_ROLE] = checkpoint
+    return Created(groups, _destroy(counter.groups))
+
+
+def _create_loop(layout: Layout, counter: CallCounter) -> Created:
+    plan = Plan(layout)
+    rank = dist.get_rank()
+    groups: dict[str, Any] = {}
+    for role in layout.roles:
+        backend = _checkpoint_backend() if role.backend == "gloo" else None
+        for ranks in plan.groups(role.name):
+            group = dist.new_group(list(ranks), backend=backend, group_desc=role.name)
+            if rank in ranks:
+                groups[role.name] = group
+    return Created(groups, _destroy(counter.groups))
+
+
+def _create(variant: str, layout: Layout, counter: CallCounter) -> Created:
+    if variant == "registry":
+        return _create_registry(layout, "auto", counter)
+    if variant == "registry all_ranks":
+        return _create_registry(layout, "all_ranks", counter)
+    if variant == "devicemesh":
+        return _create_devicemesh(layout, counter)
+    return _create_loop(layout, counter)
+
+
+def _aliases(created: Created) -> int:
+    default = dist.distributed_c10d._get_default_group()
+    return sum(1 for group in created.groups.values() if group is default)
+
+
+def _timed(variant: str, layout: Layout) -> tuple[float, int, Created]:
+    with counting_creation_calls() as counter:
+        start = time.perf_counter()
+        created = _create(variant, layout, counter)
+        elapsed = time.perf_counter() - start
+    return elapsed, counter.total, created
+
+
+def measure_gloo(rank: int, world_size: int, progress: Progress, repetitions: int) -> dict[str, Any]:
+    """On every rank of a real gloo world: time every variant ``repetitions`` times, interleaved.
+
+    A sample is the slowest rank's time (the job waits for it), taken with an all_reduce(MAX) outside
+    the timed region.
+    """
+    layout = bench_layout(world_size)
+    samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    calls: dict[str, int] = {}
+    aliases: dict[str, int] = {}
+    progress.describe(f"creation, gloo x{world_size}")
+    progress.add_total(repetitions)
+    for repetition in range(repetitions):
+        for variant in interleaved(VARIANTS, repetition):
+            dist.barrier()
+            elapsed, calls[variant], created = _timed(variant, layout)
+            aliases[variant] = _aliases(created)
+            # Also a barrier: a rank may return from new_group while a peer is still connecting
+            # to it, and destroying the group then would reset that peer's connection.
+            slowest = torch.tensor([elapsed], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            created.teardown()
+            samples[variant].append(float(slowest.item()))
+        progress.advance()
+    return {"world": world_size, "backend": "gloo", "samples": samples, "calls": calls,
+            "aliases": aliases, "roles": len(layout.roles)}
+
+
+def measure_fake(rank: int, world_size: int, progress: Progress, repetitions: int) -> dict[str, Any]:
+    """In one process, rank 0 of a simulated world: each sample starts from a fresh fake default
+    group, so group counters and c10d's tables do not grow across repetitions."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers backend "fake"
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    layout = bench_layout(world_size)
+    samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    calls: dict[str, int] = {}
+    aliases: dict[str, int] = {}
+    progress.describe(f"creation, fake x{world_size}")
+    progress.add_total(repetitions)
+    for repetition in range(repetitions):
+        for variant in interleaved(VARIANTS, repetition):
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+            try:
+                elapsed, calls[variant], created = _timed(variant, layout)
+                aliases[variant] = _aliases(created)
+                created.teardown()
+            finally:
+                dist.destroy_process_group()
+            samples[variant].append(elapsed)
+        progress.advance()
+    return {"world": world_size, "backend": "fake", "samples": samples, "calls": calls,
+            "aliases": aliases, "roles": len(layout.roles)}
+
+
+def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
+    """The creation table and the summary figures (``creation_ratio_vs_devicemesh``)."""
+    table = Table(
+        "creation",
+        "Creation: registry vs DeviceMesh vs all-ranks new_group loop (dp_shard x cp, 4 roles)",
+        ["world", "backend", "variant", "time ms", "creation calls / rank",
+         "roles aliasing default group", "ratio vs devicemesh"],
+    )
+    summary: dict[str, Any] = {}
+    for result in sorted(results, key=lambda r: (r["backend"] != "gloo", r["world"])):
+        base = result["samples"]["devicemesh"]
+        for variant in VARIANTS:
+            times = result["samples"][variant]
+            ratio = summarize(paired_ratios(times, base))
+            table.add(result["world"], result["backend"], variant,
+                      summarize(times).scaled(1e3),
+                      result["calls"][variant], result["aliases"][variant], ratio)
+    simulated = [r for r in results if r["backend"] == "fake"]
+    if simulated:
+        largest = max(simulated, key=lambda r: r["world"])
+        ratio = summarize(paired_ratios(largest["samples"]["registry"],
+                                        largest["samples"]["devicemesh"]))
+        summary["creation_ratio_vs_devicemesh"] = ratio.median
+        summary["creation_ratio_vs_devicemesh_spread"] = ratio.to_dict()
+        summary["creation_ratio_world"] = largest["world"]
+        summary["registry_calls_per_role"] = largest["calls"]["registry"] / largest["roles"]
+    table.notes += [
+        "time: slowest rank's wall time per creation (median [p25-p75]); ratio: per-repetition "
+        "variant / devicemesh, median [p25-p75]",
+        "devicemesh = init_device_mesh + _flatten('fsdp') + a gloo new_group for checkpoint metadata",
+        "registry = creation='auto'; fake worlds simulate rank 0 in one process (no data moves)",
+    ]
+    return table, summary

@@ -1,0 +1,153 @@
+"""Run every scenario of a :class:`~commgroups.bench.config.BenchConfig` and collect the tables.
+
+Real gloo worlds are started once per world size and run every section that needs that size (a world
+costs seconds to start on 2 cores); fake worlds run one process per simulated size; planning and
+memory run in this process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from commgroups.bench import checkpoint, creation, memory, planning, safeguard
+from commgroups.bench.config import BenchConfig
+from commgroups.bench.progress import NullProgress, Progress
+from commgroups.bench.stats import Table
+from commgroups.bench.world import run_world
+from commgroups.registry import GroupRegistry
+from commgroups.specs import Layout
+
+__all__ = ["BenchResult", "gloo_job", "machine_info", "run_bench"]
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class BenchResult:
+    """Every table of one run, the headline figures and the machine it ran on."""
+
+    config: BenchConfig
+    machine: dict[str, Any]
+    tables: list[Table] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    def table(self, name: str) -> Table:
+        """The table called ``name``."""
+        for table in self.tables:
+            if table.name == name:
+                return table
+        raise KeyError(f"no table {name!r}; tables: {', '.join(t.name for t in self.tables)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``--json`` writes: every table, the summary and the two headline ratios on top."""
+        return {
+            "schema": SCHEMA_VERSION,
+            "config": asdict(self.config),
+            "machine": self.machine,
+            "duration_s": round(self.duration_s, 2),
+            "safeguard_overhead_ratio": self.summary.get("safeguard_overhead_ratio"),
+            "creation_ratio_vs_devicemesh": self.summary.get("creation_ratio_vs_devicemesh"),
+            "summary": self.summary,
+            "tables": {table.name: table.to_dict() for table in self.tables},
+        }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """nproc, CPU model, load, torch and Python versions: the numbers mean nothing without them."""
+    try:
+        nproc = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        nproc = os.cpu_count() or 1
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return {
+        "nproc": nproc,
+        "cpu_model": _cpu_model(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average_at_start": [round(x, 2) for x in load],
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig,
+             sections: tuple[str, ...], directory: str) -> dict[str, Any] | None:
+    """Every gloo section for one world, on every rank; rank 0 returns the measurements."""
+    out: dict[str, Any] = {}
+    if "creation" in sections:
+        out["creation"] = creation.measure_gloo(rank, world_size, progress,
+                                                config.creation_repetitions)
+    if "safeguard" in sections:
+        out["safeguard"] = safeguard.measure(rank, world_size, progress, config)
+    if "dcp" in sections or "exchange" in sections:
+        with GroupRegistry(Layout(dims={"cp": world_size})) as registry:
+            if "exchange" in sections:
+                out["exchange"] = checkpoint.measure_exchange(rank, world_size, progress, config,
+                                                              registry)
+            if "dcp" in sections:
+                out["dcp"] = checkpoint.measure_dcp(rank, world_size, progress, config, registry,
+                                                    directory)
+    return out if rank == 0 else None
+
+
+def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
+    """Run every scenario; returns the tables and the summary (headline ratios included)."""
+    bar: Progress = progress if progress is not None else NullProgress()
+    result = BenchResult(config=config, machine=machine_info())
+    started = time.perf_counter()
+
+    planning_table, planning_summary = planning.run(config, bar)
+    memory_table, memory_summary = memory.run(bar)
+
+    creation_results: list[dict[str, Any]] = []
+    for world in config.fake_worlds:
+        creation_results.append(run_world(creation.measure_fake, world, config.fake_repetitions,
+                                          backend="fake", timeout_s=config.timeout_s,
+                                          progress=bar)[0])
+    gloo: dict[int, dict[str, Any]] = {}
+    smallest = min(config.gloo_worlds)
+    with tempfile.TemporaryDirectory(prefix="commgroups-bench-") as directory:
+        for world in config.gloo_worlds:
+            sections: tuple[str, ...] = ("creation", "exchange")
+            if world == smallest:
+                sections += ("safeguard", "dcp")
+            logger.info("gloo world of %d: %s", world, ", ".join(sections))
+            gloo[world] = run_world(gloo_job, world, config, sections, directory,
+                                    timeout_s=config.timeout_s, progress=bar)[0]
+    creation_results += [gloo[w]["creation"] for w in config.gloo_worlds]
+
+    creation_table, creation_summary = creation.tables(creation_results)
+    safeguard_table, safeguard_summary = safeguard.tables(gloo[smallest]["safeguard"])
+    checkpoint_tables, checkpoint_summary = checkpoint.tables(
+        [gloo[smallest]["dcp"]], [gloo[w]["exchange"] for w in config.gloo_worlds]
+    )
+    result.tables = [creation_table, planning_table, safeguard_table, *checkpoint_tables,
+                     memory_table]
+    for part in (creation_summary, planning_summary, safeguard_summary, checkpoint_summary,
+                 memory_summary):
+        result.summary.update(part)
+    result.duration_s = time.perf_counter() - started
+    return result

@@ -1,0 +1,107 @@
+"""Smoke test of ``commgroups bench``: the smallest run of every scenario, keys and sane numbers.
+
+No timing assertions: the numbers of a smoke run are meaningless; only their shape is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from commgroups.bench import smoke_config
+from commgroups.bench.stats import Summary, interleaved, paired_ratios, summarize
+from commgroups.cli import main
+from commgroups.memory import SPLIT_PARENT, estimate_memory
+from commgroups.specs import HcclOptions, Layout, RoleOptions, RoleSpec
+
+TABLES = ("creation", "planning", "safeguard", "checkpoint_dcp", "checkpoint_exchange", "memory")
+
+
+def _numbers(cell: Any) -> list[float]:
+    if isinstance(cell, dict) and "median" in cell:
+        return [cell["median"], cell["p25"], cell["p75"]]
+    if isinstance(cell, (int, float)) and not isinstance(cell, bool):
+        return [float(cell)]
+    return []
+
+
+def test_bench_smoke_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    plots = tmp_path / "plots"
+    assert main(["bench", "--smoke", "--no-progress", "--json", str(out), "--plot", str(plots),
+                 "--markdown", str(tmp_path / "bench.md")]) == 0
+    data = json.loads(out.read_text())
+    for key in ("safeguard_overhead_ratio", "creation_ratio_vs_devicemesh"):
+        assert isinstance(data[key], float) and math.isfinite(data[key]) and data[key] > 0, key
+    assert set(TABLES) <= set(data["tables"])
+    assert data["machine"]["nproc"] >= 1 and data["machine"]["torch"]
+    assert data["config"]["name"] == "smoke"
+    for name in TABLES:
+        table = data["tables"][name]
+        assert table["rows"], name
+        for row in table["rows"]:
+            assert len(row) == len(table["columns"])
+            for cell in row:
+                for value in _numbers(cell):
+                    assert math.isfinite(value) and value >= 0, (name, row)
+    # Timing cells are strictly positive; a zero would mean nothing was timed.
+    for name, column in (("creation", "time ms"), ("planning", "time ms"),
+                         ("safeguard", "raw us"), ("safeguard", "async-and-wait us"),
+                         ("checkpoint_dcp", "time ms"), ("checkpoint_exchange", "time ms")):
+        index = data["tables"][name]["columns"].index(column)
+        assert all(row[index]["median"] > 0 for row in data["tables"][name]["rows"]), name
+    # The registry gives every role its own group; DeviceMesh aliases the world-spanning fsdp dim.
+    creation = data["tables"]["creation"]
+    cols = creation["columns"]
+    for row in creation["rows"]:
+        cells = dict(zip(cols, row))
+        if cells["variant"].startswith("registry"):
+            assert cells["roles aliasing default group"] == 0
+        if cells["variant"] == "devicemesh":
+            assert cells["roles aliasing default group"] >= 1
+    assert sorted(p.name for p in plots.glob("*.png")) == [
+        "checkpoint.png", "creation.png", "memory.png", "planning.png", "safeguard.png"]
+    assert "safeguard_overhead_ratio" in capsys.readouterr().out
+
+
+def test_stats_helpers() -> None:
+    assert summarize([3.0, 1.0, 2.0]) == Summary(2.0, 1.5, 2.5, 3)
+    assert paired_ratios([2.0, 3.0], [1.0, 0.0]) == [2.0]
+    assert [interleaved(("a", "b", "c"), r)[0] for r in range(3)] == ["a", "b", "c"]
+    assert smoke_config().gloo_worlds == (4,)
+
+
+def test_memory_estimate() -> None:
+    layout = Layout(dims={"dp_shard": 2, "cp": 4})
+    nccl = estimate_memory(layout, device_backend="nccl")
+    assert nccl.device_communicators == 3  # dp_shard, cp, fsdp; checkpoint-metadata is gloo
+    assert (nccl.low_mb, nccl.high_mb) == (3 * 544.0, 3 * 688.0)
+    shared = estimate_memory(layout, device_backend="nccl", creation="split", split_share=True)
+    assert [r.role for r in shared.roles][-1] == SPLIT_PARENT
+    assert (shared.low_mb, shared.high_mb) == (544.0, 688.0)
+    # split_share needs split creation: under all_ranks it changes nothing.
+    assert estimate_memory(layout, split_share=True).high_mb == nccl.high_mb
+    hccl = estimate_memory(layout, device_backend="hccl")
+    assert hccl.high_mb == 600.0
+    small = Layout(dims={"cp": 4}, roles=[
+        RoleSpec(name="cp", dims=["cp"], options=RoleOptions(hccl=HcclOptions(buffer_size_mb=50))),
+        RoleSpec(name="solo", ranks=[[0]]),
+    ])
+    estimate = estimate_memory(small, 0, device_backend="hccl")
+    assert [r.high_mb for r in estimate.roles] == [50.0, 200.0]
+    solo = estimate_memory(small, 0, device_backend="nccl").roles[1]
+    assert solo.low_mb == pytest.approx(536.87, abs=0.01)  # 512 MiB, nccl#2363
+    assert estimate_memory(small, 1, device_backend="nccl").roles[1].communicators == 0
+
+
+def test_plan_command_shows_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "layout.toml"
+    path.write_text('dims = { dp_shard = 2, cp = 4 }\n')
+    assert main(["plan", str(path)]) == 0
+    assert "estimated communicator memory on rank 0 (device = nccl" in capsys.readouterr().out
+    assert main(["plan", str(path), "--json", "--device", "hccl"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory"]["high_mb"] == 600.0
