@@ -134,3 +134,8 @@ def test_report_renders_hazards() -> None:
     }
     text = render(result)
     assert "baseline" in text and "YES" in text and "aliasing: cp runs on the default group" in text
+
+
+def test_unsupported_layout_fails_before_spawning(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--layout", str(ROOT / "examples" / "layouts" / "hsdp_2x2.yaml")]) == 2
+    assert "fix:" in capsys.readouterr().err

@@ -67,6 +67,7 @@ def _world_size(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo as the parsed ``args`` ask."""
+    from commgroups.demo.groups import demo_layout
     from commgroups.demo.launch import launch
 
     if args.steps < 1:
@@ -82,4 +83,6 @@ def run(args: argparse.Namespace) -> int:
         audit=not args.no_audit,
         quiet=args.quiet,
     )
+    # Refuse a layout the demo cannot run before any process starts: one clear error, not one per rank.
+    demo_layout(cfg)
     return launch(cfg)
