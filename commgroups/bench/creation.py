@@ -103,10 +103,14 @@ def counting_creation_calls() -> Iterator[CallCounter]:
 
 @dataclass
 class Created:
-    """What one variant made: each role's group on this rank, and how to tear it down."""
+    """What one variant made: each role's group on this rank, how, and how to tear it down."""
 
     groups: dict[str, Any]
     teardown: Callable[[], None]
+    method: str
+    """The creation path(s) taken (the registry may fall back from local/split to all_ranks)."""
+    keep: Any = None
+    """An object to keep alive instead of tearing down (see :func:`measure_gloo`)."""
 
 
 def _checkpoint_backend() -> str | None:
@@ -127,7 +131,9 @@ def _destroy(groups: list[Any]) -> Callable[[], None]:
 
 def _create_registry(layout: Layout, creation: str, counter: CallCounter) -> Created:
     registry = GroupRegistry(layout, creation=creation).create()
-    return Created({role: registry.group(role) for role in registry.roles}, registry.close)
+    methods = sorted({registry.creation_method(role) for role in registry.roles})
+    return Created({role: registry.group(role) for role in registry.roles}, registry.close,
+                   "+".join(methods), keep=registry)
 
 
 def _create_devicemesh(layout: Layout, counter: CallCounter) -> Created:
@@ -141,7 +147,7 @@ def _create_devicemesh(layout: Layout, counter: CallCounter) -> Created:
     groups = {name: mesh.get_group(name) for name in names}
     groups["fsdp"] = fsdp.get_group()
     groups[CHECKPOINT_ROLE] = checkpoint
-    return Created(groups, _destroy(counter.groups))
+    return Created(groups, _destroy(counter.groups), "devicemesh")
 
 
 def _create_loop(layout: Layout, counter: CallCounter) -> Created:
@@ -154,7 +160,7 @@ def _create_loop(layout: Layout, counter: CallCounter) -> Created:
             group = dist.new_group(list(ranks), backend=backend, group_desc=role.name)
             if rank in ranks:
                 groups[role.name] = group
-    return Created(groups, _destroy(counter.groups))
+    return Created(groups, _destroy(counter.groups), "all_ranks")
 
 
 def _create(variant: str, layout: Layout, counter: CallCounter) -> Created:
@@ -188,24 +194,37 @@ def measure_gloo(rank: int, world_size: int, progress: Progress, repetitions: in
     """
     layout = bench_layout(world_size)
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    calls: dict[str, int] = {}
+    calls: dict[str, list[int]] = {v: [] for v in VARIANTS}
+    methods: dict[str, set[str]] = {v: set() for v in VARIANTS}
     aliases: dict[str, int] = {}
+    kept: list[Any] = []
     progress.describe(f"creation, gloo x{world_size}")
     progress.add_total(repetitions)
     for repetition in range(repetitions):
         for variant in interleaved(VARIANTS, repetition):
             dist.barrier()
-            elapsed, calls[variant], created = _timed(variant, layout)
+            elapsed, count, created = _timed(variant, layout)
+            calls[variant].append(count)
+            methods[variant].add(created.method)
             aliases[variant] = _aliases(created)
             # Also a barrier: a rank may return from new_group while a peer is still connecting
             # to it, and destroying the group then would reset that peer's connection.
             slowest = torch.tensor([elapsed], dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            created.teardown()
             samples[variant].append(float(slowest.item()))
+            if variant == "registry":
+                # A job creates its registry once. Closing it and creating the same layout again
+                # would make torch reuse the member-only group names, which the registry refuses
+                # (falling back to all_ranks): keep each one open until the world ends instead.
+                kept.append(created.keep)
+            else:
+                created.teardown()
         progress.advance()
+    for registry in kept:
+        registry.close()
     return {"world": world_size, "backend": "gloo", "samples": samples, "calls": calls,
-            "aliases": aliases, "roles": len(layout.roles)}
+            "methods": {v: sorted(m) for v, m in methods.items()}, "aliases": aliases,
+            "roles": len(layout.roles)}
 
 
 def measure_fake(rank: int, world_size: int, progress: Progress, repetitions: int) -> dict[str, Any]:
@@ -216,7 +235,8 @@ def measure_fake(rank: int, world_size: int, progress: Progress, repetitions: in
 
     layout = bench_layout(world_size)
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    calls: dict[str, int] = {}
+    calls: dict[str, list[int]] = {v: [] for v in VARIANTS}
+    methods: dict[str, set[str]] = {v: set() for v in VARIANTS}
     aliases: dict[str, int] = {}
     progress.describe(f"creation, fake x{world_size}")
     progress.add_total(repetitions)
@@ -224,7 +244,9 @@ def measure_fake(rank: int, world_size: int, progress: Progress, repetitions: in
         for variant in interleaved(VARIANTS, repetition):
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
             try:
-                elapsed, calls[variant], created = _timed(variant, layout)
+                elapsed, count, created = _timed(variant, layout)
+                calls[variant].append(count)
+                methods[variant].add(created.method)
                 aliases[variant] = _aliases(created)
                 created.teardown()
             finally:
@@ -232,7 +254,13 @@ def measure_fake(rank: int, world_size: int, progress: Progress, repetitions: in
             samples[variant].append(elapsed)
         progress.advance()
     return {"world": world_size, "backend": "fake", "samples": samples, "calls": calls,
-            "aliases": aliases, "roles": len(layout.roles)}
+            "methods": {v: sorted(m) for v, m in methods.items()}, "aliases": aliases,
+            "roles": len(layout.roles)}
+
+
+def _span(values: list[int]) -> int | str:
+    low, high = min(values), max(values)
+    return low if low == high else f"{low}-{high}"
 
 
 def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
@@ -240,7 +268,7 @@ def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
     table = Table(
         "creation",
         "Creation: registry vs DeviceMesh vs all-ranks new_group loop (dp_shard x cp, 4 roles)",
-        ["world", "backend", "variant", "time ms", "creation calls / rank",
+        ["world", "backend", "variant", "method", "time ms", "creation calls / rank",
          "roles aliasing default group", "ratio vs devicemesh"],
     )
     summary: dict[str, Any] = {}
@@ -250,8 +278,8 @@ def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
             times = result["samples"][variant]
             ratio = summarize(paired_ratios(times, base))
             table.add(result["world"], result["backend"], variant,
-                      summarize(times).scaled(1e3),
-                      result["calls"][variant], result["aliases"][variant], ratio)
+                      " / ".join(result["methods"][variant]), summarize(times).scaled(1e3),
+                      _span(result["calls"][variant]), result["aliases"][variant], ratio)
     simulated = [r for r in results if r["backend"] == "fake"]
     if simulated:
         largest = max(simulated, key=lambda r: r["world"])
@@ -260,11 +288,14 @@ def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
         summary["creation_ratio_vs_devicemesh"] = ratio.median
         summary["creation_ratio_vs_devicemesh_spread"] = ratio.to_dict()
         summary["creation_ratio_world"] = largest["world"]
-        summary["registry_calls_per_role"] = largest["calls"]["registry"] / largest["roles"]
+        summary["registry_calls_per_role"] = max(largest["calls"]["registry"]) / largest["roles"]
     table.notes += [
         "time: slowest rank's wall time per creation (median [p25-p75]); ratio: per-repetition "
         "variant / devicemesh, median [p25-p75]",
         "devicemesh = init_device_mesh + _flatten('fsdp') + a gloo new_group for checkpoint metadata",
-        "registry = creation='auto'; fake worlds simulate rank 0 in one process (no data moves)",
+        "registry = creation='auto' (method: the paths it took); fake worlds simulate rank 0 in one "
+        "process (no data moves)",
+        "gloo worlds keep each registry open until the end: re-creating a closed layout would reuse "
+        "torch's member-only group names, which the registry refuses by falling back to all_ranks",
     ]
     return table, summary

@@ -1,9 +1,9 @@
 """Safeguard overhead: raw collectives against the registry's async-and-wait wrapper, on gloo.
 
 Both variants run on the same dedicated group, so the only difference is the wrapper (issue with
-``async_op=True``, wait at once, plus the role/sequence bookkeeping). Each timed block runs enough calls
-to last about ``safeguard_target_s``; variants alternate in rotated order every repetition and the
-ratio is taken per repetition, so slow drifts on a shared machine cancel out.
+``async_op=True``, wait at once, plus the role/sequence bookkeeping). Each repetition runs enough calls
+per variant to last about ``safeguard_target_s``, alternating raw and wrapped call by call, and the
+ratio is taken per repetition, so load from other processes on a shared machine hits both alike.
 """
 
 from __future__ import annotations
@@ -52,6 +52,20 @@ def _block(fn: Callable[[], Any], calls: int, group: dist.ProcessGroup) -> float
     return (time.perf_counter() - start) / calls
 
 
+def _alternating(fns: dict[str, Callable[[], Any]], calls: int, group: dist.ProcessGroup,
+                 repetition: int) -> dict[str, float]:
+    """Per-call time of each variant, the variants alternating call by call (order rotated every
+    call), so a burst of load from other processes hits both variants alike."""
+    totals = dict.fromkeys(VARIANTS, 0.0)
+    dist.barrier(group=group)
+    for call in range(calls):
+        for variant in interleaved(VARIANTS, repetition + call):
+            start = time.perf_counter()
+            fns[variant]()
+            totals[variant] += time.perf_counter() - start
+    return {variant: total / calls for variant, total in totals.items()}
+
+
 def _slowest(value: float) -> float:
     tensor = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
@@ -76,8 +90,8 @@ def measure(rank: int, world_size: int, progress: Progress, config: BenchConfig)
                 calls = max(1, min(2000, round(config.safeguard_target_s / max(once, 1e-7))))
                 samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
                 for repetition in range(config.safeguard_repetitions):
-                    for variant in interleaved(VARIANTS, repetition):
-                        samples[variant].append(_slowest(_block(fns[variant], calls, group)))
+                    for variant, value in _alternating(fns, calls, group, repetition).items():
+                        samples[variant].append(_slowest(value))
                 results.append({"op": op, "bytes": size, "calls": calls, "samples": samples})
                 progress.advance()
     return {"world": world_size, "results": results}
