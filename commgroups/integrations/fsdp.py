@@ -10,12 +10,18 @@ collectives then share a communicator with everything else on the default group.
         fully_shard_on_role(block, registry)
     fully_shard_on_role(model, registry)
 
-This is exactly ``fully_shard(module, mesh=registry.device_mesh("fsdp"), **kwargs)``; use that form
-directly if you prefer. HSDP (a 2-D replicate x shard mesh) is not covered here.
+This is ``fully_shard(module, mesh=registry.device_mesh("fsdp"), **kwargs)`` plus the safeguard:
+FSDP2 (torch 2.13) issues its all-gathers and reduce-scatters with ``async_op=False`` on its own
+all-gather and reduce-scatter streams, so on NCCL/RCCL (torch >= 2.8) it drives one communicator
+from two streams with no fence between them. With the role's ``safeguard`` on, the module gets
+FSDP2's public custom-comm hooks (``set_custom_all_gather`` / ``set_custom_reduce_scatter``) set to
+comms that issue ``async_op=True`` and wait at once, so every FSDP collective runs on the group's own
+stream, without patching torch.distributed. HSDP (a 2-D replicate x shard mesh) is not covered here.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from commgroups.integrations.common import role_group
@@ -26,7 +32,9 @@ if TYPE_CHECKING:
 
     from commgroups.registry import GroupRegistry
 
-__all__ = ["FSDP_ROLE", "fsdp_mesh", "fully_shard_on_role"]
+__all__ = ["FSDP_ROLE", "async_wait_comms", "fsdp_mesh", "fully_shard_on_role"]
+
+logger = logging.getLogger(__name__)
 
 FSDP_ROLE = "fsdp"
 """The role FSDP2 shards over in the built-in roles (dp_shard x cp, following torchtitan)."""
@@ -41,13 +49,61 @@ def fsdp_mesh(registry: GroupRegistry, role: str = FSDP_ROLE) -> DeviceMesh:
     return registry.device_mesh(role)
 
 
+def async_wait_comms() -> tuple[Any, Any] | None:
+    """FSDP2 all-gather and reduce-scatter comms that issue ``async_op=True`` and wait at once.
+
+    Returns ``(all_gather, reduce_scatter)`` for ``FSDPModule.set_custom_all_gather`` and
+    ``set_custom_reduce_scatter``, or None where this torch lacks the hooks (they arrived after 2.8).
+    """
+    try:
+        # The Comm base classes live in a private module; the setters that take them are public.
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+            DefaultAllGather,
+            DefaultReduceScatter,
+        )
+    except ImportError:
+        return None
+
+    class AsyncWaitAllGather(DefaultAllGather):  # type: ignore[misc]
+        """FSDP2's default all-gather, issued async_op=True and waited at once."""
+
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any,
+                     async_op: bool = False) -> Any:
+            work = super().__call__(output_tensor, input_tensor, group, async_op=True)
+            if async_op:
+                return work
+            if work is not None:
+                work.wait()  # the caller's (all-gather) stream waits on the group's stream
+            return None
+
+    class AsyncWaitReduceScatter(DefaultReduceScatter):  # type: ignore[misc]
+        """FSDP2's default reduce-scatter, issued async_op=True and waited at once."""
+
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,
+                     async_op: bool = False) -> Any:
+            work = super().__call__(output_tensor, input_tensor, group, op, async_op=True)
+            if async_op:
+                return work
+            if work is not None:
+                work.wait()
+            return None
+
+    return AsyncWaitAllGather(), AsyncWaitReduceScatter()
+
+
 def fully_shard_on_role(
-    module: ModuleT, registry: GroupRegistry, role: str = FSDP_ROLE, **kwargs: Any
+    module: ModuleT,
+    registry: GroupRegistry,
+    role: str = FSDP_ROLE,
+    *,
+    safeguard: bool | None = None,
+    **kwargs: Any,
 ) -> ModuleT:
     """``fully_shard(module, mesh=<role's mesh>, **kwargs)``; returns the (now FSDP) module.
 
     ``kwargs`` are fully_shard's own (``reshard_after_forward``, ``mp_policy``, ...); ``mesh`` is not
-    accepted because the role decides it.
+    accepted because the role decides it. ``safeguard`` (default: the role's own setting) installs
+    :func:`async_wait_comms` so FSDP2's collectives are issued async-and-wait.
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -57,4 +113,14 @@ def fully_shard_on_role(
             "call torch.distributed.fsdp.fully_shard(module, mesh=...) yourself)"
         )
     fully_shard(module, mesh=fsdp_mesh(registry, role), **kwargs)
+    if registry.spec(role).safeguard if safeguard is None else safeguard:
+        comms = async_wait_comms()
+        if comms is None:
+            logger.warning(
+                "this torch has no FSDP2 custom-comm hooks: FSDP's collectives on role %s stay "
+                "blocking; wrap training in commgroups.async_and_wait() instead", role,
+            )
+        else:
+            module.set_custom_all_gather(comms[0])  # type: ignore[operator]
+            module.set_custom_reduce_scatter(comms[1])  # type: ignore[operator]
     return module
