@@ -109,7 +109,7 @@ def tables(measured: dict[str, Any]) -> tuple[Table, dict[str, Any]]:
     table = Table(
         "safeguard",
         f"Safeguard overhead: raw vs async-and-wait on gloo, {measured['world']} ranks",
-        ["op", "size", "bytes", "calls per block", "raw us", "async-and-wait us", "ratio"],
+        ["op", "size", "bytes", "calls per rep", "raw us", "async-and-wait us", "ratio"],
     )
     big_medians: list[float] = []
     big_pooled: list[float] = []
