@@ -12,6 +12,15 @@ checkpoint-metadata group as ``process_group``::
     dcp.load(state_dict, checkpoint_id=path, registry=registry)
     dcp.async_save(state_dict, checkpoint_id=path, registry=registry).result()
 
+Nothing is lost: DCP marks a checkpoint complete by writing ``.metadata`` last, atomically, after
+every rank has written its data, so a save that dies half-way leaves no ``.metadata``. :func:`load`
+refuses such a directory (:class:`IncompleteCheckpointError`) and :func:`checkpoint_complete` tells.
+:func:`save` refuses to write over a complete checkpoint unless ``overwrite=True`` (a half-written
+overwrite would otherwise leave the old ``.metadata`` pointing at new, partial data files); with
+``overwrite=True`` the coordinator removes the old ``.metadata`` before any rank writes, so a failed
+overwrite is incomplete rather than corrupt. Save each step to a new ``checkpoint_id`` to always
+keep the previous checkpoint loadable.
+
 Staged roll-out: set ``COMMGROUPS_DCP_DEFAULT_GROUP=1`` in the job's environment and these calls pass
 ``process_group=None`` instead (DCP's own default: the default group), without a code change. The
 library only reads the variable. Accepted values: 1/true/yes/on and 0/false/no/off (or unset).
@@ -21,21 +30,32 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
+from commgroups.errors import CommGroupsError
 from commgroups.integrations.common import role_group
 from commgroups.specs import CHECKPOINT_ROLE
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
 
     from torch.distributed.checkpoint.metadata import Metadata
 
     from commgroups.registry import GroupRegistry
 
-__all__ = ["DEFAULT_GROUP_ENV", "async_save", "checkpoint_group", "load", "save"]
+__all__ = [
+    "DEFAULT_GROUP_ENV",
+    "CheckpointExistsError",
+    "IncompleteCheckpointError",
+    "async_save",
+    "checkpoint_complete",
+    "checkpoint_group",
+    "load",
+    "save",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +64,39 @@ DEFAULT_GROUP_ENV = "COMMGROUPS_DCP_DEFAULT_GROUP"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
+
+
+METADATA_FILE = ".metadata"
+"""DCP's marker of a complete checkpoint (written last, by rename, by the coordinator)."""
+
+
+class IncompleteCheckpointError(CommGroupsError, FileNotFoundError):
+    """A checkpoint directory has no ``.metadata``: its save did not finish."""
+
+
+class CheckpointExistsError(CommGroupsError, FileExistsError):
+    """``save`` would write over a complete checkpoint without ``overwrite=True``."""
+
+
+def checkpoint_complete(checkpoint_id: str | os.PathLike[str]) -> bool:
+    """True when the DCP checkpoint directory ``checkpoint_id`` finished saving (has .metadata)."""
+    return (Path(checkpoint_id) / METADATA_FILE).is_file()
+
+
+def _path_of(checkpoint_id: Any, storage: Any) -> Path | None:
+    """The filesystem directory of a save/load, when it is one commgroups can check."""
+    if storage is not None or checkpoint_id is None:
+        return None
+    if isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in str(checkpoint_id):
+        return Path(checkpoint_id)
+    return None
+
+
+def _is_coordinator(group: dist.ProcessGroup | None, kwargs: Mapping[str, Any]) -> bool:
+    """Whether this rank is DCP's coordinator: rank 0 of the exchange group (or alone)."""
+    if kwargs.get("no_dist") or not dist.is_initialized():
+        return True
+    return dist.get_rank() == (0 if group is None else dist.get_global_rank(group, 0))
 
 
 def use_default_group(environ: Mapping[str, str] | None = None) -> bool:
@@ -107,15 +160,28 @@ def save(
     process_group: dist.ProcessGroup | None = None,
     registry: GroupRegistry,
     role: str = CHECKPOINT_ROLE,
+    overwrite: bool = False,
     **kwargs: Any,
 ) -> Metadata:
     """``torch.distributed.checkpoint.save`` with the plan/metadata exchange on ``role``'s group.
 
-    Other keywords (``no_dist``, ``use_collectives``, ...) pass through to torch unchanged.
+    Other keywords (``no_dist``, ``use_collectives``, ...) pass through to torch unchanged. Writing
+    over a complete checkpoint directory needs ``overwrite=True`` (see the module docs).
     """
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     group = _resolve(registry, role, process_group, "save")
+    path = _path_of(checkpoint_id, storage_writer)
+    if path is not None and checkpoint_complete(path):
+        if not overwrite:
+            raise CheckpointExistsError(
+                f"{path} already holds a complete checkpoint; fix: save each step to a new "
+                "checkpoint_id (keeps the previous one loadable), or pass overwrite=True"
+            )
+        if _is_coordinator(group, kwargs):
+            # Before any rank writes (they start after the coordinator's plan exchange), so a save
+            # that fails from here on leaves an incomplete checkpoint, never a corrupt complete one.
+            (path / METADATA_FILE).unlink(missing_ok=True)
     metadata: Metadata = dcp_save(state_dict, checkpoint_id=checkpoint_id,
                                   storage_writer=storage_writer, planner=planner,
                                   process_group=group, **kwargs)
@@ -133,10 +199,19 @@ def load(
     role: str = CHECKPOINT_ROLE,
     **kwargs: Any,
 ) -> None:
-    """``torch.distributed.checkpoint.load`` (in place) with the exchange on ``role``'s group."""
+    """``torch.distributed.checkpoint.load`` (in place) with the exchange on ``role``'s group.
+
+    A checkpoint directory whose save did not finish raises :class:`IncompleteCheckpointError`.
+    """
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     group = _resolve(registry, role, process_group, "load")
+    path = _path_of(checkpoint_id, storage_reader)
+    if path is not None and not checkpoint_complete(path):
+        raise IncompleteCheckpointError(
+            f"{path} is not a complete checkpoint (no {METADATA_FILE}: its save did not finish, or "
+            "the path is wrong); fix: load the previous complete checkpoint"
+        )
     dcp_load(state_dict, checkpoint_id=checkpoint_id, storage_reader=storage_reader,
              planner=planner, process_group=group, **kwargs)
 
