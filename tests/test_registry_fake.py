@@ -6,8 +6,12 @@ from collections.abc import Callable
 
 import pytest
 import torch.distributed as dist
+import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers backend "fake"
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import commgroups as cg
+from tests.strategies import layouts
 
 
 @pytest.mark.parametrize("rank", [0, 5, 2047, 4095])
@@ -32,3 +36,23 @@ def test_4096_ranks_plan_and_groups(fake_world: Callable[..., None], rank: int) 
         fsdp = registry.device_mesh("fsdp")
         assert fsdp.size() == 256 and fsdp.get_group() is registry.group("fsdp")
         assert "fake" in registry.describe()
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts(), st.data())
+def test_no_role_is_ever_the_default_group(layout: cg.Layout, data: st.DataObject) -> None:
+    """Invariant 1 for random layouts (world-spanning roles included), on a fake world."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    rank = data.draw(st.integers(0, layout.world_size - 1))
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
+    try:
+        default = dist.distributed_c10d._get_default_group()
+        plan = cg.plan(layout)
+        with cg.GroupRegistry(layout) as registry:
+            for role in registry.roles:
+                group = registry.group(role)
+                assert group is not default and group.group_name != default.group_name
+                assert registry.ranks(role) == plan.group_of(role, rank)
+    finally:
+        dist.destroy_process_group()
