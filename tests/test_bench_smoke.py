@@ -68,6 +68,29 @@ def test_bench_smoke_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "safeguard_overhead_ratio" in capsys.readouterr().out
 
 
+class _Counting:
+    def __init__(self) -> None:
+        self.total = 0
+        self.done = 0
+
+    def add_total(self, units: int) -> None:
+        self.total += units
+
+    def advance(self, units: int = 1) -> None:
+        self.done += units
+
+    def describe(self, text: str) -> None:
+        pass
+
+
+def test_progress_total_matches_the_work() -> None:
+    from commgroups.bench import run_bench
+
+    progress = _Counting()
+    run_bench(smoke_config(), progress)
+    assert progress.total == progress.done > 0
+
+
 def test_stats_helpers() -> None:
     assert summarize([3.0, 1.0, 2.0]) == Summary(2.0, 1.5, 2.5, 3)
     assert paired_ratios([2.0, 3.0], [1.0, 0.0]) == [2.0]

@@ -26,7 +26,7 @@ from commgroups.bench.world import run_world
 from commgroups.registry import GroupRegistry
 from commgroups.specs import Layout
 
-__all__ = ["BenchResult", "gloo_job", "machine_info", "run_bench"]
+__all__ = ["BenchResult", "expected_units", "gloo_job", "machine_info", "run_bench"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +113,39 @@ def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig
     return out if rank == 0 else None
 
 
+def expected_units(config: BenchConfig) -> int:
+    """How many progress units a run of ``config`` reports (the bar's total, known up front)."""
+    per_gloo_world = config.creation_repetitions + len(config.metadata_items)
+    first_world = len(config.safeguard_ops) * len(config.safeguard_sizes) + config.dcp_repetitions
+    return (len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
+            + len(config.fake_worlds) * config.fake_repetitions
+            + len(config.gloo_worlds) * per_gloo_world + first_world)
+
+
+class _Planned:
+    """Forwards progress but announces the whole run's total once, up front, so the bar's
+    percentage and remaining time mean something from the start."""
+
+    def __init__(self, inner: Progress, total: int) -> None:
+        self._inner = inner
+        inner.add_total(total)
+
+    def add_total(self, units: int) -> None:
+        """Already counted in the total announced up front."""
+
+    def advance(self, units: int = 1) -> None:
+        """Forward."""
+        self._inner.advance(units)
+
+    def describe(self, text: str) -> None:
+        """Forward."""
+        self._inner.describe(text)
+
+
 def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
     """Run every scenario; returns the tables and the summary (headline ratios included)."""
-    bar: Progress = progress if progress is not None else NullProgress()
+    bar: Progress = _Planned(progress if progress is not None else NullProgress(),
+                             expected_units(config))
     result = BenchResult(config=config, machine=machine_info())
     started = time.perf_counter()
 
