@@ -23,7 +23,7 @@ from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported
 
 from commgroups.errors import AgreementTimeoutError, LayoutMismatchError
 
-__all__ = ["agree", "describe_differences"]
+__all__ = ["agree", "describe_differences", "store_barrier"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +117,21 @@ def agree(
     )
 
 
+def store_barrier(
+    store: Store, name: str, rank: int, world_size: int, timeout: timedelta, what: str
+) -> None:
+    """Every rank reaches ``name`` before any leaves; O(1) store operations per rank.
+
+    Used after group creation: on gloo a rank can return from ``new_group`` while a peer is still
+    connecting to it, and destroying the group then would break the peer's connection.
+    """
+    started = time.monotonic()
+    store.set(f"{name}/{rank}", "1")
+    if store.add(f"{name}/count", 1) == world_size:
+        store.set(f"{name}/all", "1")
+    _wait(store, [f"{name}/all"], timeout, started, world_size, rank, key=f"{name}/", what=what)
+
+
 def _wait(
     store: Store,
     keys: list[str],
@@ -124,25 +139,27 @@ def _wait(
     started: float,
     world_size: int,
     rank: int,
+    key: str = "digest/",
+    what: str = "GroupRegistry.create()",
 ) -> None:
     remaining = timeout.total_seconds() - (time.monotonic() - started)
     try:
         store.wait(keys, timedelta(seconds=max(remaining, 0.001)))
     except (RuntimeError, dist.DistStoreError) as error:
-        missing = _missing_ranks(store, world_size)
+        missing = _missing_ranks(store, world_size, key)
         raise AgreementTimeoutError(
-            f"rank {rank}: not every rank reached GroupRegistry.create() within "
+            f"rank {rank}: not every rank reached {what} within "
             f"{timeout.total_seconds():g}s; ranks that never arrived: {missing or 'unknown'}. "
             "fix: make every rank call create() (in the same order as other registries), check "
             "that no rank died, or raise create_timeout_s"
         ) from error
 
 
-def _missing_ranks(store: Store, world_size: int) -> list[int]:
+def _missing_ranks(store: Store, world_size: int, key: str) -> list[int]:
     missing: list[int] = []
     for other in range(world_size):
         try:
-            if not store.check([f"digest/{other}"]):
+            if not store.check([f"{key}{other}"]):
                 missing.append(other)
         except RuntimeError:
             return missing

@@ -18,7 +18,7 @@ from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  
 from torch.distributed.device_mesh import DeviceMesh
 from typing_extensions import Self
 
-from commgroups.agreement import agree
+from commgroups.agreement import agree, store_barrier
 from commgroups.backends import BackendAdapter, resolve_backend
 from commgroups.creation import (
     CREATION_MODES,
@@ -172,7 +172,12 @@ class GroupRegistry:
                                 timedelta(seconds=self.create_timeout_s))
         try:
             for name in order:
-                self._created[name] = self._create_role(name, adapters[name], methods[name], rank)
+                self._created[name] = self._create_role(
+                    self.plan, self.layout.role(name), adapters[name], methods[name], rank
+                )
+            if store is not None:
+                store_barrier(store, "created", rank, world,
+                              timedelta(seconds=self.create_timeout_s), "the end of create()")
         except Exception as error:
             # Leave nothing half-made: destroy what this rank created, then say which role failed.
             self._destroy_groups()
@@ -186,9 +191,15 @@ class GroupRegistry:
         return self
 
     def _create_role(
-        self, name: str, adapter: BackendAdapter, method: str, rank: int
+        self,
+        plan: Plan,
+        role: RoleSpec,
+        adapter: BackendAdapter,
+        method: str,
+        rank: int,
+        group_desc: str | None = None,
     ) -> CreatedRole:
-        role = self.layout.role(name)
+        name = role.name
         timeout = (adapter.default_timeout() if role.timeout_s is None
                    else timedelta(seconds=role.timeout_s))
         # gloo (and NCCL with eager init) rendezvous with peers under the group's own timeout, 30
@@ -198,13 +209,14 @@ class GroupRegistry:
             timeout.total_seconds() > self.create_timeout_s
         )
         created = create_role_group(
-            self.plan,
+            plan,
             name,
             adapter,
             role.options,
             self.create_timeout_s if bounded else timeout.total_seconds(),
             rank,
             method,
+            group_desc=group_desc,
         )
         if bounded and created.group is not None:
             dist.distributed_c10d._set_pg_timeout(timeout, created.group)
@@ -387,23 +399,20 @@ class GroupRegistry:
             dim_layout = Layout(dims=dict(self.layout.dims), roles=[RoleSpec(name=dim, dims=[dim])])
             dim_plan = Plan(dim_layout)
             methods = {dim: choose_method(self.creation, dim_plan, dim, device)}
+            fake = str(dist.get_backend()) == "fake"  # one process: nobody to disagree
+            store = None if fake else self._agreement_store(self._rank)
+            timeout = timedelta(seconds=self.create_timeout_s)
             if "local" in methods.values():
                 # Groups may have been made unevenly since create(): check again, collectively.
-                fake = str(dist.get_backend()) == "fake"  # one process: nobody to disagree
                 methods = confirm_local(dim_plan, [dim], methods, self._rank,
-                                        dim_layout.world_size,
-                                        None if fake else self._agreement_store(self._rank),
-                                        timedelta(seconds=self.create_timeout_s))
-            self._dim_groups[dim] = create_role_group(
-                dim_plan,
-                dim,
-                device,
-                dim_layout.roles[0].options,
-                None,
-                self._rank,
-                methods[dim],
+                                        dim_layout.world_size, store, timeout)
+            self._dim_groups[dim] = self._create_role(
+                dim_plan, dim_layout.roles[0], device, methods[dim], self._rank,
                 group_desc=f"mesh-{dim}",
             )
+            if store is not None:
+                store_barrier(store, "created", self._rank, dim_layout.world_size, timeout,
+                              f"the creation of mesh dim {dim!r}")
             logger.debug("rank %d: created a dedicated mesh group for dim %s", self._rank, dim)
         group = self._dim_groups[dim].group
         assert group is not None  # dims cover the world: every rank is in one group
