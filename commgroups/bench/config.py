@@ -70,10 +70,12 @@ def quick_config() -> BenchConfig:
         fake_repetitions=3,
         plan_worlds=(1024, 65536, 1048576),
         plan_repetitions=5,
-        safeguard_sizes=(4, 4 * KiB, 64 * KiB, MiB, 16 * MiB),
+        # The safeguard's floor (1.02) is a 2% bound: it needs more calls per repetition than the
+        # other scenarios to rise above a shared machine's noise.
+        safeguard_sizes=(4, 64 * KiB, MiB, 16 * MiB),
         safeguard_ops=("all_reduce",),
-        safeguard_repetitions=15,
-        safeguard_target_s=0.05,
+        safeguard_repetitions=25,
+        safeguard_target_s=0.15,
         dcp_repetitions=5,
         dcp_tensors=8,
         dcp_tensor_bytes=64 * KiB,
