@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 __all__ = ["NullProgress", "Progress", "QueueProgress", "TqdmProgress", "apply_message"]
@@ -34,22 +35,22 @@ class NullProgress:
 
 
 class QueueProgress:
-    """Forwards progress from a benchmark rank to the parent process over a multiprocessing queue."""
+    """Forwards progress from a benchmark rank to the parent process (``post`` sends a message)."""
 
-    def __init__(self, queue: Any) -> None:
-        self._queue = queue
+    def __init__(self, post: Callable[[Any], None]) -> None:
+        self._post = post
 
     def add_total(self, units: int) -> None:
         """Forward to the parent."""
-        self._queue.put(("total", units))
+        self._post(("total", units))
 
     def advance(self, units: int = 1) -> None:
         """Forward to the parent."""
-        self._queue.put(("advance", units))
+        self._post(("advance", units))
 
     def describe(self, text: str) -> None:
         """Forward to the parent."""
-        self._queue.put(("describe", text))
+        self._post(("describe", text))
 
 
 class TqdmProgress:

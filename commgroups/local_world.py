@@ -1,0 +1,158 @@
+"""Run a function on every rank of a local multi-process world, with a deadline: nothing hangs.
+
+The demo, the benchmarks and the tests all start small worlds of CPU processes on this machine. Ranks
+are forked from a forkserver that imported torch once (a world starts in about a second instead of
+paying torch's import per rank), the parent owns the TCPStore server (no port races), relays messages
+the ranks post (progress, log lines) and enforces a deadline: a rank that fails, dies or hangs ends the
+run with a report, never a hung parent.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime
+
+__all__ = ["Post", "RankReport", "run_local_world"]
+
+Post = Callable[[Any], None]
+"""How a rank sends a picklable message to the parent's ``on_message``."""
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What one rank sent back: its return value, or the traceback of what it raised."""
+
+    rank: int
+    ok: bool
+    value: Any
+    traceback: str | None
+
+
+def _rank_main(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str | None,
+    init_timeout_s: float,
+    args: tuple[Any, ...],
+    results: Any,
+    messages: Any,
+) -> None:
+    def post(message: Any) -> None:
+        messages.put(message)
+
+    try:
+        if backend is None:
+            value = fn(rank, world_size, post, *args)  # the function sets up its own world
+        else:
+            timeout = timedelta(seconds=init_timeout_s)
+            store = TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                    timeout=timeout)
+            try:
+                value = fn(rank, world_size, post, *args)
+            finally:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+        results.put(RankReport(rank, True, value, None))
+    except BaseException as error:  # report everything, SystemExit included, to the parent
+        text = traceback.format_exc()
+        try:
+            results.put(RankReport(rank, False, error, text))
+        except Exception:  # the exception itself may not pickle
+            results.put(RankReport(rank, False, None, text))
+
+
+def run_local_world(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str | None = "gloo",
+    timeout_s: float = 600.0,
+    init_timeout_s: float = 120.0,
+    preload: Sequence[str] = ("torch", "torch.distributed", "commgroups"),
+    on_message: Callable[[Any], None] | None = None,
+    grace_s: float | None = 5.0,
+) -> dict[int, RankReport]:
+    """Run ``fn(rank, world_size, post, *args)`` on ``world_size`` processes; reports by rank.
+
+    Args:
+        fn: a module-level function (it is pickled by reference); ``post(message)`` relays a
+            picklable message to ``on_message`` in this process.
+        backend: the default group each rank initializes; None: ranks initialize nothing.
+        timeout_s: the deadline for the whole world; ranks still running then are killed.
+        init_timeout_s: the store and default-group timeout of each rank.
+        preload: modules the forkserver imports once, before forking ranks.
+        grace_s: after one rank fails or dies, how long the others get to report before they are
+            stopped (they would otherwise wait for the lost rank until their collective timeout);
+            None waits for every rank until the deadline (fault tests, where survivors must time
+            out on their own).
+
+    Ranks missing from the result did not report (they died, hung or were stopped).
+    """
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(preload))
+    server = None
+    port = 0
+    if backend is not None:
+        server = TCPStore("127.0.0.1", 0, world_size, is_master=True,
+                          timeout=timedelta(seconds=init_timeout_s), wait_for_workers=False)
+        port = server.port
+    results = ctx.Queue()
+    messages = ctx.Queue()
+    procs = [
+        ctx.Process(target=_rank_main, daemon=True,
+                    args=(fn, rank, world_size, port, backend, init_timeout_s, args, results,
+                          messages))
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    reports: dict[int, RankReport] = {}
+    deadline = time.monotonic() + timeout_s
+
+    def relay() -> None:
+        while True:
+            try:
+                message = messages.get_nowait()
+            except queue.Empty:
+                return
+            if on_message is not None:
+                on_message(message)
+
+    try:
+        while len(reports) < world_size and time.monotonic() < deadline:
+            relay()
+            try:
+                report: RankReport = results.get(timeout=0.2)
+            except queue.Empty:
+                lost = any(p.exitcode not in (None, 0) for p in procs)
+                if all(not p.is_alive() for p in procs) or (lost and grace_s is not None):
+                    time.sleep(0.3)  # let the queue deliver what exited processes sent
+                    if results.empty() and all(not p.is_alive() for p in procs):
+                        break
+                    if grace_s is not None:
+                        deadline = min(deadline, time.monotonic() + grace_s)
+                continue
+            reports[report.rank] = report
+            if not report.ok and grace_s is not None:
+                deadline = min(deadline, time.monotonic() + grace_s)
+        relay()
+    finally:
+        for proc in procs:
+            proc.join(timeout=10 if len(reports) == world_size else 0.5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        del server
+    return reports
