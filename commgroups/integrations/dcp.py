@@ -151,6 +151,28 @@ def _resolve(
     return checkpoint_group(registry, role)
 
 
+def _guard_overwrite(
+    checkpoint_id: Any,
+    storage_writer: Any,
+    overwrite: bool,
+    group: dist.ProcessGroup | None,
+    kwargs: Mapping[str, Any],
+) -> None:
+    """Refuse to write over a complete checkpoint, or (``overwrite``) un-complete it first."""
+    path = _path_of(checkpoint_id, storage_writer)
+    if path is None or not checkpoint_complete(path):
+        return
+    if not overwrite:
+        raise CheckpointExistsError(
+            f"{path} already holds a complete checkpoint; fix: save each step to a new "
+            "checkpoint_id (keeps the previous one loadable), or pass overwrite=True"
+        )
+    if _is_coordinator(group, kwargs):
+        # Before any rank writes (they start after the coordinator's plan exchange), so a save that
+        # fails from here on leaves an incomplete checkpoint, never a corrupt complete one.
+        (path / METADATA_FILE).unlink(missing_ok=True)
+
+
 def save(
     state_dict: dict[str, Any],
     *,
@@ -171,17 +193,7 @@ def save(
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     group = _resolve(registry, role, process_group, "save")
-    path = _path_of(checkpoint_id, storage_writer)
-    if path is not None and checkpoint_complete(path):
-        if not overwrite:
-            raise CheckpointExistsError(
-                f"{path} already holds a complete checkpoint; fix: save each step to a new "
-                "checkpoint_id (keeps the previous one loadable), or pass overwrite=True"
-            )
-        if _is_coordinator(group, kwargs):
-            # Before any rank writes (they start after the coordinator's plan exchange), so a save
-            # that fails from here on leaves an incomplete checkpoint, never a corrupt complete one.
-            (path / METADATA_FILE).unlink(missing_ok=True)
+    _guard_overwrite(checkpoint_id, storage_writer, overwrite, group, kwargs)
     metadata: Metadata = dcp_save(state_dict, checkpoint_id=checkpoint_id,
                                   storage_writer=storage_writer, planner=planner,
                                   process_group=group, **kwargs)
@@ -225,16 +237,19 @@ def async_save(
     process_group: dist.ProcessGroup | None = None,
     registry: GroupRegistry,
     role: str = CHECKPOINT_ROLE,
+    overwrite: bool = False,
     **kwargs: Any,
 ) -> Any:
     """``torch.distributed.checkpoint.async_save`` with the exchange on ``role``'s group.
 
     Returns what torch returns (a Future, or an AsyncSaveResponse on newer torch). DCP requires a
-    group with a CPU backend here: the default checkpoint role (gloo) is one.
+    group with a CPU backend here: the default checkpoint role (gloo) is one. Writing over a
+    complete checkpoint directory needs ``overwrite=True``, as for :func:`save`.
     """
     from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 
     group = _resolve(registry, role, process_group, "async_save")
+    _guard_overwrite(checkpoint_id, storage_writer, overwrite, group, kwargs)
     return dcp_async_save(state_dict, checkpoint_id=checkpoint_id,
                           storage_writer=storage_writer, planner=planner, process_group=group,
                           **kwargs)
