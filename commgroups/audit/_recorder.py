@@ -179,6 +179,8 @@ class Recorder:
         self._groups: dict[str, _GroupInfo] = {}
         self._group_seq: dict[str, int] = {}
         self._skip = _skip_prefixes()
+        # The demo is a user of commgroups: its frames are call sites, not plumbing.
+        self._keep = os.path.join(os.path.dirname(commgroups.__file__), "demo") + os.sep
         self._roles_by_group: dict[str, list[str]] = {}
         for role, group in self._role_groups.items():
             self._roles_by_group.setdefault(group.group_name, []).append(role)
@@ -204,7 +206,7 @@ class Recorder:
         frame = sys._getframe(2)
         while frame is not None:
             filename = frame.f_code.co_filename
-            if not filename.startswith(self._skip):
+            if not filename.startswith(self._skip) or filename.startswith(self._keep):
                 return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
             frame = frame.f_back  # type: ignore[assignment]
         return "<unknown>"
