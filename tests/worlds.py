@@ -7,6 +7,7 @@ TCPStore, a deadline): a hang becomes a test failure naming the ranks that did n
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +22,9 @@ class RankFailed(AssertionError):
         self.errors = errors
 
 
-def _without_post(fn: Callable[..., Any], rank: int, world_size: int, post: Post,
-                  *args: Any) -> Any:
+def _without_post(fn: Callable[..., Any], env: dict[str, str], rank: int, world_size: int,
+                  post: Post, *args: Any) -> Any:
+    os.environ.update(env)  # as a launcher would set it for the rank (tests only)
     return fn(rank, world_size, *args)
 
 
@@ -32,14 +34,16 @@ def run_world(
     *args: Any,
     timeout: float = 120.0,
     expect_errors: bool = False,
+    env: dict[str, str] | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; return results by rank.
 
     With ``expect_errors`` (fault tests) every rank gets until the deadline to report, and exceptions
-    (or a TimeoutError for a rank that never reported) are returned in place of results.
+    (or a TimeoutError for a rank that never reported) are returned in place of results. ``env``
+    is set in each rank's environment before ``fn`` runs.
     """
     reports = run_local_world(
-        functools.partial(_without_post, fn), world_size, *args,
+        functools.partial(_without_post, fn, env or {}), world_size, *args,
         timeout_s=timeout, preload=("torch", "torch.distributed", "commgroups", "tests.worlds"),
         grace_s=None if expect_errors else 5.0,
     )
