@@ -305,6 +305,28 @@ def confirm_local(
     return {role: ("all_ranks" if method == "local" else method) for role, method in methods.items()}
 
 
+def _new_group(
+    ranks: tuple[int, ...],
+    adapter: BackendAdapter,
+    options: RoleOptions,
+    timeout_s: float | None,
+    desc: str,
+    *,
+    local: bool,
+) -> dist.ProcessGroup:
+    # A fresh options object per group: new_group mutates it (timeout, name, split fields).
+    args = adapter.group_args(options, timeout_s)
+    group: dist.ProcessGroup = dist.new_group(
+        list(ranks),
+        timeout=args.timeout,
+        backend=args.backend,
+        pg_options=args.pg_options,
+        use_local_synchronization=local,
+        group_desc=desc,
+    )
+    return group
+
+
 def create_role_group(
     plan: Plan,
     role: str,
@@ -325,16 +347,7 @@ def create_role_group(
         if mine is None:
             raise ValueError(f"role {role!r}: rank {rank} has no group; local creation needs a "
                              "regular role (choose_method never picks local for it)")
-        # A fresh options object per group: new_group mutates it (timeout, name, split fields).
-        args = adapter.group_args(options, timeout_s)
-        group = dist.new_group(
-            list(mine),
-            timeout=args.timeout,
-            backend=args.backend,
-            pg_options=args.pg_options,
-            use_local_synchronization=True,
-            group_desc=desc,
-        )
+        group = _new_group(mine, adapter, options, timeout_s, desc, local=True)
         return CreatedRole(group=group, method="local", owned=[group])
     if method == "split":
         args = adapter.group_args(options, timeout_s)
@@ -352,15 +365,7 @@ def create_role_group(
     found: dist.ProcessGroup | None = None
     my_index = plan.group_index(role, rank)
     for index, ranks in enumerate(plan.groups(role)):
-        # A fresh options object per group: new_group mutates it (timeout, name, split fields).
-        args = adapter.group_args(options, timeout_s)
-        group = dist.new_group(
-            list(ranks),
-            timeout=args.timeout,
-            backend=args.backend,
-            pg_options=args.pg_options,
-            group_desc=desc,
-        )
+        group = _new_group(ranks, adapter, options, timeout_s, desc, local=False)
         if index == my_index:
             found = group
     return CreatedRole(group=found, method="all_ranks", owned=[found] if found is not None else [])

@@ -97,16 +97,17 @@ class Table:
         index = self.columns.index(name)
         return [row[index] for row in self.rows]
 
+    @staticmethod
+    def _cell(value: Any) -> str:
+        if isinstance(value, Summary):
+            return value.text()
+        if isinstance(value, float):
+            return number(value, 4)
+        return str(value)
+
     def text(self) -> str:
         """A plain-text rendering (Summary cells as median [p25-p75])."""
-        def cell(value: Any) -> str:
-            if isinstance(value, Summary):
-                return value.text()
-            if isinstance(value, float):
-                return number(value, 4)
-            return str(value)
-
-        rows = [self.columns, *[[cell(c) for c in row] for row in self.rows]]
+        rows = [self.columns, *[[self._cell(c) for c in row] for row in self.rows]]
         widths = [max(len(r[i]) for r in rows) for i in range(len(self.columns))]
         lines = [self.title, "=" * len(self.title)]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows[:1]]
@@ -117,16 +118,9 @@ class Table:
 
     def markdown(self) -> str:
         """A GitHub-flavoured markdown rendering for benchmarks/README.md."""
-        def cell(value: Any) -> str:
-            if isinstance(value, Summary):
-                return value.text()
-            if isinstance(value, float):
-                return number(value, 4)
-            return str(value)
-
         lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
                  "|" + "---|" * len(self.columns)]
-        lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in self.rows]
+        lines += ["| " + " | ".join(self._cell(c) for c in row) + " |" for row in self.rows]
         if self.notes:
             lines.append("")
             lines += [f"- {note}" for note in self.notes]
