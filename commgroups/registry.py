@@ -341,52 +341,64 @@ class GroupRegistry:
 
     # ----------------------------------------------------------------------------------- meshes
     def device_mesh(self, dims_or_role: str | Sequence[str]) -> DeviceMesh:
-        """A DeviceMesh over the registry's own groups.
+        """A DeviceMesh over the registry's own groups, named by what was asked for.
 
-        ``dims_or_role`` is a role name (a 1-D mesh on that role's group, named after the role: this
-        is how a role over several dims, like fsdp over dp_shard x cp, is meshed, never with
-        ``_flatten()``), one dim name, or a list of dims in layout order. A dim with a role of its own
-        (dims == [dim]) uses that role's group; any other dim gets a dedicated group, created on first
-        use: that call is then collective, so make it on every rank in the same order.
+        ``dims_or_role`` is one name or a sequence of names, each a role over dims or a layout dim
+        (a name that is both means the role). A dim uses the group of the role whose dims are
+        exactly ``[dim]``, or else a dedicated group created on first use (that call is then
+        collective: make it on every rank in the same order). A role is one mesh axis on the
+        role's own group, its dims flattened row-major: this is how fsdp over dp_shard x cp is
+        meshed, never with ``_flatten()``, and how HSDP gets ``device_mesh(["dp_replicate",
+        "fsdp"])``. Names must cover disjoint dims in layout order.
         """
         self._check_usable()
-        if isinstance(dims_or_role, str) and dims_or_role in self.roles:
-            role = dims_or_role
-            key: tuple[str, ...] = (f"role:{role}",)
-            if key not in self._meshes:
-                self._meshes[key] = DeviceMesh.from_group(
-                    self.group(role), self._adapters[role].device_type, mesh_dim_names=(role,)
-                )
-            return self._meshes[key]
-        dims = (dims_or_role,) if isinstance(dims_or_role, str) else tuple(dims_or_role)
-        self._check_mesh_dims(dims)
-        if dims not in self._meshes:
-            created = [self._group_for_dim(dim) for dim in dims]
-            device_types = {adapter.device_type for adapter, _ in created}
+        names = (dims_or_role,) if isinstance(dims_or_role, str) else tuple(dims_or_role)
+        if names not in self._meshes:
+            axes = [self._mesh_axis(name) for name in names]
+            self._check_mesh_axes(names, [dims for dims, _, _ in axes])
+            device_types = {adapter.device_type for _, adapter, _ in axes}
             if len(device_types) != 1:
                 raise LayoutError(
-                    f"mesh dims {list(dims)} use groups on different device types "
-                    f"{sorted(device_types)}; fix: give those dims' roles the same backend"
-                )
-            self._meshes[dims] = build_mesh(
-                self.plan, self._rank, dims, [group for _, group in created], device_types.pop()
-            )
-        return self._meshes[dims]
-
-    def _check_mesh_dims(self, dims: tuple[str, ...]) -> None:
-        known = list(self.layout.dims)
-        for dim in dims:
-            if dim not in self.layout.dims:
-                raise UnknownDimError(
-                    f"device_mesh: {dim!r} is neither a dim nor a role; dims: {', '.join(known)}; "
-                    f"roles: {', '.join(self.roles)}",
+                    f"device_mesh: {list(names)} use groups on different device types "
+                    f"{sorted(device_types)}; fix: give those roles the same backend",
                     field="dims",
                 )
-        ordered = tuple(d for d in known if d in dims)
-        if ordered != dims or len(set(dims)) != len(dims):
+            self._meshes[names] = build_mesh(
+                self.plan, self._rank, [dims for dims, _, _ in axes],
+                [group for _, _, group in axes], device_types.pop(), names,
+            )
+        return self._meshes[names]
+
+    def _mesh_axis(
+        self, name: str
+    ) -> tuple[tuple[str, ...], BackendAdapter, dist.ProcessGroup]:
+        """The dims, backend and group of one mesh axis named ``name`` (a role, else a dim)."""
+        if name in self.roles:
+            dims = self.plan.role(name).dims
+            if dims is None:
+                raise LayoutError(
+                    f"device_mesh: role {name!r} has explicit rank groups, which are not a mesh "
+                    f"axis; fix: use registry.group({name!r}) directly",
+                    field="dims",
+                )
+            return dims, self._adapters[name], self.group(name)
+        if name in self.layout.dims:
+            adapter, group = self._group_for_dim(name)
+            return (name,), adapter, group
+        raise UnknownDimError(
+            f"device_mesh: {name!r} is neither a dim nor a role; dims: "
+            f"{', '.join(self.layout.dims)}; roles: {', '.join(self.roles)}",
+            field="dims",
+        )
+
+    def _check_mesh_axes(self, names: tuple[str, ...], axes: list[tuple[str, ...]]) -> None:
+        spanned = [dim for axis in axes for dim in axis]
+        ordered = [dim for dim in self.layout.dims if dim in spanned]
+        if spanned != ordered:
             raise UnknownDimError(
-                f"device_mesh: dims {list(dims)} must be distinct and in layout order; fix: use "
-                f"{list(ordered)}",
+                f"device_mesh: {list(names)} span dims {spanned}; they must be distinct and in "
+                f"layout order ({', '.join(self.layout.dims)}); fix: reorder or drop overlapping "
+                "names",
                 field="dims",
             )
 

@@ -16,7 +16,8 @@ all-gather and reduce-scatter streams, so on NCCL/RCCL (torch >= 2.8) it drives 
 from two streams with no fence between them. With the role's ``safeguard`` on, the module gets
 FSDP2's public custom-comm hooks (``set_custom_all_gather`` / ``set_custom_reduce_scatter``) set to
 comms that issue ``async_op=True`` and wait at once, so every FSDP collective runs on the group's own
-stream, without patching torch.distributed. HSDP (a 2-D replicate x shard mesh) is not covered here.
+stream, without patching torch.distributed. HSDP: ``replicate="dp_replicate"`` gives a 2-D mesh of
+two dedicated groups, ``registry.device_mesh(["dp_replicate", "fsdp"])``.
 """
 
 from __future__ import annotations
@@ -42,11 +43,17 @@ FSDP_ROLE = "fsdp"
 ModuleT = TypeVar("ModuleT", bound="nn.Module")
 
 
-def fsdp_mesh(registry: GroupRegistry, role: str = FSDP_ROLE) -> DeviceMesh:
-    """The 1-D DeviceMesh on ``role``'s dedicated group (a clear error when the role is missing)."""
+def fsdp_mesh(
+    registry: GroupRegistry, role: str = FSDP_ROLE, replicate: str | None = None
+) -> DeviceMesh:
+    """The DeviceMesh FSDP2 shards over: 1-D on ``role``'s group, or 2-D (HSDP) with ``replicate``.
+
+    ``replicate`` names the dim or role FSDP2 replicates over (e.g. ``dp_replicate``); the mesh is then
+    ``registry.device_mesh([replicate, role])``, two dedicated groups. Missing roles are a clear error.
+    """
     role_group(registry, role, "FSDP2 through the registry",
                f'[[roles]] name = "{role}", dims = ["dp_shard", "cp"]')
-    return registry.device_mesh(role)
+    return registry.device_mesh(role if replicate is None else [replicate, role])
 
 
 def async_wait_comms() -> tuple[Any, Any] | None:
@@ -96,14 +103,16 @@ def fully_shard_on_role(
     registry: GroupRegistry,
     role: str = FSDP_ROLE,
     *,
+    replicate: str | None = None,
     safeguard: bool | None = None,
     **kwargs: Any,
 ) -> ModuleT:
     """``fully_shard(module, mesh=<role's mesh>, **kwargs)``; returns the (now FSDP) module.
 
     ``kwargs`` are fully_shard's own (``reshard_after_forward``, ``mp_policy``, ...); ``mesh`` is not
-    accepted because the role decides it. ``safeguard`` (default: the role's own setting) installs
-    :func:`async_wait_comms` so FSDP2's collectives are issued async-and-wait.
+    accepted because the role decides it. ``replicate`` (a dim or role, e.g. ``dp_replicate``) makes
+    it HSDP on ``registry.device_mesh([replicate, role])``. ``safeguard`` (default: the role's own
+    setting) installs :func:`async_wait_comms` so FSDP2's collectives are issued async-and-wait.
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -112,7 +121,7 @@ def fully_shard_on_role(
             "fully_shard_on_role: do not pass mesh=; the role decides it (fix: pass role=<name>, or "
             "call torch.distributed.fsdp.fully_shard(module, mesh=...) yourself)"
         )
-    fully_shard(module, mesh=fsdp_mesh(registry, role), **kwargs)
+    fully_shard(module, mesh=fsdp_mesh(registry, role, replicate), **kwargs)
     if registry.spec(role).safeguard if safeguard is None else safeguard:
         comms = async_wait_comms()
         if comms is None:
