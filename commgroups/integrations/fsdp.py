@@ -124,7 +124,7 @@ def fully_shard_on_role(
     fully_shard(module, mesh=fsdp_mesh(registry, role, replicate), **kwargs)
     if registry.spec(role).safeguard if safeguard is None else safeguard:
         comms = async_wait_comms()
-        if comms is None:
+        if comms is None or not hasattr(module, "set_custom_all_gather"):
             logger.warning(
                 "this torch has no FSDP2 custom-comm hooks: FSDP's collectives on role %s stay "
                 "blocking; wrap training in commgroups.async_and_wait() instead", role,
