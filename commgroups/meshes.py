@@ -24,15 +24,6 @@ Axis = Sequence[str]
 """One mesh axis: the layout dims it spans (one dim, or a role's dims flattened row-major)."""
 
 
-def _axis_offsets(plan: Plan, axis: Axis) -> np.ndarray:
-    offsets = np.zeros(1, dtype=np.int64)
-    for dim in axis:
-        i = plan.dim_names.index(dim)
-        steps = np.arange(plan.dim_sizes[i], dtype=np.int64) * plan.dim_strides[i]
-        offsets = (offsets[:, None] + steps[None, :]).reshape(-1)
-    return offsets
-
-
 def _axis_index(plan: Plan, coords: dict[str, int], axis: Axis) -> int:
     index = 0
     for dim in axis:
@@ -51,7 +42,7 @@ def mesh_block(plan: Plan, rank: int, axes: Sequence[Axis]) -> np.ndarray:
     )
     block = np.full((), base, dtype=np.int64)
     for axis in axes:
-        block = block[..., None] + _axis_offsets(plan, axis)
+        block = block[..., None] + plan.offsets(axis)
     return block
 
 

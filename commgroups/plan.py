@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -119,7 +120,7 @@ class Plan:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside the layout's world of {self.world_size}")
 
-    def _offsets(self, dims: tuple[str, ...]) -> np.ndarray:
+    def offsets(self, dims: Sequence[str]) -> np.ndarray:
         """Rank offsets of a group's members from its first rank, in row-major order of ``dims``."""
         offsets = np.zeros(1, dtype=np.int64)
         for dim in dims:
@@ -165,7 +166,7 @@ class Plan:
             for name, size, stride in zip(self.dim_names, self.dim_sizes, self.dim_strides)
             if name not in info.dims
         )
-        return tuple((self._offsets(info.dims) + base).tolist())
+        return tuple((self.offsets(info.dims) + base).tolist())
 
     def groups(self, role: str) -> list[tuple[int, ...]]:
         """Every group of ``role`` in canonical (creation) order; materialises the whole role."""
@@ -173,8 +174,8 @@ class Plan:
         if info.dims is None:
             return [tuple(group) for group in info.spec.ranks or ()]
         others = tuple(d for d in self.dim_names if d not in info.dims)
-        bases = self._offsets(others)
-        members = bases[:, None] + self._offsets(info.dims)[None, :]
+        bases = self.offsets(others)
+        members = bases[:, None] + self.offsets(info.dims)[None, :]
         return [tuple(row) for row in members.tolist()]
 
     def communicators_per_rank(self, rank: int) -> int:

@@ -43,6 +43,7 @@ from commgroups.errors import (
 from commgroups.meshes import build_mesh
 from commgroups.plan import Plan
 from commgroups.specs import Layout, RoleSpec
+from commgroups.text_table import format_ranks, format_table
 
 if TYPE_CHECKING:
     from commgroups.collectives import RoleCollectives
@@ -445,15 +446,13 @@ class GroupRegistry:
                 backend, method = self._adapters[name].name, self._created[name].method
                 timeout = f"{self.timeout(name).total_seconds():g}s"
                 mine = self.plan.group_of(name, self._rank)
-                group_text = "-" if mine is None else _short_ranks(mine)
+                group_text = "-" if mine is None else format_ranks(mine)
             else:
                 backend, method, group_text = spec.backend, "-", "-"
                 timeout = "default" if spec.timeout_s is None else f"{spec.timeout_s:g}s"
             rows.append((name, dims, backend, str(info.group_size), str(info.num_groups), method,
                          timeout, "on" if spec.safeguard else "off", group_text))
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = format_table(header, rows[1:])
         title = (f"GroupRegistry: world {self.layout.world_size} "
                  f"({', '.join(f'{k}={v}' for k, v in self.layout.dims.items())}), "
                  f"fingerprint {self.plan.fingerprint[:12]}, state {self._state}")
@@ -498,10 +497,3 @@ class GroupRegistry:
     ) -> None:
         self.close()
 
-
-def _short_ranks(ranks: Sequence[int]) -> str:
-    if len(ranks) > 8 and list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
-        return f"{ranks[0]}..{ranks[-1]}"
-    if len(ranks) > 8:
-        return f"{list(ranks[:4])[:-1]}, ... {ranks[-1]}]".replace("], ...", ", ...")
-    return str(list(ranks))

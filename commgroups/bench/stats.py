@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from commgroups.text_table import format_table
+
 __all__ = ["Summary", "Table", "interleaved", "number", "paired_ratios", "summarize"]
 
 
@@ -107,12 +109,8 @@ class Table:
 
     def text(self) -> str:
         """A plain-text rendering (Summary cells as median [p25-p75])."""
-        rows = [self.columns, *[[self._cell(c) for c in row] for row in self.rows]]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(self.columns))]
-        lines = [self.title, "=" * len(self.title)]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows[:1]]
-        lines.append("  ".join("-" * w for w in widths))
-        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows[1:]]
+        rows = [[self._cell(c) for c in row] for row in self.rows]
+        lines = [self.title, "=" * len(self.title), *format_table(self.columns, rows)]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 

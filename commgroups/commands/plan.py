@@ -9,6 +9,7 @@ from typing import Any
 from commgroups.layout_io import load_layout
 from commgroups.memory import DEVICE_BACKENDS, estimate_memory
 from commgroups.plan import Plan
+from commgroups.text_table import format_ranks, format_table
 
 
 def register(subparsers: Any) -> None:
@@ -43,14 +44,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ranks_text(ranks: list[int]) -> str:
-    if len(ranks) > 8 and ranks == list(range(ranks[0], ranks[0] + len(ranks))):
-        return f"[{ranks[0]}..{ranks[-1]}]"
-    if len(ranks) > 8:
-        return "[" + ", ".join(map(str, ranks[:6])) + f", ... {ranks[-1]}] ({len(ranks)} ranks)"
-    return str(ranks)
-
-
 def render(plan: Plan, summary: dict[str, Any], max_groups: int) -> str:
     """The plan as readable text."""
     dims = " x ".join(f"{k}={v}" for k, v in summary["dims"].items())
@@ -67,21 +60,18 @@ def render(plan: Plan, summary: dict[str, Any], max_groups: int) -> str:
         )
         rows.append((role["name"], dims_text, role["backend"], str(role["group_size"]),
                      str(role["num_groups"]), "yes" if role["regular"] else "no"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    table.insert(1, "  ".join("-" * w for w in widths))
-    lines += table
+    lines += format_table(header, rows[1:])
     rank = summary["rank"]
     coords = ", ".join(f"{k}={v}" for k, v in summary["coords"].items())
     lines += ["", f"rank {rank} ({coords}): {summary['communicators_per_rank']} communicators"]
     for role in summary["roles"]:
         mine = role["rank_group"]
-        lines.append(f"  {role['name']}: {'-' if mine is None else _ranks_text(mine)}")
+        lines.append(f"  {role['name']}: {'-' if mine is None else format_ranks(mine)}")
     lines += ["", f"groups (up to {max_groups} per role):"]
     for role in summary["roles"]:
         groups = role.get("groups")
         if groups is None:
             lines.append(f"  {role['name']}: {role['num_groups']} groups (not listed)")
             continue
-        lines.append(f"  {role['name']}: " + " ".join(_ranks_text(g) for g in groups))
+        lines.append(f"  {role['name']}: " + " ".join(format_ranks(g) for g in groups))
     return "\n".join(lines)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from commgroups.text_table import format_table
+
 __all__ = ["json_summary", "render", "write_json"]
 
 JSON_KEYS = ("world_size", "aliases_of_default_group", "hazards", "checkpoint_roundtrip", "losses",
@@ -37,10 +39,7 @@ def render(result: dict[str, Any]) -> str:
          info["source"])
         for name, info in result["roles"].items()
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    table.insert(1, "  ".join("-" * w for w in widths))
-    lines += table
+    lines += format_table(header, rows[1:])
     aliases = result["aliases_of_default_group"]
     lines.append(f"roles that alias the default group: {aliases}"
                  + (f" ({', '.join(result['aliased_roles'])})" if aliases else ""))
