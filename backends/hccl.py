@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from torch.distributed import constants
 
+from commgroups import torch_internals
 from commgroups.errors import BackendUnavailableError
 from commgroups.specs import RoleOptions
 
@@ -73,11 +74,7 @@ class HcclAdapter(BackendAdapter):
         if section is None:
             return None
         import_torch_npu()
-        from torch_npu._C._distributed_c10d import (  # type: ignore[import-not-found]
-            ProcessGroupHCCL,
-        )
-
-        hccl_options = ProcessGroupHCCL.Options()
+        hccl_options = torch_internals.hccl_process_group_class().Options()
         config: dict[str, Any] = dict(section.config)
         if section.buffer_size_mb is not None:
             config["hccl_buffer_size"] = section.buffer_size_mb
@@ -85,5 +82,5 @@ class HcclAdapter(BackendAdapter):
             config["hccl_op_expansion_mode"] = section.op_expansion_mode
         # torch_npu reads hccl_config only when assigned whole; item assignment is silently lost.
         hccl_options.hccl_config = config
-        hccl_options._timeout = timeout
+        torch_internals.set_options_timeout(hccl_options, timeout)
         return hccl_options

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import constants
 
+from commgroups import torch_internals
 from commgroups.errors import BackendUnavailableError
 from commgroups.specs import RoleOptions
 
@@ -55,5 +56,5 @@ class NcclAdapter(BackendAdapter):
             if field in ("split_share", "blocking"):
                 value = int(value)
             setattr(nccl_options.config, field, value)
-        nccl_options._timeout = timeout
+        torch_internals.set_options_timeout(nccl_options, timeout)
         return nccl_options

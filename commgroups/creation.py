@@ -8,10 +8,10 @@ plan, the role's backend adapter, the torch version and the default group's devi
     (``world / group size`` calls per rank). Always safe; the fallback for everything else.
 ``local``
     ``new_group(my_ranks, use_local_synchronization=True)``: one call per role per rank, non-members
-    skip it. torch then names the group ``sha1(ranks + len(_world.pg_names))`` (see
-    ``distributed_c10d._hash_ranks_to_str``), so every member must have the same number of groups
-    registered when it calls. :func:`creation_order` and :func:`confirm_local` guarantee that, or the
-    role falls back to ``all_ranks``.
+    skip it. torch names such a group by hashing its ranks with a per-process counter (which counter
+    changed in torch 2.14), so every member must be in the same naming state when it calls.
+    :func:`creation_order` and :func:`confirm_local` (which asks torch for the names, see
+    :mod:`commgroups.torch_internals`) guarantee that, or the role falls back to ``all_ranks``.
 ``split``
     ``split_group(split_ranks=all groups of the role)``: one call per role per rank (ncclCommSplit),
     when the default group is bound to a device and the backend can split.
@@ -19,11 +19,10 @@ plan, the role's backend adapter, the torch version and the default group's devi
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -33,6 +32,13 @@ from commgroups.backends import BackendAdapter
 from commgroups.errors import AgreementTimeoutError
 from commgroups.plan import Plan
 from commgroups.specs import RoleOptions
+from commgroups.torch_internals import (
+    GroupCall,
+    default_store,
+    group_naming_state,
+    predict_group_names,
+    registered_group_names,
+)
 
 __all__ = [
     "CREATION_MODES",
@@ -225,16 +231,31 @@ def choose_method(
     return "all_ranks"
 
 
-def _torch_hashed_name(ranks: tuple[int, ...] | list[int], registered: int) -> str:
-    # Mirrors distributed_c10d._hash_ranks_to_str with len(_world.pg_names) == registered.
-    text = "_".join([*map(str, ranks), str(registered)])
-    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+def _planned_calls(
+    plan: Plan, order: list[str], methods: dict[str, str], rank: int
+) -> tuple[list[GroupCall], dict[str, int]] | None:
+    """The new_group calls this rank will make, in order, up to its last local role.
 
-
-def _registered_names() -> dict[Any, str] | None:
-    world = getattr(dist.distributed_c10d, "_world", None)
-    names = getattr(world, "pg_names", None)
-    return names if isinstance(names, dict) else None
+    Returns the calls and, per local role, the index of its call; None when a role before the last
+    local one is made by split_group (torch names those groups on another path).
+    """
+    calls: list[GroupCall] = []
+    local_calls: dict[str, int] = {}
+    last_local = max(i for i, role in enumerate(order) if methods.get(role) == "local")
+    for role in order[: last_local + 1]:
+        method = methods.get(role)
+        if method == "local":
+            ranks = plan.group_of(role, rank)
+            if ranks is None:  # not regular after all: never predict a group we will not create
+                return None
+            local_calls[role] = len(calls)
+            calls.append(GroupCall(tuple(ranks), local=True, member=True))
+        elif method == "all_ranks":
+            calls.extend(GroupCall(tuple(g), local=False, member=rank in g)
+                         for g in plan.groups(role))
+        else:
+            return None
+    return calls, local_calls
 
 
 def confirm_local(
@@ -248,38 +269,42 @@ def confirm_local(
 ) -> dict[str, str]:
     """Check, collectively, that local creation of ``methods``' local roles cannot hang.
 
-    Every rank must call it with the same arguments shape, after agreement. Local creation is kept
-    only when (1) every rank has the same number of registered groups now (torch's hashed names
-    include it), and (2) no rank has had torch create one of the names before (a name reused after
-    ``destroy_process_group`` meets its predecessor's stale rendezvous keys in the store; reproduced as
-    a hang on 4 gloo ranks) nor holds a live group by that name. Otherwise every local role becomes
-    all_ranks, on every rank alike. ``store`` is a namespace unique to this call (None: the default
-    group is fake, one process simulates the world and nothing can disagree).
+    Every rank must call it with the same arguments shape, after agreement. torch names a member-only
+    group by hashing its ranks with a per-process counter, so every member must compute the same name
+    and the name must be new. Rather than re-implement torch's private naming rule (2.14 changed it),
+    this asks torch (see :func:`commgroups.torch_internals.predict_group_names`): local creation is
+    kept only when (1) every rank's naming state is the same now (torch's own hash of a probe group),
+    (2) torch's own naming code predicts each local group's name, and (3) no rank has had torch create
+    one of those names before (a name reused after ``destroy_process_group`` meets its predecessor's
+    stale rendezvous keys in the store: a hang on gloo) nor holds a live group by that name. Where
+    torch's names never repeat (2.14+: the counter grows with every group), a layout re-created after
+    ``close()`` therefore stays local. Otherwise every local role becomes all_ranks, on every rank
+    alike. ``store`` is a namespace unique to this call (None: the default group is fake, one process
+    simulates the world and nothing can disagree).
 
     Cost: a handful of store operations per rank, O(1) in the world size.
     """
     if "local" not in methods.values() or store is None:
         return dict(methods)
-    names = _registered_names()
-    if names is None:  # torch changed its internals: the name rule is unknown, so do not risk it
-        count, unsafe = 0, 1
+    state = group_naming_state(world_size)
+    planned = _planned_calls(plan, order, methods, rank)
+    names = None if planned is None else predict_group_names(planned[0], world_size)
+    unsafe = 0
+    if state is None or planned is None or names is None:
+        # torch changed its naming internals: the names are unknown, so do not risk a hang.
+        unsafe, state = 1, "unknown"
+        if rank == 0:
+            logger.info("torch %s: commgroups cannot predict member-only group names here; "
+                        "creating local roles on every rank (all_ranks)", torch.__version__)
     else:
-        count, unsafe = len(names), 0
-        live = set(names.values())
-        claims = PrefixStore(_CLAIM_PREFIX, dist.distributed_c10d._get_default_store())
-        for position, role in enumerate(order):
-            if methods.get(role) != "local":
-                continue
-            ranks = plan.group_of(role, rank)
-            if ranks is None:  # not regular after all: never hash a name we will not create
-                unsafe = 1
-                continue
-            # Regular roles come first in `order` and each registers exactly one group per rank.
-            name = _torch_hashed_name(ranks, count + position)
+        live = registered_group_names() or set()
+        claims = PrefixStore(_CLAIM_PREFIX, default_store())
+        for index in planned[1].values():
+            name = names[index]
             if name in live or claims.add(f"{name}/{rank}", 1) > 1:
                 unsafe = 1
-    store.add("local/sum", count)
-    store.add("local/sumsq", count * count)
+    # Ranks in the same naming state add to the same key: it reaches world_size only if all agree.
+    store.add(f"local/state/{state}", 1)
     store.add("local/unsafe", unsafe)
     if store.add("local/arrived", 1) == world_size:
         store.set("local/all", "1")
@@ -291,15 +316,13 @@ def confirm_local(
             f"{timeout.total_seconds():g}s; fix: make every rank call create()/device_mesh() in "
             "the same order, check that no rank died, or raise create_timeout_s"
         ) from error
-    total, squares = store.add("local/sum", 0), store.add("local/sumsq", 0)
+    uniform = store.add(f"local/state/{state}", 0) == world_size
     flagged = store.add("local/unsafe", 0)
-    # Cauchy-Schwarz: sum^2 == n * sum of squares exactly when all n counts are equal.
-    uniform = total * total == world_size * squares
     if uniform and flagged == 0:
         return dict(methods)
-    why = ("ranks have registered different numbers of process groups before this call"
-           if not uniform else
-           f"{flagged} rank(s) would reuse a group name torch created before")
+    why = ("ranks are in different torch group-naming states (they created different groups "
+           "before this call)" if not uniform else
+           f"{flagged} rank(s) would reuse a group name torch created before, or cannot predict it")
     if rank == 0:
         logger.info("local creation not safe (%s); creating those roles on every rank", why)
     return {role: ("all_ranks" if method == "local" else method) for role, method in methods.items()}

@@ -38,12 +38,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 import typing_extensions
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import commgroups
+from commgroups import torch_internals
+from commgroups.torch_internals import TorchDispatchMode, tree_leaves
 
 if TYPE_CHECKING:
     from commgroups.audit._analysis import Hazard
@@ -198,7 +197,7 @@ class Recorder:
                 backend: str | None = str(dist.get_backend(group))
             except (RuntimeError, ValueError, KeyError):
                 backend = None
-            default = dist.is_initialized() and group is c10d._get_default_group()
+            default = dist.is_initialized() and group is torch_internals.default_group()
             self._groups[name] = _GroupInfo(ranks, backend, default)
         return self._groups[name]
 
@@ -213,11 +212,11 @@ class Recorder:
 
     def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Record one dispatcher call if it is a collective (called by the dispatch mode)."""
-        namespace, name = func.namespace, func._schema.name.split("::")[-1]
+        namespace, name = func.namespace, torch_internals.op_schema(func).name.split("::")[-1]
         if namespace not in _COLLECTIVE_NAMESPACES or name in _NOT_COLLECTIVES:
             return
         values: dict[str, Any] = {}
-        for position, argument in enumerate(func._schema.arguments):
+        for position, argument in enumerate(torch_internals.op_schema(func).arguments):
             if position < len(args):
                 values[argument.name] = args[position]
             elif argument.name in kwargs:
@@ -229,8 +228,7 @@ class Recorder:
             group = dist.ProcessGroup.unbox(values["process_group"])
         elif "group_name" in values:
             # Functional collectives name their group; c10d's registry of names resolves it.
-            group = c10d._resolve_process_group(  # type: ignore[attr-defined]
-                values["group_name"])
+            group = torch_internals.resolve_group_name(values["group_name"])
         if group is None:
             return  # not a collective on a group (nothing we know how to attribute)
         op = f"{namespace}.{name}"
@@ -276,7 +274,7 @@ class Recorder:
     def to_dict(self) -> dict[str, Any]:
         """This rank's recording as a JSON-ready dict (the per-rank file's content)."""
         initialized = dist.is_available() and dist.is_initialized()
-        default = c10d._get_default_group().group_name if initialized else None
+        default = torch_internals.default_group().group_name if initialized else None
         role_ranks: dict[str, list[int] | None] = {}
         for role, group in self._role_groups.items():
             role_ranks[role] = self._group_info(group).ranks

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commgroups import torch_internals
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
 from commgroups.plan import Plan
@@ -119,7 +120,7 @@ def _checkpoint_backend() -> str | None:
 
 def _destroy(groups: list[Any]) -> Callable[[], None]:
     def teardown() -> None:
-        default = dist.distributed_c10d._get_default_group()
+        default = torch_internals.default_group()
         for group in groups:
             if isinstance(group, dist.ProcessGroup) and group is not default:
                 # Already destroyed: DeviceMesh may hand out one group twice.
@@ -141,7 +142,7 @@ def _create_devicemesh(layout: Layout, counter: CallCounter) -> Created:
 
     names = tuple(layout.dims)
     mesh = init_device_mesh("cpu", tuple(layout.dims.values()), mesh_dim_names=names)
-    fsdp = mesh[names]._flatten("fsdp")
+    fsdp = torch_internals.flatten_mesh(mesh[names], "fsdp")
     # torchtitan makes its gloo checkpoint group by hand; DeviceMesh has no role for it.
     checkpoint = dist.new_group(backend=_checkpoint_backend(), group_desc=CHECKPOINT_ROLE)
     groups = {name: mesh.get_group(name) for name in names}
@@ -174,7 +175,7 @@ def _create(variant: str, layout: Layout, counter: CallCounter) -> Created:
 
 
 def _aliases(created: Created) -> int:
-    default = dist.distributed_c10d._get_default_group()
+    default = torch_internals.default_group()
     return sum(1 for group in created.groups.values() if group is default)
 
 
@@ -230,8 +231,7 @@ def measure_gloo(rank: int, world_size: int, progress: Progress, repetitions: in
 def measure_fake(rank: int, world_size: int, progress: Progress, repetitions: int) -> dict[str, Any]:
     """In one process, rank 0 of a simulated world: each sample starts from a fresh fake default
     group, so group counters and c10d's tables do not grow across repetitions."""
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers backend "fake"
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    FakeStore = torch_internals.import_fake_backend()
 
     layout = bench_layout(world_size)
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}

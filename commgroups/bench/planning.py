@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from commgroups import torch_internals
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.creation import bench_layout
 from commgroups.bench.progress import Progress
@@ -28,22 +29,7 @@ VARIANTS: tuple[str, ...] = ("plan one rank", "plan all groups", "devicemesh lay
 def devicemesh_rows(layout: Layout) -> list[list[int]] | None:
     """Every group DeviceMesh would compute for the layout's dims, its fsdp flatten and the world
     (checkpoint metadata), as lists; None when this torch lacks the private layout API."""
-    try:
-        import torch
-        from torch.distributed._mesh_layout import _MeshLayout
-    except ImportError:
-        return None
-    sizes = tuple(layout.dims.values())
-    world = layout.world_size
-    rank_map = torch.arange(world, dtype=torch.int)
-    mesh_layout = _MeshLayout.from_sizes_strides(sizes)
-    rows: list[list[int]] = []
-    for dim in range(len(sizes)):
-        rows.extend(row.tolist() for row in _MeshLayout([mesh_layout[dim]]).remap_to_tensor(rank_map))
-    flat = _MeshLayout([mesh_layout.collapse()])
-    rows.extend(row.tolist() for row in flat.remap_to_tensor(rank_map))
-    rows.append(list(range(world)))
-    return rows
+    return torch_internals.devicemesh_rows(tuple(layout.dims.values()))
 
 
 def _plan_one_rank(layout: Layout) -> object:

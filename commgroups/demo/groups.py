@@ -15,6 +15,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from commgroups import torch_internals
 from commgroups.errors import LayoutError
 from commgroups.layout_io import load_layout
 from commgroups.registry import GroupRegistry
@@ -29,7 +30,7 @@ def is_default_group(group: dist.ProcessGroup | None) -> bool:
     """True when ``group`` is the default (world) group; None means the default group, as in DCP."""
     if group is None:
         return True
-    default = dist.distributed_c10d._get_default_group()
+    default = torch_internals.default_group()
     return group is default or group.group_name == default.group_name
 
 
@@ -142,7 +143,7 @@ def _devicemesh_groups(layout: Layout) -> JobGroups:
     mesh = init_device_mesh("cpu", tuple(layout.dims.values()), mesh_dim_names=names)
     fsdp_dims = layout.role("fsdp").dims
     dims = names if fsdp_dims == "world" else tuple(fsdp_dims or ())
-    fsdp_mesh = mesh[dims[0]] if len(dims) == 1 else mesh[dims]._flatten("fsdp")
+    fsdp_mesh = mesh[dims[0]] if len(dims) == 1 else torch_internals.flatten_mesh(mesh[dims], "fsdp")
     cp_group = mesh.get_group("cp") if layout.dims.get("cp", 1) > 1 else None
     backend = str(dist.get_backend())
 
@@ -162,7 +163,7 @@ def _devicemesh_groups(layout: Layout) -> JobGroups:
     # torchtitan's synchronous save and loads pass no process_group: the default group.
     roles[CHECKPOINT_ROLE] = _role_info(None, backend, "dcp default (process_group=None)")
     role_groups = {"fsdp": fsdp_mesh.get_group(),
-                   CHECKPOINT_ROLE: dist.distributed_c10d._get_default_group()}
+                   CHECKPOINT_ROLE: torch_internals.default_group()}
     if cp_group is not None:
         role_groups["cp"] = cp_group
     return JobGroups(

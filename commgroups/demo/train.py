@@ -22,6 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from commgroups import torch_internals
+
 from .audit_hook import start_audit
 from .config import DemoConfig
 from .groups import JobGroups, build_groups, demo_layout
@@ -72,10 +74,7 @@ def _all_reduce_sum(value: torch.Tensor, group: dist.ProcessGroup) -> torch.Tens
 def _cp_mean(value: torch.Tensor, cp_group: dist.ProcessGroup | None) -> torch.Tensor:
     if cp_group is None:
         return value
-    from torch.distributed import _functional_collectives as funcol
-
-    total: Any = funcol.all_reduce(value, "sum", cp_group)  # an AsyncCollectiveTensor
-    waited: torch.Tensor = total.wait()
+    waited = torch_internals.functional_all_reduce(value, "sum", cp_group)
     return waited / dist.get_world_size(cp_group)
 
 
@@ -83,7 +82,7 @@ def _shared_dir(cfg: DemoConfig, rank: int) -> tuple[str, bool]:
     """The checkpoint directory every rank uses, and whether this rank created it (and must clean)."""
     if cfg.checkpoint_dir:
         return cfg.checkpoint_dir, False
-    store = dist.distributed_c10d._get_default_store()
+    store = torch_internals.default_store()
     key = f"{_DIR_KEY}/{cfg.mode}"
     if rank == 0:
         path = tempfile.mkdtemp(prefix="commgroups-demo-")

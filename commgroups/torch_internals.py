@@ -1,0 +1,360 @@
+"""Every private torch attribute commgroups touches, each behind one small function.
+
+torch's public API does not cover everything commgroups needs (the default store, how c10d names
+groups, FSDP2's default comm classes, ...). Those private attributes change between releases, so they
+are reached from this module only (``tests/test_torch_internals.py`` fails on any other use in
+``commgroups/`` or ``backends/``). Each function says which torch versions it was checked on and what
+it does where the attribute is missing; public APIs are used first where a version has them.
+
+Checked versions: 2.10.0, 2.13.0 (CPU), 2.14.1 and 2.15.0 (PyPI builds, run on CPU).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
+
+# Re-exported: the dispatch-mode base class and pytree helper the audit recorder needs. Both live in
+# private modules on every checked version (2.10-2.15); torch has no public home for them.
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = [
+    "CHECKED_VERSIONS",
+    "GroupCall",
+    "TorchDispatchMode",
+    "default_group",
+    "default_store",
+    "op_schema",
+    "devicemesh_rows",
+    "flatten_mesh",
+    "fsdp_default_comm_classes",
+    "functional_all_reduce",
+    "group_naming_state",
+    "hccl_process_group_class",
+    "import_fake_backend",
+    "predict_group_names",
+    "recv_source_rank",
+    "registered_group_names",
+    "resolve_group_name",
+    "set_group_timeout",
+    "set_options_timeout",
+    "tree_leaves",
+    "torchcomms_enabled",
+]
+
+CHECKED_VERSIONS: tuple[str, ...] = ("2.10.0", "2.13.0", "2.14.1", "2.15.0")
+"""The torch releases every function here was run on (the CI legs)."""
+
+
+# ----------------------------------------------------------------------------- default group
+def default_group() -> dist.ProcessGroup:
+    """The default (world) process group.
+
+    Public ``torch.distributed.group.WORLD`` on 2.10, 2.13, 2.14.1, 2.15.0; listed here so the
+    callers that used ``distributed_c10d._get_default_group`` have one replacement.
+
+    Raises:
+        RuntimeError: the default group is not initialized (call ``init_process_group`` first).
+    """
+    group = dist.group.WORLD
+    if not isinstance(group, dist.ProcessGroup):
+        raise RuntimeError(
+            "the default process group is not initialized; fix: call "
+            "torch.distributed.init_process_group() (or run under torchrun) first"
+        )
+    return group
+
+
+def default_store() -> Store:
+    """The store the default group rendezvoused on (commgroups keeps its agreement keys there).
+
+    ``distributed_c10d._get_default_store()``: private and present on 2.10, 2.13, 2.14.1, 2.15.0;
+    torch has no public getter. No fallback: without it ranks cannot agree, so its absence is an error.
+    """
+    store: Store = c10d._get_default_store()
+    return store
+
+
+# ---------------------------------------------------------------------------------- timeouts
+def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
+    """Set ``group``'s timeout for collectives issued from now on (the group's backends in place).
+
+    Public ``torch.distributed.set_timeout(timeout, group)`` where it exists (2.14.1, 2.15.0; there the
+    private ``_set_pg_timeout`` is a deprecated alias that warns); ``distributed_c10d._set_pg_timeout``
+    on 2.10 and 2.13, which have no public setter.
+    """
+    public = getattr(dist, "set_timeout", None)
+    if callable(public):
+        public(timeout, group)
+    else:
+        c10d._set_pg_timeout(timeout, group)
+
+
+def set_options_timeout(options: Any, timeout: timedelta) -> None:
+    """Store ``timeout`` on a backend ``Options`` object (ProcessGroupNCCL or ProcessGroupHCCL).
+
+    ``Options._timeout``: the only attribute torch exposes for it (2.10, 2.13, 2.14.1, 2.15.0; c10d
+    overwrites it with new_group's ``timeout=`` anyway, which commgroups always passes). No fallback.
+    """
+    options._timeout = timeout
+
+
+# ------------------------------------------------------------------------------- group names
+def resolve_group_name(name: str) -> dist.ProcessGroup:
+    """The live ProcessGroup c10d registered under ``name`` (functional collectives name groups).
+
+    ``distributed_c10d._resolve_process_group``: private, present on 2.10, 2.13, 2.14.1, 2.15.0.
+    No fallback (the audit cannot attribute a functional collective without it).
+    """
+    resolve: Callable[[str], dist.ProcessGroup] = c10d._resolve_process_group  # type: ignore[attr-defined,assignment]
+    return resolve(name)
+
+
+def registered_group_names() -> set[str] | None:
+    """Names of the groups this rank has registered (is a member of), default group included.
+
+    ``distributed_c10d._world.pg_names`` (a ProcessGroup -> name dict) on 2.10, 2.13, 2.14.1, 2.15.0.
+    None where that table is missing (callers then treat names as unknown and stay safe).
+    """
+    world = getattr(c10d, "_world", None)
+    names = getattr(world, "pg_names", None)
+    if not isinstance(names, dict):
+        return None
+    return {str(name) for name in names.values()}
+
+
+def group_naming_state(world_size: int) -> str | None:
+    """A digest of the state c10d names member-only groups from (equal state: equal names).
+
+    Asks torch itself: ``distributed_c10d._hash_ranks_to_str(range(world_size))`` is the name torch
+    would give a member-only group over every rank right now. Its salt is ``len(_world.pg_names)``
+    on 2.10 and 2.13 and ``_world.group_count`` on 2.14.1 and 2.15.0; commgroups need not know which.
+    None where the function is missing.
+    """
+    hash_ranks = getattr(c10d, "_hash_ranks_to_str", None)
+    if not callable(hash_ranks):
+        return None
+    return str(hash_ranks(list(range(world_size))))
+
+
+@dataclass(frozen=True)
+class GroupCall:
+    """One ``new_group`` call this rank is about to make, for :func:`predict_group_names`."""
+
+    ranks: tuple[int, ...]
+    """The group's global ranks."""
+    local: bool
+    """``use_local_synchronization=True`` (member-only creation: a hashed name)."""
+    member: bool
+    """This rank is in ``ranks`` (members register the group under its name)."""
+
+
+class _NamingState:
+    """A copy of the two counters c10d's ``_world`` names groups from, advanced by torch's own code.
+
+    Only these attributes exist: if a torch release reads anything else to name a group, the
+    prediction fails (AttributeError) instead of guessing.
+    """
+
+    __slots__ = ("group_count", "pg_names")
+
+    def __init__(self, group_count: int, pg_names: dict[Any, str]) -> None:
+        self.group_count = group_count
+        self.pg_names = pg_names
+
+
+def _rebind(fn: Callable[..., Any], namespace: dict[str, Any]) -> Callable[..., Any]:
+    return types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, None)
+
+
+def predict_group_names(calls: Sequence[GroupCall], world_size: int) -> list[str] | None:
+    """The names c10d will give the groups of ``calls`` (made in order by this rank), without making them.
+
+    Runs torch's own ``distributed_c10d._process_group_name`` and ``_hash_ranks_to_str`` (the code,
+    not a copy of the formula) against a copy of the counters they read (``_world.group_count`` and
+    ``_world.pg_names``), adding each group to the copy of ``pg_names`` on its members as
+    ``new_group`` does. torch 2.14 changed the salt of hashed names from ``len(pg_names)`` to
+    ``group_count`` (which also counts calls a rank is not a member of); both are followed because
+    torch's code decides. Checked on 2.10, 2.13, 2.14.1 and 2.15.0 by
+    ``tests/test_creation.py::test_predicted_names_match_torch`` (predicted == registered names).
+
+    Returns None (the caller must then not rely on names) where the functions or counters are
+    missing, are wrapped, read state this copy lacks, or where the copy does not reproduce torch's
+    current name for a probe group.
+    """
+    name_fn = getattr(c10d, "_process_group_name", None)
+    hash_fn = getattr(c10d, "_hash_ranks_to_str", None)
+    world = getattr(c10d, "_world", None)
+    if not (isinstance(name_fn, types.FunctionType) and isinstance(hash_fn, types.FunctionType)):
+        return None
+    for fn in (name_fn, hash_fn):
+        # A decorated or closure-carrying function could call the real one and move torch's own
+        # counters; only plain module functions are rebound.
+        if hasattr(fn, "__wrapped__") or fn.__code__.co_freevars or fn.__globals__ is not vars(c10d):
+            return None
+    try:
+        state = _NamingState(int(world.group_count), dict(world.pg_names))  # type: ignore[union-attr]
+    except (AttributeError, TypeError, ValueError):
+        return None
+    namespace = dict(vars(c10d))
+    namespace["_world"] = state
+    shadow_hash = _rebind(hash_fn, namespace)
+    namespace["_hash_ranks_to_str"] = shadow_hash
+    shadow_name = _rebind(name_fn, namespace)
+    probe = list(range(world_size))
+    try:
+        if shadow_hash(probe) != hash_fn(probe):
+            return None
+        names: list[str] = []
+        for call in calls:
+            name = str(shadow_name(list(call.ranks), use_hashed_name=call.local))
+            if call.member:
+                state.pg_names[object()] = name
+            names.append(name)
+    except (AttributeError, TypeError, KeyError):
+        return None
+    return names
+
+
+def torchcomms_enabled() -> bool:
+    """Whether torch routes new_group through TorchComms (``split_group``; no member-only mode).
+
+    ``distributed_c10d._use_torchcomms_enabled()`` where present (2.13, 2.14.1, 2.15.0); False on
+    versions without it (2.10), which have no TorchComms path.
+    """
+    check = getattr(c10d, "_use_torchcomms_enabled", None)
+    return bool(check()) if callable(check) else False
+
+
+# -------------------------------------------------------------------------------------- p2p
+def recv_source_rank(work: Any) -> int:
+    """The group rank an any-source ``irecv``'s Work received from.
+
+    ``Work._source_rank()``: the only way c10d exposes it (2.10, 2.13, 2.14.1, 2.15.0). No fallback.
+    """
+    return int(work._source_rank())
+
+
+# --------------------------------------------------------------------------------- dispatcher
+def op_schema(func: Any) -> Any:
+    """The ``torch._C.FunctionSchema`` of an ``OpOverload`` (name and arguments of a dispatched op).
+
+    ``OpOverload._schema`` on 2.10, 2.13, 2.14.1, 2.15.0; no public accessor. No fallback.
+    """
+    return func._schema
+
+
+def functional_all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup) -> torch.Tensor:
+    """A functional (always async) all-reduce, waited: ``_functional_collectives.all_reduce``.
+
+    ``torch.distributed._functional_collectives`` on 2.10, 2.13, 2.14.1, 2.15.0. No fallback.
+    """
+    from torch.distributed import _functional_collectives as funcol
+
+    result: Any = funcol.all_reduce(tensor, op, group)  # an AsyncCollectiveTensor
+    waited: torch.Tensor = result.wait()
+    return waited
+
+
+# -------------------------------------------------------------------------------- DeviceMesh
+def flatten_mesh(mesh: Any, name: str) -> Any:
+    """``mesh._flatten(name)``: what plain DeviceMesh users do for FSDP over several dims.
+
+    Private on 2.10, 2.13, 2.14.1, 2.15.0 (commgroups uses it only to show the plain-DeviceMesh
+    baseline in the demo and benchmarks). No fallback.
+    """
+    return mesh._flatten(name)
+
+
+def devicemesh_rows(sizes: Sequence[int]) -> list[list[int]] | None:
+    """The rank rows DeviceMesh computes for each dim of ``sizes``, its full flatten and the world.
+
+    ``torch.distributed._mesh_layout._MeshLayout``, which has two interfaces: 2.13, 2.14.1, 2.15.0
+    (``from_sizes_strides``, ``collapse``, a sequence of flat layouts) and 2.10 (a CuTe layout made
+    from ``(sizes, strides)``, ``nest``, ``coalesce``). Both follow DeviceMesh's own code of that
+    version. None where the module is missing or has a third interface.
+    """
+    try:
+        from torch.distributed import _mesh_layout
+    except ImportError:
+        return None
+    mesh_layout: Any = _mesh_layout._MeshLayout
+    world = 1
+    strides: list[int] = []
+    for size in reversed(sizes):
+        strides.insert(0, world)
+        world *= size
+    rank_map = torch.arange(world, dtype=torch.int)
+    rows: list[list[int]] = []
+    try:
+        if hasattr(mesh_layout, "from_sizes_strides"):  # 2.13+
+            layout = mesh_layout.from_sizes_strides(tuple(sizes))
+            dims = [mesh_layout([layout[dim]]) for dim in range(len(sizes))]
+            flat = mesh_layout([layout.collapse()])
+        else:  # 2.10
+            layout = mesh_layout(tuple(sizes), tuple(strides))
+            dims = [layout[dim].nest() for dim in range(len(sizes))]
+            flat = layout.coalesce()
+            if len(flat) > 1:
+                flat = flat.nest()
+            else:
+                flat = flat.nest() if not isinstance(flat.shape, tuple) else flat
+        for dim_layout in [*dims, flat]:
+            rows.extend(row.tolist() for row in dim_layout.remap_to_tensor(rank_map))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    rows.append(list(range(world)))
+    return rows
+
+
+# -------------------------------------------------------------------------------------- FSDP2
+def fsdp_default_comm_classes() -> tuple[type[Any], type[Any]] | None:
+    """FSDP2's ``(DefaultAllGather, DefaultReduceScatter)``, the bases of custom comm hooks.
+
+    ``torch.distributed.fsdp._fully_shard._fsdp_collectives`` (2.10, 2.13, 2.14.1, 2.15.0); the
+    setters that take them (``set_custom_all_gather`` / ``set_custom_reduce_scatter``) are public.
+    None where the module or classes are missing (callers fall back to FSDP2's own comms).
+    """
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+            DefaultAllGather,
+            DefaultReduceScatter,
+        )
+    except ImportError:
+        return None
+    return DefaultAllGather, DefaultReduceScatter
+
+
+# -------------------------------------------------------------------------------- fake worlds
+def import_fake_backend() -> type[Any]:
+    """Register torch's "fake" backend (one process simulates a world) and return its FakeStore.
+
+    ``torch.testing._internal.distributed.fake_pg`` on 2.10, 2.13, 2.14.1, 2.15.0. No fallback.
+    """
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------------- torch_npu
+def hccl_process_group_class() -> type[Any]:
+    """torch_npu's ``ProcessGroupHCCL`` (for its ``Options``); import torch_npu first.
+
+    ``torch_npu._C._distributed_c10d.ProcessGroupHCCL``: NOT CHECKED on any version here (torch_npu
+    needs the Ascend CANN toolkit and is never installed in CI, see ``backends/hccl.py``); the path is
+    torch_npu 2.10's. ImportError propagates to the caller's clear message.
+    """
+    from torch_npu._C._distributed_c10d import (  # type: ignore[import-not-found]
+        ProcessGroupHCCL,
+    )
+
+    return ProcessGroupHCCL  # type: ignore[no-any-return]
