@@ -24,11 +24,11 @@ def _timeouts(rank: int, world_size: int) -> dict[str, Any]:
     ])
     out: dict[str, Any] = {}
     with cg.GroupRegistry(layout) as registry:
-        out["created"] = {r: _backend_timeout(registry.group(r)).total_seconds() for r in registry.roles}
-        out["reported"] = {r: registry.timeout(r).total_seconds() for r in registry.roles}
+        out["created"] = {r: _backend_timeout(registry.group(r)).total_seconds() for r in registry.role_names}
+        out["reported"] = {r: registry.timeout(r).total_seconds() for r in registry.role_names}
         registry.set_timeout("cp", 3)
         out["after_set"] = {r: _backend_timeout(registry.group(r)).total_seconds()
-                            for r in registry.roles}
+                            for r in registry.role_names}
         out["reported_after"] = registry.timeout("cp").total_seconds()
         value = torch.ones(1)
         dist.all_reduce(value, group=registry.group("cp"))  # still works after the change
