@@ -124,6 +124,8 @@ class CreatedRole:
     """This rank's group of the role; None when the rank is in no group (explicit-ranks roles)."""
     method: str
     """The creation path used: all_ranks, local or split."""
+    adapter: BackendAdapter
+    """The backend the group was created on."""
     owned: list[dist.ProcessGroup] = field(default_factory=list)
     """Groups this rank must destroy on close."""
 
@@ -341,7 +343,7 @@ def create_role_group(
             raise ValueError(f"role {role.name!r}: rank {rank} has no group; local creation needs "
                              "a regular role (choose_method never picks local for it)")
         group = _new_group(mine, adapter, options, timeout_s, group_desc, local=True)
-        return CreatedRole(group=group, method="local", owned=[group])
+        return CreatedRole(group=group, method="local", adapter=adapter, owned=[group])
     if method == "split":
         args = adapter.group_args(options, timeout_s)
         # One ncclCommSplit per role: the default group is the parent, so its ranks are global
@@ -352,7 +354,8 @@ def create_role_group(
             pg_options=args.pg_options,
             group_desc=group_desc,
         )
-        return CreatedRole(group=split, method="split", owned=[split] if split is not None else [])
+        return CreatedRole(group=split, method="split", adapter=adapter,
+                           owned=[split] if split is not None else [])
     if method != "all_ranks":
         raise ValueError(f"unknown creation method {method!r}; use all_ranks, local or split")
     found: dist.ProcessGroup | None = None
@@ -361,4 +364,5 @@ def create_role_group(
         group = _new_group(ranks, adapter, options, timeout_s, group_desc, local=False)
         if index == my_index:
             found = group
-    return CreatedRole(group=found, method="all_ranks", owned=[found] if found is not None else [])
+    return CreatedRole(group=found, method="all_ranks", adapter=adapter,
+                       owned=[found] if found is not None else [])

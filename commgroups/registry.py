@@ -56,6 +56,14 @@ DEFAULT_CREATE_TIMEOUT_S = 300.0
 STORE_PREFIX = "commgroups"
 
 
+def _set_group_timeout(created: CreatedRole, timeout: timedelta) -> None:
+    """Give ``created``'s group (if this rank has one) a new collective timeout, in place."""
+    if created.group is not None and created.adapter.has_timeout:
+        # _set_pg_timeout (torch >= 2.3) updates the group's backend in place; new collectives
+        # read it.
+        dist.distributed_c10d._set_pg_timeout(timeout, created.group)
+
+
 class GroupRegistry:
     """Owns one dedicated process group per role of a :class:`~commgroups.Layout`.
 
@@ -227,8 +235,8 @@ class GroupRegistry:
             self._rank, method,
             group_desc=info.name if info.name in self.layout.role_names else f"mesh-{info.name}",
         )
-        if bounded and created.group is not None:
-            dist.distributed_c10d._set_pg_timeout(timeout, created.group)
+        if bounded:
+            _set_group_timeout(created, timeout)
         logger.debug("rank %d: created %s via %s", self._rank, info.name, method)
         return created
 
@@ -307,30 +315,45 @@ class GroupRegistry:
             return self._adapters[role].default_timeout()
         return timedelta(seconds=spec.timeout_s)
 
-    def set_timeout(self, role: str, seconds: float) -> None:
-        """Change ``role``'s collective timeout on a live job.
+    def set_timeout(self, timeout: float | timedelta, role: str | None = None) -> None:
+        """Change the collective timeout of one role's group, or of every group the registry made.
 
-        The new timeout applies to collectives issued after the call; one already in flight keeps
-        the timeout it started with. The change is local to this rank (it needs no communication,
-        so it cannot hang): call it on every member rank, between steps, so that all ranks of the
-        group time out alike. The layout (and its fingerprint) is unchanged.
+        Like ``torch.distributed.set_timeout(timeout, group)``: the new timeout applies to
+        collectives issued after the call; one already in flight keeps the timeout it started with.
+        The change is local to this rank (no communication, no barrier, so it cannot hang): call it
+        on every rank, between steps, so that all ranks of a group time out alike. The layout (and
+        its fingerprint) is unchanged.
+
+        Args:
+            timeout: seconds (> 0) or a ``timedelta``.
+            role: the role whose group changes; None: every role and every dedicated mesh-dim
+                group (what a trainer wants after its first step).
+
+        Example::
+
+            registry.set_timeout(timedelta(minutes=5))       # every group this registry made
+            registry.set_timeout(30, role="cp")              # only cp's group
         """
-        self.spec(role)
+        if role is not None:
+            self.spec(role)
         self._check_usable()
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
             raise LayoutError(
-                f"timeout_s: set_timeout({role!r}, {seconds!r}) needs seconds > 0; fix: pass a "
-                "positive number of seconds",
+                f"timeout_s: set_timeout({timeout!r}) needs a timeout > 0; fix: pass a positive "
+                "number of seconds or a timedelta",
                 field="timeout_s",
             )
-        timeout = timedelta(seconds=seconds)
-        group = self._created[role].group
-        if group is not None:
-            # torch has no public setter; _set_pg_timeout (torch >= 2.3) updates the group's gloo
-            # or NCCL backend in place, which is what new collectives read.
-            dist.distributed_c10d._set_pg_timeout(timeout, group)
-        self._timeout_overrides[role] = timeout
-        logger.info("rank %d: role %s timeout set to %ss", self._rank, role, seconds)
+        new = timedelta(seconds=seconds)
+        names = self.role_names if role is None else (role,)
+        targets = [self._created[name] for name in names]
+        if role is None:
+            targets += self._dim_groups.values()
+        for created in targets:
+            _set_group_timeout(created, new)
+        self._timeout_overrides.update(dict.fromkeys(names, new))
+        logger.info("rank %d: timeout of %s set to %ss", self._rank,
+                    "every group" if role is None else f"role {role}", seconds)
 
     def collectives(self, role: str) -> RoleCollectives:
         """The torch.distributed collective API on ``role``'s group, without ``group=``.
