@@ -40,7 +40,7 @@ from commgroups.errors import (
     UnknownDimError,
     WorldSizeMismatchError,
 )
-from commgroups.meshes import axes_in_order, build_mesh
+from commgroups.meshes import axes_in_order, build_mesh, register_flattening
 from commgroups.plan import Plan, RolePlan
 from commgroups.specs import Layout, RoleSpec
 from commgroups.text_table import format_ranks, format_table
@@ -395,11 +395,36 @@ class GroupRegistry:
                     f"{sorted(device_types)}; fix: give those roles the same backend",
                     field="dims",
                 )
-            self._meshes[names] = build_mesh(
+            mesh = build_mesh(
                 self.plan, self._rank, [dims for dims, _, _ in axes],
                 [group for _, _, group in axes], device_types.pop(), names,
             )
+            self._register_flattenings(mesh, names, [dims for dims, _, _ in axes])
+            self._meshes[names] = mesh
         return self._meshes[names]
+
+    def _register_flattenings(self, mesh: DeviceMesh, names: tuple[str, ...],
+                              axes: list[tuple[str, ...]]) -> None:
+        """Pre-register, for every run of axes a role spans, ``mesh[run]._flatten()`` as that role.
+
+        Under torch's default name (``"_".join(run)``) and under the role's name, so code that
+        flattens the mesh it was handed (FSDP2's ``dp_mesh_dims``) gets the role's dedicated group,
+        never a new one (the default group when the run spans the world).
+        """
+        by_dims = {self.plan.role(r).dim_names: r for r in self.role_names}
+        for start in range(len(names)):
+            for stop in range(start + 2, len(names) + 1):
+                run_dims = tuple(d for axis in axes[start:stop] for d in axis)
+                role = by_dims.get(run_dims)
+                if role is None:
+                    continue
+                keys = {"_".join(names[start:stop]), role} - set(names)
+                for key in sorted(keys):
+                    if not register_flattening(mesh, names[start:stop], key, self.group(role)):
+                        logger.info("this torch's DeviceMesh has no flatten mapping to fill: "
+                                    "mesh[%s]._flatten() will create a new group",
+                                    list(names[start:stop]))
+                        return
 
     def _mesh_axis(
         self, name: str
