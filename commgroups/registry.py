@@ -77,7 +77,8 @@ class GroupRegistry:
 
     Args:
         layout: the validated layout.
-        creation: ``auto`` (fastest safe path per role), ``all_ranks``, ``local`` or ``split``.
+        creation_mode: ``auto`` (fastest safe path per role), ``all_ranks``, ``local`` or
+            ``split``; :meth:`creation_method` says which path each role actually took.
         create_timeout_s: how long ranks wait for each other to agree on the plan before every rank
             raises :class:`~commgroups.errors.AgreementTimeoutError`.
     """
@@ -86,7 +87,7 @@ class GroupRegistry:
         self,
         layout: Layout,
         *,
-        creation: str = "auto",
+        creation_mode: str = "auto",
         create_timeout_s: float = DEFAULT_CREATE_TIMEOUT_S,
     ) -> None:
         if not isinstance(layout, Layout):
@@ -94,10 +95,11 @@ class GroupRegistry:
                 f"GroupRegistry needs a commgroups.Layout, got {type(layout).__name__}; "
                 "fix: build one with cg.Layout(...) or cg.load_layout(path)"
             )
-        if creation not in CREATION_MODES:
+        if creation_mode not in CREATION_MODES:
             raise LayoutError(
-                f"creation: unknown mode {creation!r}; fix: use one of {', '.join(CREATION_MODES)}",
-                field="creation",
+                f"creation_mode: unknown mode {creation_mode!r}; fix: use one of "
+                f"{', '.join(CREATION_MODES)}",
+                field="creation_mode",
             )
         if create_timeout_s <= 0:
             raise LayoutError(
@@ -107,7 +109,7 @@ class GroupRegistry:
             )
         self.layout = layout
         self.plan = Plan(layout)
-        self.creation = creation
+        self.creation_mode = creation_mode
         self.create_timeout_s = create_timeout_s
         self._rank = -1
         self._adapters: dict[str, BackendAdapter] = {}
@@ -154,7 +156,7 @@ class GroupRegistry:
                     adapter.check_available()
                     adapters[role.name] = adapter
                     methods[role.name] = choose_method(
-                        self.creation, self.plan.role(role.name), adapter, context
+                        self.creation_mode, self.plan.role(role.name), adapter, context
                     )
             except BackendUnavailableError as error:
                 local_error = error
@@ -465,7 +467,7 @@ class GroupRegistry:
         if dim not in self._dim_groups:
             # Created on first use, so collective: ranks first agree on what they are creating.
             info = self.plan.dim_group(dim)
-            methods = {dim: choose_method(self.creation, info, device)}
+            methods = {dim: choose_method(self.creation_mode, info, device)}
             store = None if str(dist.get_backend()) == "fake" else self._agreement_store(self._rank)
             if store is not None:
                 agree(store, self._rank, self.layout.world_size,
