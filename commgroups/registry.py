@@ -485,7 +485,7 @@ class GroupRegistry:
         """A readable table: each role's dims, backend, size, groups, this rank's ranks, timeout."""
         header = ("role", "dims", "backend", "size", "groups", "creation", "timeout", "safeguard",
                   "this rank's group")
-        rows = [header]
+        rows = []
         for name in self.role_names:
             spec = self.spec(name)
             info = self.plan.role(name)
@@ -501,7 +501,7 @@ class GroupRegistry:
                 timeout = "default" if spec.timeout_s is None else f"{spec.timeout_s:g}s"
             rows.append((name, dims, backend, str(info.group_size), str(info.num_groups), method,
                          timeout, "on" if spec.safeguard else "off", group_text))
-        lines = format_table(header, rows[1:])
+        lines = format_table(header, rows)
         title = (f"GroupRegistry: world {self.layout.world_size} "
                  f"({', '.join(f'{k}={v}' for k, v in self.layout.dims.items())}), "
                  f"fingerprint {self.plan.fingerprint[:12]}, state {self._state}")
