@@ -213,7 +213,6 @@ def _run_once(
                 deadline = min(deadline, time.monotonic() + (grace_s or 5.0))
             elif not report.ok and grace_s is not None:
                 deadline = min(deadline, time.monotonic() + grace_s)
-        relay()
     finally:
         for proc in procs:
             proc.join(timeout=10 if len(reports) == world_size else 0.5)
@@ -221,4 +220,7 @@ def _run_once(
                 proc.kill()
                 proc.join(timeout=5)
         del server
+    # After the joins: a rank's queue feeder flushes when the process exits, so a message posted
+    # just before its result cannot arrive after the last relay (it did, under load).
+    relay()
     return reports
