@@ -222,7 +222,7 @@ def local_worker(rank: int, world: int) -> dict[str, Any]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for attempt in ("first", "again"):
-            registry = GroupRegistry(_regular(), creation="auto", create_timeout_s=60).create()
+            registry = GroupRegistry(_regular(), creation_mode="auto", create_timeout_s=60).create()
             out[attempt] = {role: registry.creation_method(role) for role in registry.roles}
             registry.set_timeout("cp", 120)
             tensor = torch.tensor([float(rank)])
