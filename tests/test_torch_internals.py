@@ -223,8 +223,8 @@ def local_worker(rank: int, world: int) -> dict[str, Any]:
         warnings.simplefilter("always")
         for attempt in ("first", "again"):
             registry = GroupRegistry(_regular(), creation_mode="auto", create_timeout_s=60).create()
-            out[attempt] = {role: registry.creation_method(role) for role in registry.roles}
-            registry.set_timeout("cp", 120)
+            out[attempt] = {role: registry.creation_method(role) for role in registry.role_names}
+            registry.set_timeout(120, "cp")
             tensor = torch.tensor([float(rank)])
             registry.collectives("cp").all_reduce(tensor)
             out[f"{attempt}-sum"] = tensor.item()
