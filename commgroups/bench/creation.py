@@ -145,6 +145,8 @@ def _create_devicemesh(layout: Layout, counter: CallCounter) -> Created:
     fsdp = torch_internals.flatten_mesh(mesh[names], "fsdp")
     # torchtitan makes its gloo checkpoint group by hand; DeviceMesh has no role for it.
     checkpoint = dist.new_group(backend=_checkpoint_backend(), group_desc=CHECKPOINT_ROLE)
+    # torch >= 2.14 types new_group as ProcessGroup | NON_GROUP_MEMBER; every rank is a member here.
+    assert isinstance(checkpoint, dist.ProcessGroup)
     groups = {name: mesh.get_group(name) for name in names}
     groups["fsdp"] = fsdp.get_group()
     groups[CHECKPOINT_ROLE] = checkpoint
