@@ -26,6 +26,7 @@ __all__ = [
     "RegistryStateError",
     "RoleCollectiveError",
     "RoleTimeoutError",
+    "TorchVersionError",
     "UnknownBackendError",
     "UnknownDimError",
     "UnknownOptionError",
@@ -96,6 +97,10 @@ class AgreementTimeoutError(CommGroupsError, TimeoutError):
 
 class BackendUnavailableError(CommGroupsError, RuntimeError):
     """A role's backend cannot be used on this machine (NCCL without CUDA, HCCL without torch_npu)."""
+
+
+class TorchVersionError(CommGroupsError, RuntimeError):
+    """A feature needs a newer torch than the one running; names the version and why."""
 
 
 class GroupCreationError(CommGroupsError, RuntimeError):
