@@ -43,6 +43,7 @@ __all__ = [
     "import_fake_backend",
     "predict_group_names",
     "recv_source_rank",
+    "register_flattened_mesh",
     "registered_group_names",
     "resolve_group_name",
     "set_group_timeout",
@@ -314,6 +315,53 @@ def devicemesh_rows(sizes: Sequence[int]) -> list[list[int]] | None:
         return None
     rows.append(list(range(world)))
     return rows
+
+
+def register_flattened_mesh(mesh: Any, dim_names: Sequence[str], key: str,
+                            group: dist.ProcessGroup) -> bool:
+    """Make ``mesh[dim_names]._flatten(key)`` return a 1-D mesh on ``group``, creating nothing.
+
+    torch's ``_flatten`` first looks in the root mesh's ``_flatten_mapping`` for ``key`` and returns
+    the entry when its layout equals the one it would compute, so a mesh registered there with
+    torch's own flattened layout is what third-party code (FSDP2's ``dp_mesh_dims``) gets back.
+    DeviceMesh internals used: ``_layout``, ``_rank_map``, ``_flatten_mapping``,
+    ``_dim_group_names`` and the ``_layout/_rank_map/_root_mesh/_init_backend`` constructor
+    arguments; the flattened layout is computed as each version's ``_flatten`` does:
+    ``_MeshLayout([layout.collapse()])`` on 2.13, 2.14.1, 2.15.0 (which also keep groups in
+    ``_pg_registry``), ``layout.coalesce()`` (nested when it has several modes) on 2.10 (which
+    resolves groups by name through c10d). Returns False, registering nothing, where the internals
+    differ; the caller logs it.
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+
+    mapping = getattr(mesh, "_flatten_mapping", None)
+    if getattr(mesh, "_layout", None) is None or mapping is None or not hasattr(mesh, "_rank_map"):
+        return False
+    try:
+        sub_layout: Any = mesh[tuple(dim_names)]._layout
+        if hasattr(sub_layout, "collapse"):  # 2.13+
+            flat_layout = type(sub_layout)([sub_layout.collapse()])
+        else:  # 2.10
+            flat_layout = sub_layout.coalesce()
+            if len(flat_layout) > 1:
+                flat_layout = flat_layout.nest()
+        flat: Any = DeviceMesh(
+            mesh.device_type,
+            _layout=flat_layout,
+            _rank_map=mesh._rank_map,
+            mesh_dim_names=(key,),
+            _root_mesh=mesh,
+            _init_backend=False,
+        )
+    except (AttributeError, TypeError):
+        return False
+    flat._dim_group_names = [group.group_name]
+    for holder in (flat, mesh):
+        registry = getattr(holder, "_pg_registry", None)
+        if isinstance(registry, dict):
+            registry[group.group_name] = group
+    mapping[key] = flat
+    return True
 
 
 # -------------------------------------------------------------------------------------- FSDP2
