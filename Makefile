@@ -1,7 +1,7 @@
 # Every target sets up .venv itself (scripts/setup-env) on first use.
 PY := .venv/bin/python
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench ci
 setup:
 	@scripts/setup-env
 
@@ -17,3 +17,6 @@ lint: setup
 
 bench: setup
 	$(PY) -m commgroups bench --quick --json out/bench.json --plot out
+
+ci:
+	.ci/run
