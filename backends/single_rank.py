@@ -119,6 +119,11 @@ def new_single_rank_group(
     2.10-2.14 make *non-members* of an all-ranks ``new_group`` split the default NCCL communicator,
     which hangs for any non-NCCL group; member-only creation has no non-members).
 
+    Every rank must make the same number of member-only groups before the next all-ranks
+    ``new_group``: torch >= 2.14 counts member-only groups in the names of later groups
+    (``_world.group_count``), so give every rank its single-rank group for the same dims, in the same
+    order (a registry does: a size-1 dim gives every rank one).
+
     Args:
         group_desc: the group's description (``pg.group_desc``), e.g. the role's name.
         timeout: recorded for torch's bookkeeping only; nothing here can time out.
@@ -129,8 +134,8 @@ def new_single_rank_group(
 
     Raises:
         ValueError: torch's name for the group collides with a live group of this rank (torch
-            names member-only groups ``sha1(ranks + number of live groups)``, so destroying an
-            older such group while a newer one lives can repeat a name; the message says so).
+            <= 2.13 names member-only groups ``sha1(ranks + number of live groups)``, so destroying
+            an older such group while a newer one lives can repeat a name; the message says so).
 
     Example::
 
@@ -175,13 +180,18 @@ def _registered_plugin(name: str) -> Any:
     return dist.Backend._plugins.get(name.upper())
 
 
-def _register_guard_backend(group: dist.ProcessGroup, device: torch.device) -> None:
-    # PRIVATE-TORCH: ProcessGroup._register_backend, FakeProcessGroup.Options.error_on_collective,
-    # FakeProcessGroup._create_internal(rank, size, options); checked on 2.10, 2.13, 2.14.1, 2.15
-    options = _c10d().FakeProcessGroup.Options()
-    options.error_on_collective = True
-    guard = _c10d().FakeProcessGroup._create_internal(0, 1, options)
-    group._register_backend(device, dist.ProcessGroup.BackendType.CUSTOM, guard)
+def _install_guard_backends(group: dist.ProcessGroup, devices: Sequence[str]) -> None:
+    # PRIVATE-TORCH: ProcessGroup._register_backend, ProcessGroup._set_default_backend,
+    # FakeProcessGroup.Options.error_on_collective, FakeProcessGroup._create_internal(rank, size,
+    # options); checked on 2.10, 2.13, 2.14.1, 2.15
+    custom = dist.ProcessGroup.BackendType.CUSTOM
+    for device in devices:
+        options = _c10d().FakeProcessGroup.Options()
+        options.error_on_collective = True
+        guard = _c10d().FakeProcessGroup._create_internal(0, 1, options)
+        group._register_backend(torch.device(device), custom, guard)
+    # torch 2.15 attaches its flight recorder to every new group: it needs a default backend type.
+    group._set_default_backend(custom)
 
 
 def _create_single_rank_group(common: Any, options: Any) -> SingleRankProcessGroup:
@@ -284,8 +294,7 @@ class SingleRankProcessGroup(dist.ProcessGroup):
         super().__init__(0, 1)  # type: ignore[call-arg]
         self._global_rank = global_rank
         self._timeout: timedelta | None = None
-        for device in dist.Backend.backend_capability.get(TORCH_BACKEND, ["cpu"]):
-            _register_guard_backend(self, torch.device(device))
+        _install_guard_backends(self, dist.Backend.backend_capability.get(TORCH_BACKEND, ["cpu"]))
 
     def __repr__(self) -> str:
         return f"SingleRankProcessGroup(global_rank={self._global_rank})"

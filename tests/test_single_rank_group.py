@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -195,6 +194,12 @@ CASES: dict[str, Case] = {
 }
 
 
+# What a 1-rank group must give where an older gloo lacks the op (torch 2.10: list all_to_all).
+EXPECTED_WITHOUT_GLOO: dict[str, Callable[[int], list[torch.Tensor]]] = {
+    "all_to_all": lambda r: [_x(r)],
+}
+
+
 def _own_gloo_group(rank: int, world: int) -> dist.ProcessGroup:
     """The real reference: this rank's 1-rank gloo group (every rank creates every one, in order)."""
     mine = None
@@ -221,7 +226,13 @@ def _compare_world(rank: int, world: int) -> dict[str, Any]:
     mismatches: list[str] = []
     for name, case in CASES.items():
         for async_op in (False, True):
-            got, want = case(single, async_op, rank), case(gloo, async_op, rank)
+            got = case(single, async_op, rank)
+            try:
+                want = case(gloo, async_op, rank)
+            except RuntimeError as error:
+                if "does not support" not in str(error) or name not in EXPECTED_WITHOUT_GLOO:
+                    raise
+                want = EXPECTED_WITHOUT_GLOO[name](rank)
             # gloo's reduce_scatter Works carry no future: compare the outputs only there.
             got = got[: len(want)] if len(got) > len(want) else got
             if len(got) != len(want) or not all(
@@ -301,26 +312,21 @@ def test_every_collective_matches_a_real_one_rank_gloo_group(world: int) -> None
 
 def _local_creation(rank: int, world: int) -> dict[str, Any]:
     store = dist.distributed_c10d._get_default_store()
-    made = None
-    if rank == 0:
-        # Only rank 0 creates; the others are blocked on the store until it is done, so creation
-        # can involve no collective among ranks.
-        started = time.monotonic()
-        made = new_single_rank_group(group_desc="alone")
-        t = _x(0)
-        dist.all_reduce(t, group=made)
-        out = torch.zeros(6)
-        dist.all_gather_into_tensor(out, t, group=made)
-        made_ok = torch.equal(out, _x(0))
-        store.set("rank0_done", f"{time.monotonic() - started:.3f}")
-    else:
-        store.wait(["rank0_done"])
-        made_ok = True
-    # Later groups, made by every rank in the usual way, are unaffected (names agree across ranks).
+    # Rank r creates and uses its group while every later rank is still blocked on the store: no
+    # rank's creation can wait for another rank.
+    if rank > 0:
+        store.wait([f"done/{rank - 1}"])
+    made = new_single_rank_group(group_desc="alone")
+    t = _x(rank)
+    out = torch.zeros(6)
+    dist.all_gather_into_tensor(out, t, group=made)
+    store.set(f"done/{rank}", "1")
+    # Later all-ranks groups still get one name on every rank (each rank made one member-only
+    # group: torch >= 2.14 counts those in the name of the next group, <= 2.13 in its salt).
     later = dist.new_group(list(range(world)), backend="gloo")
-    t = torch.ones(1)
-    dist.all_reduce(t, group=later)
-    return {"ok": made_ok, "later_sum": float(t), "later_name": later.group_name}
+    total = torch.ones(1)
+    dist.all_reduce(total, group=later)
+    return {"ok": torch.equal(out, t), "later_sum": float(total), "later_name": later.group_name}
 
 
 def test_creation_is_local_to_the_rank_and_later_groups_still_agree() -> None:
@@ -328,6 +334,23 @@ def test_creation_is_local_to_the_rank_and_later_groups_still_agree() -> None:
     assert all(r["ok"] for r in results)
     assert [r["later_sum"] for r in results] == [4.0] * 4
     assert len({r["later_name"] for r in results}) == 1
+
+
+def _recreate_after_destroying_an_older_group(rank: int, world: int) -> str:
+    first = new_single_rank_group(group_desc="first")
+    second = new_single_rank_group(group_desc="second")
+    dist.destroy_process_group(first)
+    try:
+        third = new_single_rank_group(group_desc="third")
+    except ValueError as error:  # torch <= 2.13 salts member-only names with the live-group count
+        return str(error)
+    names = {second.group_name, third.group_name}
+    return "distinct" if len(names) == 2 else "same name"
+
+
+def test_a_name_collision_after_destroy_is_a_clear_error_or_does_not_happen() -> None:
+    for outcome in run_world(_recreate_after_destroying_an_older_group, 2):
+        assert outcome == "distinct" or ("fix:" in outcome and "destroy" in outcome), outcome
 
 
 def _bound_default(rank: int, world: int) -> dict[str, Any]:
