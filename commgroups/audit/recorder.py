@@ -16,7 +16,18 @@ from our wrapper, FSDP2, DCP's object collectives, spmd_types or user code; func
   blocking NCCL call runs. An async call runs on the group's own stream, which no public API names;
   the recorder models it as ``group:<name>`` (see :attr:`CollectiveRecord.exec_stream`).
 
-Not seen: collectives issued on another thread (dispatch modes are thread-local: DCP
+Real models run more than plain ops inside the recording, and the mode stays out of their way:
+
+- Higher-order operators (``flex_attention``, ``cond``, ...) are not collectives: they pass through
+  unchanged (``supports_higher_order_operators``, as in ``CommDebugMode``). torch runs a
+  higher-order operator's kernel with the mode popped (its dense kernels assert that no mode is
+  active), so collectives issued *inside* one in eager mode are not seen.
+- ``torch.compile`` (``fullgraph=True`` included, as torch's context parallel compiles
+  ``create_block_mask``) compiles as if no mode were active (``ignore_compile_internals``, as in
+  torch's ``DebugMode``): dynamo would otherwise refuse every frame while a non-infra mode is on. The
+  compiled code runs under the mode again, so collectives it issues are recorded.
+
+Not seen either: collectives issued on another thread (dispatch modes are thread-local: DCP
 ``async_save``'s background thread), and calls made straight on a ``Backend`` object, which skip the
 dispatcher. Cost: every aten op of the recorded thread passes through Python while recording; fine
 for a debug run, not for production throughput.
@@ -295,6 +306,16 @@ class Recorder:
 
 class _AuditMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Passes every op through unchanged, telling the recorder about collectives."""
+
+    # Higher-order operators (flex_attention, cond, ...) reach __torch_dispatch__ instead of
+    # raising "no rule registered"; their namespace is "higher_order", never a collective one, so
+    # they run unchanged like every other non-collective op.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Off while torch.compile traces, on for the compiled code: fullgraph compiles work."""
+        return True
 
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
