@@ -230,20 +230,18 @@ def test_merge_of_a_clean_run_and_bad_entries(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------ the call-site rule
 def _frame_chain(modules: list[str]) -> str:
-    """Call through one function per module name (outermost first); the innermost asks call_site."""
-    inner = "def hop():\n    return call_site()\n"
-    functions: list[Any] = []
-    for depth, module in enumerate(reversed(modules)):
-        namespace: dict[str, Any] = {"__name__": module, "call_site": call_site}
-        if functions:
-            namespace["below"] = functions[-1]
-            source = "def hop():\n    return below()\n"
-        else:
-            source = inner
-        exec(compile(source, f"/src/{module.replace('.', '/')}.py", "exec"), namespace)
-        functions.append(namespace["hop"])
-        del depth
-    result: str = functions[-1]()
+    """call_site() seen through one function per module name, outermost first.
+
+    Each function is compiled with its module's name in its globals and a file name derived from
+    it, the way an imported module's frames carry them.
+    """
+    below: Any = call_site
+    for module in reversed(modules):
+        namespace: dict[str, Any] = {"__name__": module, "below": below}
+        exec(compile("def hop():\n    return below()\n", f"/src/{module.replace('.', '/')}.py",
+                     "exec"), namespace)
+        below = namespace["hop"]
+    result: str = below()
     return result
 
 

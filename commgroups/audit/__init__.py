@@ -60,3 +60,8 @@ def __getattr__(name: str) -> Any:
     if name in _RECORDER_NAMES:
         return getattr(importlib.import_module("commgroups.audit.recorder"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The package's names, the lazily imported ones included."""
+    return sorted(set(globals()) | _RECORDER_NAMES)

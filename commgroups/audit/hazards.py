@@ -132,6 +132,11 @@ def aliasing_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
         One error per (default group, roles) for a role whose group is the default group, else one
         per (default group, roles) when collectives ran on the default group while the roles own a
         dedicated group over the same ranks; each lists the ranks it was seen on.
+
+    Example::
+
+        # ranks 0..3, cp == world on plain DeviceMesh: roles {"cp": "0"}, default group "0"
+        [(h.roles, h.ranks) for h in aliasing_hazards(datas)]   # [(('cp',), (0, 1, 2, 3))]
     """
     found = []
     for data in rank_data:
@@ -180,6 +185,13 @@ def mixed_stream_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
     Returns:
         One hazard per group whose records execute on two or more streams with at least one
         blocking call: an error on NCCL with CUDA tensors, a warning (latent) elsewhere.
+
+    Example::
+
+        # gloo; each rank ran one blocking all-gather (exec_stream "cpu") and FSDP2's async calls
+        # ("group:1") on group 1
+        [(h.severity, h.details["streams"]) for h in mixed_stream_hazards(datas)]
+        # [('warning', {'cpu': 1, 'group:1': 6})]
     """
     found = []
     for data in rank_data:
@@ -243,6 +255,12 @@ def sequence_mismatch_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazar
         For each group with two or more of the given ranks as members, the first call index where
         their (op, dtypes, shapes) differ or one rank has no call; ``shapes`` only counts for
         :data:`UNIFORM_SHAPE_OPS`.
+
+    Example::
+
+        # rank 3 started recording one all_reduce late on cp's group 1
+        [h.details["calls_per_rank"] for h in sequence_mismatch_hazards(datas)]
+        # [{0: 2, 1: 2, 2: 2, 3: 1}]
     """
     have = {int(d["rank"]): d for d in rank_data}
     members: dict[str, set[int]] = {}
