@@ -23,6 +23,7 @@ __all__ = [
     "InvalidOptionError",
     "InvalidRanksError",
     "InvalidSizeError",
+    "InvalidViewError",
     "LayoutError",
     "LayoutFileError",
     "LayoutMismatchError",
@@ -85,17 +86,18 @@ class WorldSizeMismatchError(LayoutError):
 class InvalidNameError(LayoutError):
     """A dim or role name is not allowed.
 
-    Raised for ``dims = {"1cp": 2}``, the reserved dim name ``"world"``, or a role named
-    ``"bad name"``: names start with a letter and use letters, digits, ``_`` or ``-``.
+    Raised for ``dims = {"1cp": 2}``, the reserved dim name ``"world"``, a view named ``"dims"``,
+    or a role named ``"bad name"``: names start with a letter and use letters, digits, ``_`` or
+    ``-``.
     """
 
 
 class InvalidSizeError(LayoutError):
-    """A dim size is not a whole number >= 1 (``cp = 0``, ``cp = -2``, ``cp = "4"``, ``cp = 2.5``)."""
+    """A dim size (in ``dims`` or a view) is not a whole number >= 1 (``cp = 0``, ``cp = "4"``)."""
 
 
 class EmptyDimsError(LayoutError):
-    """A layout has no dims (``dims = {}``), or a role lists none (``dims = []``)."""
+    """A layout or a view has no dims (``dims = {}``), or a role lists none (``dims = []``)."""
 
 
 class UnknownDimError(LayoutError):
@@ -107,10 +109,20 @@ class UnknownDimError(LayoutError):
 
 
 class DimOrderError(LayoutError):
-    """Dims are not listed once each in layout order.
+    """Dims are not listed once each in the order of one factorization (``dims`` or one view).
 
     Raised for a role with ``dims = ["a", "a"]`` or ``dims = ["b", "a"]`` when the layout's dims are
-    ``{a, b}``, and by ``registry.device_mesh`` for axes that overlap or are out of layout order.
+    ``{a, b}``, for a role that mixes dims of ``dims`` and a view (no order holds them), and by
+    ``registry.device_mesh`` for axes that overlap or are out of layout order.
+    """
+
+
+class InvalidViewError(LayoutError):
+    """A layout view is not another factorization of the same ranks.
+
+    Raised when a view's sizes multiply to another world size than ``dims``, or a dim name it shares
+    with ``dims`` (or another view) groups other ranks there. A view's bad names and sizes raise
+    :class:`InvalidNameError` / :class:`InvalidSizeError`, an empty view :class:`EmptyDimsError`.
     """
 
 

@@ -361,6 +361,16 @@ class RoleSpec(SpecModel):
         return self
 
 
+def _dim_shapes(dims: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+    """(size, stride) of each dim of a row-major factorization, outermost first."""
+    shapes: dict[str, tuple[int, int]] = {}
+    stride = math.prod(dims.values())
+    for name, size in dims.items():
+        stride //= size
+        shapes[name] = (size, stride)
+    return shapes
+
+
 def default_roles(dims: Mapping[str, int]) -> list[RoleSpec]:
     """Built-in roles for ``dims``, following torchtitan's conventions.
 
@@ -406,13 +416,19 @@ class Layout(SpecModel):
             is the product of the sizes.
         roles (list[RoleSpec], optional): the communicator roles, in creation order; omitted: the
             built-in roles of :func:`default_roles`.
+        views (dict[str, dict[str, int]], optional): other row-major factorizations of the same
+            ranks (view name -> dims, outermost first), e.g. torchtitan's MoE view
+            ``{pp, dp_replicate, efsdp, ep}``; a role takes its dims from ``dims`` or one view.
 
     Raises:
-        EmptyDimsError: ``dims`` is empty (or a role's ``dims`` is).
-        InvalidNameError: a dim name is not allowed, or is the reserved ``"world"``.
+        EmptyDimsError: ``dims`` or a view is empty (or a role's ``dims`` is).
+        InvalidNameError: a dim or view name is not allowed, or is reserved (``"world"``,
+            ``"dims"``).
         InvalidSizeError: a dim size is not an integer >= 1.
-        UnknownDimError: a role uses a dim that ``dims`` lacks.
-        DimOrderError: a role lists a dim twice or out of layout order.
+        InvalidViewError: a view covers another number of ranks, or shares a dim name with
+            another meaning.
+        UnknownDimError: a role uses a dim that neither ``dims`` nor a view has.
+        DimOrderError: a role lists a dim twice, out of layout order, or mixes factorizations.
         DuplicateRoleError: two roles share a name.
         InvalidRanksError: a role's explicit ranks are outside the world (or invalid, see RoleSpec).
         LayoutError: any other problem of a role (see :class:`RoleSpec`); every problem is listed
@@ -441,6 +457,11 @@ class Layout(SpecModel):
         default=None,  # type: ignore[assignment]  # replaced by the default roles below
         validate_default=True,
         description="Communicator roles; omitted: the built-in roles of default_roles().",
+    )
+    views: dict[str, dict[str, StrictSize]] = Field(
+        default_factory=dict,
+        description="Other factorizations of the same world (view name -> dims, outermost "
+        "first), e.g. torchtitan's MoE view {pp, dp_replicate, efsdp, ep} over the same ranks.",
     )
 
     @field_validator("dims")
@@ -477,8 +498,96 @@ class Layout(SpecModel):
         return value
 
     @model_validator(mode="after")
+    def _views_factor_the_world(self) -> Self:
+        # A view is another row-major factorization of the same ranks; a dim name it shares with
+        # dims (or another view) must name the same rank grouping, else "cp" would mean two things.
+        shapes = _dim_shapes(self.dims)
+        owner = dict.fromkeys(self.dims, "dims")
+        for view, dims in self.views.items():
+            field = f"views.{view}"
+            if view == "dims" or not re.match(NAME_PATTERN, view):
+                raise problem(
+                    errors.InvalidNameError,
+                    "view name '{view}' is not allowed; fix: start with a letter, use letters, "
+                    "digits, '_' or '-', and do not use the reserved name 'dims'",
+                    field, view=view,
+                )
+            if not dims:
+                raise problem(
+                    errors.EmptyDimsError,
+                    "view '{view}' has no dims; fix: list its dims with their sizes",
+                    field, view=view,
+                )
+            for name, size in dims.items():
+                if name == WORLD or not re.match(NAME_PATTERN, name):
+                    raise problem(
+                        errors.InvalidNameError,
+                        "dim name '{name}' in view '{view}' is not allowed; fix: start with a "
+                        "letter, use letters, digits, '_' or '-', and not 'world'",
+                        f"{field}.{name}", name=name, view=view,
+                    )
+                if size < 1:
+                    raise problem(
+                        errors.InvalidSizeError,
+                        "dim '{name}' of view '{view}' has size {size}; fix: sizes must be >= 1",
+                        f"{field}.{name}", name=name, view=view, size=size,
+                    )
+            product = math.prod(dims.values())
+            if product != self.world_size:
+                raise problem(
+                    errors.InvalidViewError,
+                    "view '{view}' covers {product} ranks but dims cover {world}; fix: make the "
+                    "product of the view's sizes equal {world}",
+                    field, view=view, product=product, world=self.world_size,
+                )
+            for name, shape in _dim_shapes(dims).items():
+                if name in shapes and shapes[name] != shape:
+                    raise problem(
+                        errors.InvalidViewError,
+                        "dim '{name}' in view '{view}' groups other ranks than '{name}' in "
+                        "{other} (size, stride {mine} vs {theirs}); fix: rename it in the view, or "
+                        "make the sizes around it match so it means the same ranks",
+                        f"{field}.{name}", name=name, view=view, other=owner[name], mine=shape,
+                        theirs=shapes[name],
+                    )
+                shapes.setdefault(name, shape)
+                owner.setdefault(name, field)
+        return self
+
+    def factorizations(self) -> dict[str, list[str]]:
+        """Dim names of ``dims`` (key ``"dims"``) and of every view, each outermost first."""
+        return {"dims": list(self.dims), **{v: list(d) for v, d in self.views.items()}}
+
+    def _check_role_dims(self, index: int, role: str, dims: list[str]) -> None:
+        factorizations = self.factorizations()
+        known = list(dict.fromkeys(d for f in factorizations.values() for d in f))
+        for d, dim in enumerate(dims):
+            if dim not in known:
+                raise problem(
+                    errors.UnknownDimError,
+                    "role '{role}' uses dim '{dim}' that the layout lacks; fix: use one of "
+                    "{known} or add '{dim}' to dims",
+                    f"roles[{index}].dims[{d}]", role=role, dim=dim, known=", ".join(known),
+                )
+        home = next((f for f in factorizations.values() if set(dims) <= set(f)), None)
+        if home is None:
+            raise problem(
+                errors.DimOrderError,
+                "role '{role}' mixes dims {dims} that no single factorization (dims or one view) "
+                "holds; fix: take the role's dims from dims or from one view",
+                f"roles[{index}].dims", role=role, dims=dims,
+            )
+        ordered = [dim for dim in home if dim in dims]
+        if ordered != dims:
+            raise problem(
+                errors.DimOrderError,
+                "role '{role}' lists dims {got} out of layout order; fix: use {want} "
+                "(outermost first, as in dims)",
+                f"roles[{index}].dims", role=role, got=dims, want=ordered,
+            )
+
+    @model_validator(mode="after")
     def _roles_fit_dims(self) -> Self:
-        names = list(self.dims)
         seen: dict[str, int] = {}
         for index, role in enumerate(self.roles):
             if role.name in seen:
@@ -490,23 +599,7 @@ class Layout(SpecModel):
                 )
             seen[role.name] = index
             if isinstance(role.dims, list):
-                for d, dim in enumerate(role.dims):
-                    if dim not in self.dims:
-                        raise problem(
-                            errors.UnknownDimError,
-                            "role '{role}' uses dim '{dim}' that the layout lacks; fix: use one of "
-                            "{known} or add '{dim}' to dims",
-                            f"roles[{index}].dims[{d}]", role=role.name, dim=dim,
-                            known=", ".join(names),
-                        )
-                ordered = [dim for dim in names if dim in role.dims]
-                if ordered != role.dims:
-                    raise problem(
-                        errors.DimOrderError,
-                        "role '{role}' lists dims {got} out of layout order; fix: use {want} "
-                        "(outermost first, as in dims)",
-                        f"roles[{index}].dims", role=role.name, got=role.dims, want=ordered,
-                    )
+                self._check_role_dims(index, role.name, role.dims)
             if role.ranks is not None:
                 world = self.world_size
                 for g, group in enumerate(role.ranks):
@@ -526,7 +619,9 @@ class Layout(SpecModel):
         # would ignore it.
         if not isinstance(other, Layout):
             return NotImplemented
-        return list(self.dims.items()) == list(other.dims.items()) and self.roles == other.roles
+        return (list(self.dims.items()) == list(other.dims.items()) and self.roles == other.roles
+                and [(v, list(d.items())) for v, d in self.views.items()]
+                == [(v, list(d.items())) for v, d in other.views.items()])
 
     __hash__ = None  # type: ignore[assignment]  # dims is a dict: layouts are not hashable
 

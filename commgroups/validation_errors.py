@@ -8,7 +8,7 @@ annotations, so this module imports no spec.
 
 from __future__ import annotations
 
-from typing import Any, get_args, get_origin
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
@@ -97,10 +97,20 @@ def _nested_models(model: type[BaseModel]) -> set[type[BaseModel]]:
     return found
 
 
-def _is_dict_field(model: type[BaseModel], name: str) -> bool:
-    """True when ``model`` has a field ``name`` that is a mapping (Layout.dims, not RoleSpec.dims)."""
-    info = model.model_fields.get(name)
-    return info is not None and get_origin(info.annotation) is dict
+def _is_size(model: type[BaseModel], loc: tuple[int | str, ...]) -> bool:
+    """True when ``loc`` is an integer value of nested mappings: a size in Layout.dims or a view.
+
+    RoleSpec.dims (a list) is not one, so a role's bad dims are not called sizes.
+    """
+    info = model.model_fields.get(str(loc[0])) if loc else None
+    annotation = info.annotation if info is not None else None
+    for _ in loc[1:]:
+        if get_origin(annotation) is not dict:
+            return False
+        annotation = get_args(annotation)[1]
+    if get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    return len(loc) >= 2 and annotation is int
 
 
 def _under(field: str, name: str) -> bool:
@@ -174,7 +184,7 @@ def _classify_one(
             f"name {item.get('input')!r} is not allowed; fix: start with a letter and use "
             "letters, digits, '_' or '-'",
         )
-    if loc[:1] == ("dims",) and len(loc) >= 2 and _is_dict_field(model, "dims"):
+    if _is_size(model, loc):
         return (
             errors.InvalidSizeError,
             field,

@@ -131,8 +131,8 @@ def _destroy(groups: list[Any]) -> Callable[[], None]:
 
 def _create_registry(layout: Layout, creation: str, counter: CallCounter) -> Created:
     registry = GroupRegistry(layout, creation=creation).create()
-    methods = sorted({registry.creation_method(role) for role in registry.roles})
-    return Created({role: registry.group(role) for role in registry.roles}, registry.close,
+    methods = sorted({registry.creation_method(role) for role in registry.role_names})
+    return Created({role: registry.group(role) for role in registry.role_names}, registry.close,
                    "+".join(methods), keep=registry)
 
 
