@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from commgroups.plan import Plan
 
-__all__ = ["axes_in_order", "build_mesh", "mesh_block"]
+__all__ = ["axes_in_order", "build_mesh", "mesh_block", "register_flattening"]
 
 Axis = Sequence[str]
 """One mesh axis: the layout dims it spans (one dim, or a role's dims flattened row-major)."""
@@ -76,3 +76,38 @@ def build_mesh(
         mesh=torch.from_numpy(block).to(torch.int),
         mesh_dim_names=tuple(names),
     )
+
+
+def register_flattening(mesh: DeviceMesh, dim_names: Sequence[str], key: str,
+                        group: dist.ProcessGroup) -> bool:
+    """Make ``mesh[dim_names]._flatten(key)`` return a 1-D mesh on ``group``, creating nothing.
+
+    Third-party code flattens meshes it was handed (FSDP2's ``fully_shard(..., dp_mesh_dims=...)``
+    calls ``mesh["dp_shard", "cp"]._flatten("dp_shard_cp")``); torch then makes a new group, the
+    *default* group when the flattened dims span the world. torch returns an existing entry of the
+    root mesh's flatten mapping when its layout matches, so the registry pre-registers its role's
+    mesh there. Returns False (nothing registered) where this torch's DeviceMesh lacks the
+    internals; the caller logs it.
+
+    PRIVATE-TORCH: DeviceMesh._layout, _rank_map, _flatten_mapping, _pg_registry,
+    _dim_group_names and the _layout/_rank_map/_root_mesh/_init_backend constructor arguments
+    (torch 2.13).
+    """
+    layout = getattr(mesh, "_layout", None)
+    mapping = getattr(mesh, "_flatten_mapping", None)
+    if layout is None or mapping is None or not hasattr(mesh, "_rank_map"):
+        return False
+    sub_layout = mesh[tuple(dim_names)]._layout
+    flat = DeviceMesh(
+        mesh.device_type,
+        _layout=type(sub_layout)([sub_layout.collapse()]),
+        _rank_map=mesh._rank_map,
+        mesh_dim_names=(key,),
+        _root_mesh=mesh,
+        _init_backend=False,
+    )
+    flat._dim_group_names = [group.group_name]
+    flat._pg_registry[group.group_name] = group
+    mesh._pg_registry[group.group_name] = group
+    mapping[key] = flat
+    return True

@@ -40,8 +40,8 @@ from commgroups.errors import (
     UnknownDimError,
     WorldSizeMismatchError,
 )
-from commgroups.meshes import axes_in_order, build_mesh
-from commgroups.plan import Plan, RolePlan
+from commgroups.meshes import axes_in_order, build_mesh, register_flattening
+from commgroups.plan import RolePlan, plan
 from commgroups.specs import Layout, RoleSpec
 from commgroups.text_table import format_ranks, format_table
 
@@ -75,9 +75,16 @@ class GroupRegistry:
         mesh = registry.device_mesh(["dp_shard", "cp"])
         registry.close()                  # destroys every group it made
 
+    Example: on 4 ranks with ``Layout(dims={"dp_shard": 2, "cp": 2})`` (built-in roles dp_shard,
+    cp, fsdp, checkpoint-metadata), ``registry.ranks("cp")`` is ``(0, 1)`` on ranks 0 and 1 and
+    ``(2, 3)`` on ranks 2 and 3; ``registry.ranks("dp_shard")`` is ``(0, 2)`` on ranks 0 and 2 and
+    ``(1, 3)`` on ranks 1 and 3; ``registry.ranks("fsdp")`` is ``(0, 1, 2, 3)`` everywhere, on a
+    dedicated group that is not the default group.
+
     Args:
         layout: the validated layout.
-        creation: ``auto`` (fastest safe path per role), ``all_ranks``, ``local`` or ``split``.
+        creation_mode: ``auto`` (fastest safe path per role), ``all_ranks``, ``local`` or
+            ``split``; :meth:`creation_method` says which path each role actually took.
         create_timeout_s: how long ranks wait for each other to agree on the plan before every rank
             raises :class:`~commgroups.errors.AgreementTimeoutError`.
     """
@@ -86,7 +93,7 @@ class GroupRegistry:
         self,
         layout: Layout,
         *,
-        creation: str = "auto",
+        creation_mode: str = "auto",
         create_timeout_s: float = DEFAULT_CREATE_TIMEOUT_S,
     ) -> None:
         if not isinstance(layout, Layout):
@@ -94,10 +101,11 @@ class GroupRegistry:
                 f"GroupRegistry needs a commgroups.Layout, got {type(layout).__name__}; "
                 "fix: build one with cg.Layout(...) or cg.load_layout(path)"
             )
-        if creation not in CREATION_MODES:
+        if creation_mode not in CREATION_MODES:
             raise LayoutError(
-                f"creation: unknown mode {creation!r}; fix: use one of {', '.join(CREATION_MODES)}",
-                field="creation",
+                f"creation_mode: unknown mode {creation_mode!r}; fix: use one of "
+                f"{', '.join(CREATION_MODES)}",
+                field="creation_mode",
             )
         if create_timeout_s <= 0:
             raise LayoutError(
@@ -106,8 +114,8 @@ class GroupRegistry:
                 field="create_timeout_s",
             )
         self.layout = layout
-        self.plan = Plan(layout)
-        self.creation = creation
+        self.plan = plan(layout)
+        self.creation_mode = creation_mode
         self.create_timeout_s = create_timeout_s
         self._rank = -1
         self._adapters: dict[str, BackendAdapter] = {}
@@ -154,7 +162,7 @@ class GroupRegistry:
                     adapter.check_available()
                     adapters[role.name] = adapter
                     methods[role.name] = choose_method(
-                        self.creation, self.plan.role(role.name), adapter, context
+                        self.creation_mode, self.plan.role(role.name), adapter, context
                     )
             except BackendUnavailableError as error:
                 local_error = error
@@ -273,7 +281,23 @@ class GroupRegistry:
         return self.layout.role(role)
 
     def group(self, role: str) -> dist.ProcessGroup:
-        """This rank's dedicated ProcessGroup for ``role`` (never the default group)."""
+        """This rank's dedicated ProcessGroup for ``role`` (never the default group).
+
+        Args:
+            role: a role of the layout.
+
+        Returns:
+            The group of ``role`` that holds this rank, made by :meth:`create`.
+
+        Raises:
+            KeyError: ``role`` is not in the layout (the message lists the roles).
+            NotAMemberError: ``role`` has explicit rank groups and none holds this rank.
+            RegistryStateError: :meth:`create` has not run yet (RegistryClosedError after close).
+
+        Example: ``Layout(dims={"dp_shard": 2, "cp": 2})`` on 4 ranks:
+        ``dist.get_process_group_ranks(registry.group("cp"))`` is ``[0, 1]`` on ranks 0 and 1,
+        ``[2, 3]`` on ranks 2 and 3.
+        """
         self.spec(role)
         self._check_usable()
         group = self._created[role].group
@@ -285,7 +309,11 @@ class GroupRegistry:
         return group
 
     def ranks(self, role: str) -> tuple[int, ...]:
-        """Global ranks of this rank's group for ``role``."""
+        """Global ranks of this rank's group for ``role``, ascending (same errors as :meth:`group`).
+
+        Example: ``Layout(dims={"dp_shard": 2, "cp": 2})``: ``registry.ranks("dp_shard")`` is
+        ``(0, 2)`` on ranks 0 and 2, ``(1, 3)`` on ranks 1 and 3.
+        """
         self.spec(role)
         self._check_usable()
         ranks = self.plan.group_of(role, self._rank)
@@ -381,7 +409,26 @@ class GroupRegistry:
         collective: make it on every rank in the same order). A role is one mesh axis on the
         role's own group, its dims flattened row-major: this is how fsdp over dp_shard x cp is
         meshed, never with ``_flatten()``, and how HSDP gets ``device_mesh(["dp_replicate",
-        "fsdp"])``. Names must cover disjoint dims in layout order.
+        "fsdp"])``. Names must cover disjoint dims in layout order; dims may come from the layout's
+        ``dims`` or from a view. Meshes are cached: the same names give the same object (torch
+        compares meshes by layout, third-party code sometimes by identity). Every run of axes that
+        a role spans is pre-registered as that role's flattening (see
+        :func:`commgroups.meshes.register_flattening`).
+
+        Args:
+            dims_or_role: a dim or role name, or a sequence of them (outermost first).
+
+        Returns:
+            A DeviceMesh whose dim ``i`` is named ``names[i]`` and runs on the registry's group.
+
+        Raises:
+            UnknownDimError: a name is neither a dim nor a role, or the names overlap or are out
+                of layout order.
+
+        Example: ``Layout(dims={"dp_shard": 2, "cp": 2})`` on 4 ranks:
+        ``registry.device_mesh(["dp_shard", "cp"])`` is the mesh ``[[0, 1], [2, 3]]`` on every rank,
+        its ``cp`` groups ``(0, 1)`` / ``(2, 3)`` and ``dp_shard`` groups ``(0, 2)`` / ``(1, 3)``;
+        ``registry.device_mesh("fsdp")`` is the 1-D mesh ``[0, 1, 2, 3]`` on the fsdp role's group.
         """
         self._check_usable()
         names = (dims_or_role,) if isinstance(dims_or_role, str) else tuple(dims_or_role)
@@ -395,11 +442,36 @@ class GroupRegistry:
                     f"{sorted(device_types)}; fix: give those roles the same backend",
                     field="dims",
                 )
-            self._meshes[names] = build_mesh(
+            mesh = build_mesh(
                 self.plan, self._rank, [dims for dims, _, _ in axes],
                 [group for _, _, group in axes], device_types.pop(), names,
             )
+            self._register_flattenings(mesh, names, [dims for dims, _, _ in axes])
+            self._meshes[names] = mesh
         return self._meshes[names]
+
+    def _register_flattenings(self, mesh: DeviceMesh, names: tuple[str, ...],
+                              axes: list[tuple[str, ...]]) -> None:
+        """Pre-register, for every run of axes a role spans, ``mesh[run]._flatten()`` as that role.
+
+        Under torch's default name (``"_".join(run)``) and under the role's name, so code that
+        flattens the mesh it was handed (FSDP2's ``dp_mesh_dims``) gets the role's dedicated group,
+        never a new one (the default group when the run spans the world).
+        """
+        by_dims = {self.plan.role(r).dim_names: r for r in self.role_names}
+        for start in range(len(names)):
+            for stop in range(start + 2, len(names) + 1):
+                run_dims = tuple(d for axis in axes[start:stop] for d in axis)
+                role = by_dims.get(run_dims)
+                if role is None:
+                    continue
+                keys = {"_".join(names[start:stop]), role} - set(names)
+                for key in sorted(keys):
+                    if not register_flattening(mesh, names[start:stop], key, self.group(role)):
+                        logger.info("this torch's DeviceMesh has no flatten mapping to fill: "
+                                    "mesh[%s]._flatten() will create a new group",
+                                    list(names[start:stop]))
+                        return
 
     def _mesh_axis(
         self, name: str
@@ -440,7 +512,7 @@ class GroupRegistry:
         if dim not in self._dim_groups:
             # Created on first use, so collective: ranks first agree on what they are creating.
             info = self.plan.dim_group(dim)
-            methods = {dim: choose_method(self.creation, info, device)}
+            methods = {dim: choose_method(self.creation_mode, info, device)}
             store = None if str(dist.get_backend()) == "fake" else self._agreement_store(self._rank)
             if store is not None:
                 agree(store, self._rank, self.layout.world_size,
@@ -458,7 +530,7 @@ class GroupRegistry:
         """A readable table: each role's dims, backend, size, groups, this rank's ranks, timeout."""
         header = ("role", "dims", "backend", "size", "groups", "creation", "timeout", "safeguard",
                   "this rank's group")
-        rows = [header]
+        rows = []
         for name in self.role_names:
             spec = self.spec(name)
             info = self.plan.role(name)
@@ -474,7 +546,7 @@ class GroupRegistry:
                 timeout = "default" if spec.timeout_s is None else f"{spec.timeout_s:g}s"
             rows.append((name, dims, backend, str(info.group_size), str(info.num_groups), method,
                          timeout, "on" if spec.safeguard else "off", group_text))
-        lines = format_table(header, rows[1:])
+        lines = format_table(header, rows)
         title = (f"GroupRegistry: world {self.layout.world_size} "
                  f"({', '.join(f'{k}={v}' for k, v in self.layout.dims.items())}), "
                  f"fingerprint {self.plan.fingerprint[:12]}, state {self._state}")

@@ -96,7 +96,7 @@ def paths_worker(rank: int, world: int, runs: list[tuple[str, str, str, bool]]) 
             continue
         layout = _regular(world) if kind == "regular" else _irregular(world)
         started = time.perf_counter()
-        registry = GroupRegistry(layout, creation=mode, create_timeout_s=60).create()
+        registry = GroupRegistry(layout, creation_mode=mode, create_timeout_s=60).create()
         elapsed = time.perf_counter() - started
         out[label] = {"roles": _exercise(registry, rank), "seconds": elapsed,
                       "describe": registry.describe()}
@@ -122,7 +122,7 @@ def mesh_worker(rank: int, world: int) -> dict[str, Any]:
     """A mesh dim without a role of its own gets a dedicated group (via the checked local path)."""
     layout = cg.Layout(dims={"dp_shard": 2, "cp": 2},
                        roles=[cg.RoleSpec(name="fsdp", dims=["dp_shard", "cp"])])
-    with GroupRegistry(layout, creation="auto", create_timeout_s=60) as registry:
+    with GroupRegistry(layout, creation_mode="auto", create_timeout_s=60) as registry:
         mesh = registry.device_mesh(["dp_shard", "cp"])
         groups = [mesh.get_group(dim) for dim in ("dp_shard", "cp")]
         sums = []

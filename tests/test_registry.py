@@ -210,6 +210,6 @@ def test_registry_usage_errors_without_a_world() -> None:
     with pytest.raises(errors.RegistryStateError, match="init_process_group"):
         registry.create()
     with pytest.raises(errors.LayoutError, match="creation"):
-        cg.GroupRegistry(cg.Layout(dims={"cp": 4}), creation="fastest")
+        cg.GroupRegistry(cg.Layout(dims={"cp": 4}), creation_mode="fastest")
     with pytest.raises(TypeError, match="Layout"):
         cg.GroupRegistry({"dims": {"cp": 4}})  # type: ignore[arg-type]

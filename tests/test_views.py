@@ -114,6 +114,16 @@ def _moe_world(rank: int, world_size: int) -> dict[str, Any]:
             registry.device_mesh(["ep", "efsdp"])
         except cg.errors.LayoutError as error:
             out["transposed"] = str(error)
+        before = len(dist.distributed_c10d._world.pg_names)
+        flat = dense["dp_shard", "cp"]._flatten()  # torch's default name: dp_shard_cp
+        out["flatten"] = {
+            "default_name": flat.get_group() is registry.group("fsdp"),
+            "role_name": dense["dp_shard", "cp"]._flatten("fsdp").get_group()
+            is registry.group("fsdp"),
+            "sliced": dense["fsdp"].get_group() is registry.group("fsdp"),
+            "names": flat.mesh_dim_names,
+            "new_groups": len(dist.distributed_c10d._world.pg_names) - before,
+        }
         ep = registry.collectives("ep")
         import torch
 
@@ -131,4 +141,6 @@ def test_view_meshes_on_four_gloo_ranks() -> None:
         assert out["ranks"]["dense.dp_shard"] == [rank % 2, rank % 2 + 2]
         assert out["default"] == [] and out["ep_is_role"] and out["cp_is_role"]
         assert "layout order" in out["transposed"]
+        assert out["flatten"] == {"default_name": True, "role_name": True, "sliced": True,
+                                  "names": ("dp_shard_cp",), "new_groups": 0}
         assert out["ep_sum"] == float(2 * (rank - rank % 2) + 1)
