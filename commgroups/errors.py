@@ -50,7 +50,7 @@ class LayoutError(CommGroupsError, ValueError):
     problem, and ``field`` names where it is. ``LayoutError`` itself is raised for a required field
     that is missing (a role without ``name``), a value of the wrong type or out of range outside
     dims, ranks and options (``timeout_s = -1``), and the registry's own arguments
-    (``creation``, ``create_timeout_s``, ``set_timeout``, ``device_mesh`` over roles that cannot
+    (``creation_mode``, ``create_timeout_s``, ``set_timeout``, ``device_mesh`` over roles that cannot
     form a mesh).
 
     Attributes:
