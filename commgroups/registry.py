@@ -32,6 +32,7 @@ from commgroups.creation import (
 from commgroups.errors import (
     BackendUnavailableError,
     CommGroupsError,
+    DimOrderError,
     GroupCreationError,
     LayoutError,
     NotAMemberError,
@@ -40,7 +41,7 @@ from commgroups.errors import (
     UnknownDimError,
     WorldSizeMismatchError,
 )
-from commgroups.meshes import axes_in_order, build_mesh, register_flattening
+from commgroups.meshes import axes_in_order, build_mesh, forget_flattenings, register_flattening
 from commgroups.plan import RolePlan, plan
 from commgroups.specs import Layout, RoleSpec
 from commgroups.text_table import format_ranks, format_table
@@ -422,8 +423,8 @@ class GroupRegistry:
             A DeviceMesh whose dim ``i`` is named ``names[i]`` and runs on the registry's group.
 
         Raises:
-            UnknownDimError: a name is neither a dim nor a role, or the names overlap or are out
-                of layout order.
+            UnknownDimError: a name is neither a dim nor a role.
+            DimOrderError: the names overlap or are out of layout order.
 
         Example: ``Layout(dims={"dp_shard": 2, "cp": 2})`` on 4 ranks:
         ``registry.device_mesh(["dp_shard", "cp"])`` is the mesh ``[[0, 1], [2, 3]]`` on every rank,
@@ -497,7 +498,7 @@ class GroupRegistry:
 
     def _check_mesh_axes(self, names: tuple[str, ...], axes: list[tuple[str, ...]]) -> None:
         if not axes_in_order(self.plan, axes):
-            raise UnknownDimError(
+            raise DimOrderError(
                 f"device_mesh: {list(names)} span dims {[list(a) for a in axes]}; they must be "
                 "distinct and in layout order (outermost first; dims "
                 f"{', '.join(self.layout.dims)}); fix: reorder or drop overlapping names",
@@ -563,6 +564,8 @@ class GroupRegistry:
             return
         self._destroy_groups([*self._created.values(), *self._dim_groups.values()])
         self._collectives.clear()
+        for mesh in self._meshes.values():
+            forget_flattenings(mesh)
         self._meshes.clear()
         self._created.clear()
         self._dim_groups.clear()

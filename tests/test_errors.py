@@ -136,6 +136,7 @@ def _ranked(rank: int, world_size: int) -> dict[str, str]:
         attempt("mesh_unknown", lambda: registry.device_mesh("tp"))
         attempt("mesh_ranks", lambda: registry.device_mesh("edge"))
         attempt("not_member", lambda: registry.group("edge"))
+        attempt("mesh_order", lambda: registry.device_mesh(["b", "a"]))
     return out
 
 
@@ -149,6 +150,7 @@ def test_rank_dependent_errors_on_a_real_world() -> None:
         assert out["mesh_unknown"].startswith("UnknownDimError|dims|"), out["mesh_unknown"]
         assert out["mesh_ranks"].startswith("LayoutError|dims|"), out["mesh_ranks"]
         assert "fix" in out["mesh_ranks"]
+        assert out["mesh_order"].startswith("DimOrderError|dims|"), out["mesh_order"]
         expected = "no error" if rank == 0 else "NotAMemberError|None|"
         assert out["not_member"].startswith(expected), out["not_member"]
 
