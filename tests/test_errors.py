@@ -136,7 +136,7 @@ def _ranked(rank: int, world_size: int) -> dict[str, str]:
         attempt("mesh_unknown", lambda: registry.device_mesh("tp"))
         attempt("mesh_ranks", lambda: registry.device_mesh("edge"))
         attempt("not_member", lambda: registry.group("edge"))
-        attempt("mesh_order", lambda: registry.device_mesh(["b", "a"]))
+        attempt("mesh_order", lambda: registry.device_mesh(["a", "a"]))  # a dim twice
     return out
 
 
