@@ -32,6 +32,7 @@ from commgroups.creation import (
 from commgroups.errors import (
     BackendUnavailableError,
     CommGroupsError,
+    DimOrderError,
     GroupCreationError,
     LayoutError,
     NotAMemberError,
@@ -40,7 +41,7 @@ from commgroups.errors import (
     UnknownDimError,
     WorldSizeMismatchError,
 )
-from commgroups.meshes import axes_in_order, build_mesh, register_flattening
+from commgroups.meshes import axes_in_order, build_mesh, forget_flattenings, register_flattening
 from commgroups.plan import RolePlan, plan
 from commgroups.specs import Layout, RoleSpec
 from commgroups.text_table import format_ranks, format_table
@@ -386,7 +387,7 @@ class GroupRegistry:
     def collectives(self, role: str) -> RoleCollectives:
         """The torch.distributed collective API on ``role``'s group, without ``group=``.
 
-        Every call is issued ``async_op=True`` and waited at once (unless the role's ``safeguard`` is
+        Every call is issued ``async_op=True`` and waited at once (unless the role's ``async_and_wait`` is
         off); a caller that asks for ``async_op=True`` gets the Work back unwaited.
         """
         from commgroups.collectives import RoleCollectives
@@ -395,7 +396,7 @@ class GroupRegistry:
         # One object per role, so its call count (the sequence number errors name) is per role.
         if role not in self._collectives:
             self._collectives[role] = RoleCollectives(
-                group, role=role, safeguard=self.spec(role).safeguard
+                group, role=role, async_and_wait=self.spec(role).async_and_wait
             )
         return self._collectives[role]
 
@@ -422,8 +423,8 @@ class GroupRegistry:
             A DeviceMesh whose dim ``i`` is named ``names[i]`` and runs on the registry's group.
 
         Raises:
-            UnknownDimError: a name is neither a dim nor a role, or the names overlap or are out
-                of layout order.
+            UnknownDimError: a name is neither a dim nor a role.
+            DimOrderError: the names overlap or are out of layout order.
 
         Example: ``Layout(dims={"dp_shard": 2, "cp": 2})`` on 4 ranks:
         ``registry.device_mesh(["dp_shard", "cp"])`` is the mesh ``[[0, 1], [2, 3]]`` on every rank,
@@ -497,7 +498,7 @@ class GroupRegistry:
 
     def _check_mesh_axes(self, names: tuple[str, ...], axes: list[tuple[str, ...]]) -> None:
         if not axes_in_order(self.plan, axes):
-            raise UnknownDimError(
+            raise DimOrderError(
                 f"device_mesh: {list(names)} span dims {[list(a) for a in axes]}; they must be "
                 "distinct and in layout order (outermost first; dims "
                 f"{', '.join(self.layout.dims)}); fix: reorder or drop overlapping names",
@@ -528,7 +529,7 @@ class GroupRegistry:
     # ------------------------------------------------------------------------------- reporting
     def describe(self) -> str:
         """A readable table: each role's dims, backend, size, groups, this rank's ranks, timeout."""
-        header = ("role", "dims", "backend", "size", "groups", "creation", "timeout", "safeguard",
+        header = ("role", "dims", "backend", "size", "groups", "creation", "timeout", "async_and_wait",
                   "this rank's group")
         rows = []
         for name in self.role_names:
@@ -545,7 +546,7 @@ class GroupRegistry:
                 backend, method, group_text = spec.backend, "-", "-"
                 timeout = "default" if spec.timeout_s is None else f"{spec.timeout_s:g}s"
             rows.append((name, dims, backend, str(info.group_size), str(info.num_groups), method,
-                         timeout, "on" if spec.safeguard else "off", group_text))
+                         timeout, "on" if spec.async_and_wait else "off", group_text))
         lines = format_table(header, rows)
         title = (f"GroupRegistry: world {self.layout.world_size} "
                  f"({', '.join(f'{k}={v}' for k, v in self.layout.dims.items())}), "
@@ -563,6 +564,8 @@ class GroupRegistry:
             return
         self._destroy_groups([*self._created.values(), *self._dim_groups.values()])
         self._collectives.clear()
+        for mesh in self._meshes.values():
+            forget_flattenings(mesh)
         self._meshes.clear()
         self._created.clear()
         self._dim_groups.clear()
