@@ -1,12 +1,12 @@
 """``registry.collectives(role)``: the torch.distributed collective API bound to one role's group.
 
-Every method has torch.distributed's signature without ``group=``. With the role's ``safeguard`` on
+Every method has torch.distributed's signature without ``group=``. With the role's ``async_and_wait`` on
 (the default) each call is issued ``async_op=True`` and waited at once, so on NCCL/RCCL it runs on the
 group's own stream behind a fence instead of unfenced on the caller's stream (see
 :mod:`commgroups.async_wait`); a caller that asks for ``async_op=True`` gets the Work back unwaited.
 Object collectives (``all_gather_object`` ...) pass through to torch, run inside
 :func:`~commgroups.async_wait.async_and_wait` so that the tensor collectives torch issues for them
-follow the same rule. With ``safeguard=False`` every call goes to torch exactly as given.
+follow the same rule. With ``async_and_wait=False`` every call goes to torch exactly as given.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commgroups.async_wait import async_and_wait, source_rank
+from commgroups.async_wait import async_and_wait, issue_and_wait, p2p_issuer, source_rank
 from commgroups.errors import RoleCollectiveError, RoleTimeoutError
 
 __all__ = ["RoleCollectives"]
@@ -44,24 +44,24 @@ class RoleCollectives:
     Args:
         group: the process group every call runs on.
         role: the role's name (for messages and logs).
-        safeguard: issue every call ``async_op=True`` and wait at once (off: pass calls through).
+        async_and_wait: issue every call ``async_op=True`` and wait at once (off: pass calls through).
     """
 
-    def __init__(self, group: dist.ProcessGroup, *, role: str, safeguard: bool) -> None:
-        if group is None or not isinstance(group, dist.ProcessGroup):
+    def __init__(self, group: dist.ProcessGroup, *, role: str, async_and_wait: bool) -> None:
+        if not isinstance(group, dist.ProcessGroup):
             raise TypeError(
                 f"RoleCollectives for role {role!r} needs a ProcessGroup, got "
                 f"{type(group).__name__}; fix: pass registry.group({role!r})"
             )
         self.group = group
         self.role = role
-        self.safeguard = safeguard
+        self.async_and_wait = async_and_wait
         self.calls = 0
         """How many calls this object has issued: the sequence number errors name."""
 
     def __repr__(self) -> str:
         return (f"RoleCollectives(role={self.role!r}, group={self.group.group_name!r}, "
-                f"size={self.size}, safeguard={self.safeguard})")
+                f"size={self.size}, async_and_wait={self.async_and_wait})")
 
     @property
     def size(self) -> int:
@@ -101,7 +101,12 @@ class RoleCollectives:
             raise self._failure(op, seq, error) from error
 
     def _issue(self, fn: Callable[..., Any], async_op: bool, *args: Any, **kwargs: Any) -> Any:
-        """Call ``fn(*args, group=self.group, async_op=..., **kwargs)`` under the safeguard rule.
+        """``fn(*args, group=self.group, **kwargs)`` with torch's return shape (Work or None)."""
+        work = self._call(fn, async_op, *args, **kwargs)
+        return work if async_op or not self.async_and_wait else None
+
+    def _call(self, fn: Callable[..., Any], async_op: bool, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn`` on this group under the role's async-and-wait setting; returns the Work.
 
         Failures of calls this method waits for name the role, op and sequence number; a Work
         handed back unwaited (``async_op=True``) raises torch's own error from its ``wait()``.
@@ -109,18 +114,15 @@ class RoleCollectives:
         # Inline rather than through _named: this is the hot path (a few microseconds per call).
         self.calls += 1
         try:
-            if async_op or not self.safeguard:
+            if not self.async_and_wait:
                 return fn(*args, group=self.group, async_op=async_op, **kwargs)
-            work = fn(*args, group=self.group, async_op=True, **kwargs)
-            if work is not None:
-                work.wait()
-            return None
+            return issue_and_wait(fn, *args, group=self.group, async_op=async_op, **kwargs)
         except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
             raise self._failure(fn.__name__, self.calls, error) from error
 
     @contextmanager
     def _object_scope(self, op: str) -> Iterator[None]:
-        with self._named(op), async_and_wait() if self.safeguard else nullcontext():
+        with self._named(op), async_and_wait() if self.async_and_wait else nullcontext():
             yield
 
     # -------------------------------------------------------------------------- collectives
@@ -203,27 +205,23 @@ class RoleCollectives:
     # ------------------------------------------------------------------------ point to point
     def send(self, tensor: torch.Tensor, dst: int | None = None, tag: int = 0,
              group_dst: int | None = None) -> None:
-        """``torch.distributed.send``: with the safeguard, ``isend`` waited at once."""
-        with self._named("send"):
-            if not self.safeguard:
+        """``torch.distributed.send``: with async-and-wait, ``isend`` waited at once."""
+        if not self.async_and_wait:
+            with self._named("send"):
                 dist.send(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
-                return
-            work = dist.isend(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
-            if work is not None:
-                work.wait()
+            return
+        self._call(p2p_issuer(dist.isend), False, tensor, dst=dst, tag=tag, group_dst=group_dst)
 
     def recv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0,
              group_src: int | None = None) -> int:
         """``torch.distributed.recv``: returns the sender's global rank (``irecv`` waited at once)."""
-        with self._named("recv"):
-            if not self.safeguard:
+        if not self.async_and_wait:
+            with self._named("recv"):
                 return int(dist.recv(tensor, src=src, group=self.group, tag=tag,
                                      group_src=group_src))
-            work = dist.irecv(tensor, src=src, group=self.group, tag=tag, group_src=group_src)
-            if work is None:
-                return -1
-            work.wait()
-            return source_rank(work, src, self.group, group_src)
+        work = self._call(p2p_issuer(dist.irecv), False, tensor, src=src, tag=tag,
+                          group_src=group_src)
+        return source_rank(work, src, self.group, group_src)
 
     def isend(self, tensor: torch.Tensor, dst: int | None = None, tag: int = 0,
               group_dst: int | None = None) -> Work | None:

@@ -45,7 +45,7 @@ ROLE = st.fixed_dictionaries(
                                               "mpi"]), SCALARS),
         "timeout_s": SCALARS,
         "options": st.one_of(OPTION_SECTIONS, ANY),
-        "safeguard": SCALARS,
+        "async_and_wait": SCALARS,
         "extra": SCALARS,
     },
 )
@@ -104,7 +104,7 @@ def _check(data: Any) -> None:
         return
     # what validates must plan
     plan = cg.plan(layout)
-    for role in plan.roles:
+    for role in plan.role_names:
         plan.groups(role)
 
 
