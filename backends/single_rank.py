@@ -508,6 +508,9 @@ class SingleRankAdapter(BackendAdapter):
     device_type: ClassVar[str] = "cpu"
     supports_split: ClassVar[bool] = False
     supports_local_creation: ClassVar[bool] = True
+    created_by_members: ClassVar[bool] = True
+    serves_every_device: ClassVar[bool] = True
+    has_timeout: ClassVar[bool] = False
 
     def check_available(self) -> None:
         """Always available: it needs nothing but torch.distributed; registers the backend."""
