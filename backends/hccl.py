@@ -75,12 +75,7 @@ class HcclAdapter(BackendAdapter):
             return None
         import_torch_npu()
         hccl_options = torch_internals.hccl_process_group_class().Options()
-        config: dict[str, Any] = dict(section.config)
-        if section.buffer_size_mb is not None:
-            config["hccl_buffer_size"] = section.buffer_size_mb
-        if section.op_expansion_mode is not None:
-            config["hccl_op_expansion_mode"] = section.op_expansion_mode
         # torch_npu reads hccl_config only when assigned whole; item assignment is silently lost.
-        hccl_options.hccl_config = config
+        hccl_options.hccl_config = section.hccl_config()
         torch_internals.set_options_timeout(hccl_options, timeout)
         return hccl_options

@@ -32,6 +32,7 @@ from commgroups.creation import (
 from commgroups.errors import (
     BackendUnavailableError,
     CommGroupsError,
+    DimOrderError,
     GroupCreationError,
     LayoutError,
     NotAMemberError,
@@ -40,7 +41,7 @@ from commgroups.errors import (
     UnknownDimError,
     WorldSizeMismatchError,
 )
-from commgroups.meshes import axes_in_order, build_mesh, register_flattening
+from commgroups.meshes import axes_in_order, build_mesh, forget_flattenings, register_flattening
 from commgroups.plan import RolePlan, plan
 from commgroups.specs import Layout, RoleSpec
 from commgroups.text_table import format_ranks, format_table
@@ -54,6 +55,11 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CREATE_TIMEOUT_S = 300.0
 STORE_PREFIX = "commgroups"
+
+
+def _same_device(a: BackendAdapter, b: BackendAdapter) -> bool:
+    """Whether groups of ``a`` and ``b`` can serve one DeviceMesh (one device type)."""
+    return a.serves_every_device or b.serves_every_device or a.device_type == b.device_type
 
 
 def _set_group_timeout(created: CreatedRole, timeout: timedelta) -> None:
@@ -158,12 +164,12 @@ class GroupRegistry:
         if local_error is None:
             try:
                 for role in self.layout.roles:
-                    adapter = resolve_backend(role.backend, default_backend)
+                    info = self.plan.role(role.name)
+                    adapter = resolve_backend(role.backend, default_backend,
+                                              info.group_size if info.regular else None)
                     adapter.check_available()
                     adapters[role.name] = adapter
-                    methods[role.name] = choose_method(
-                        self.creation_mode, self.plan.role(role.name), adapter, context
-                    )
+                    methods[role.name] = choose_method(self.creation_mode, info, adapter, context)
             except BackendUnavailableError as error:
                 local_error = error
         payload: dict[str, Any] = {
@@ -386,7 +392,7 @@ class GroupRegistry:
     def collectives(self, role: str) -> RoleCollectives:
         """The torch.distributed collective API on ``role``'s group, without ``group=``.
 
-        Every call is issued ``async_op=True`` and waited at once (unless the role's ``safeguard`` is
+        Every call is issued ``async_op=True`` and waited at once (unless the role's ``async_and_wait`` is
         off); a caller that asks for ``async_op=True`` gets the Work back unwaited.
         """
         from commgroups.collectives import RoleCollectives
@@ -395,7 +401,7 @@ class GroupRegistry:
         # One object per role, so its call count (the sequence number errors name) is per role.
         if role not in self._collectives:
             self._collectives[role] = RoleCollectives(
-                group, role=role, safeguard=self.spec(role).safeguard
+                group, role=role, async_and_wait=self.spec(role).async_and_wait
             )
         return self._collectives[role]
 
@@ -422,8 +428,8 @@ class GroupRegistry:
             A DeviceMesh whose dim ``i`` is named ``names[i]`` and runs on the registry's group.
 
         Raises:
-            UnknownDimError: a name is neither a dim nor a role, or the names overlap or are out
-                of layout order.
+            UnknownDimError: a name is neither a dim nor a role.
+            DimOrderError: the names overlap or are out of layout order.
 
         Example: ``Layout(dims={"dp_shard": 2, "cp": 2})`` on 4 ranks:
         ``registry.device_mesh(["dp_shard", "cp"])`` is the mesh ``[[0, 1], [2, 3]]`` on every rank,
@@ -435,7 +441,10 @@ class GroupRegistry:
         if names not in self._meshes:
             axes = [self._mesh_axis(name) for name in names]
             self._check_mesh_axes(names, [dims for dims, _, _ in axes])
-            device_types = {adapter.device_type for _, adapter, _ in axes}
+            device_types = {adapter.device_type for _, adapter, _ in axes
+                            if not adapter.serves_every_device}
+            if not device_types:  # every axis is a single-rank group: the job's device type
+                device_types = {resolve_backend("device", str(dist.get_backend())).device_type}
             if len(device_types) != 1:
                 raise LayoutError(
                     f"device_mesh: {list(names)} use groups on different device types "
@@ -497,7 +506,7 @@ class GroupRegistry:
 
     def _check_mesh_axes(self, names: tuple[str, ...], axes: list[tuple[str, ...]]) -> None:
         if not axes_in_order(self.plan, axes):
-            raise UnknownDimError(
+            raise DimOrderError(
                 f"device_mesh: {list(names)} span dims {[list(a) for a in axes]}; they must be "
                 "distinct and in layout order (outermost first; dims "
                 f"{', '.join(self.layout.dims)}); fix: reorder or drop overlapping names",
@@ -505,30 +514,34 @@ class GroupRegistry:
             )
 
     def _group_for_dim(self, dim: str) -> tuple[BackendAdapter, dist.ProcessGroup]:
-        device = resolve_backend("device", str(dist.get_backend()))
+        info = self.plan.dim_group(dim)
+        default_backend = str(dist.get_backend())
+        adapter = resolve_backend("device", default_backend, info.group_size)
         for role in self.layout.roles:
-            if role.dims == [dim] and self._adapters[role.name].device_type == device.device_type:
+            if role.dims == [dim] and _same_device(self._adapters[role.name], adapter):
                 return self._adapters[role.name], self.group(role.name)
         if dim not in self._dim_groups:
+            adapter.check_available()
+            methods = {dim: choose_method(self.creation_mode, info, adapter)}
             # Created on first use, so collective: ranks first agree on what they are creating.
-            info = self.plan.dim_group(dim)
-            methods = {dim: choose_method(self.creation_mode, info, device)}
-            store = None if str(dist.get_backend()) == "fake" else self._agreement_store(self._rank)
+            # Groups their members make alone (one rank) involve nobody else: no agreement.
+            collective = default_backend != "fake" and not adapter.created_by_members
+            store = self._agreement_store(self._rank) if collective else None
             if store is not None:
                 agree(store, self._rank, self.layout.world_size,
                       {"fingerprint": self.plan.fingerprint, "mesh_dim": dim, "creation": methods},
                       timedelta(seconds=self.create_timeout_s))
             self._dim_groups.update(self._create_groups(
-                [info], {dim: device}, methods, store, f"the creation of mesh dim {dim!r}"
+                [info], {dim: adapter}, methods, store, f"the creation of mesh dim {dim!r}"
             ))
         group = self._dim_groups[dim].group
         assert group is not None  # dims cover the world: every rank is in one group
-        return device, group
+        return adapter, group
 
     # ------------------------------------------------------------------------------- reporting
     def describe(self) -> str:
         """A readable table: each role's dims, backend, size, groups, this rank's ranks, timeout."""
-        header = ("role", "dims", "backend", "size", "groups", "creation", "timeout", "safeguard",
+        header = ("role", "dims", "backend", "size", "groups", "creation", "timeout", "async_and_wait",
                   "this rank's group")
         rows = []
         for name in self.role_names:
@@ -545,7 +558,7 @@ class GroupRegistry:
                 backend, method, group_text = spec.backend, "-", "-"
                 timeout = "default" if spec.timeout_s is None else f"{spec.timeout_s:g}s"
             rows.append((name, dims, backend, str(info.group_size), str(info.num_groups), method,
-                         timeout, "on" if spec.safeguard else "off", group_text))
+                         timeout, "on" if spec.async_and_wait else "off", group_text))
         lines = format_table(header, rows)
         title = (f"GroupRegistry: world {self.layout.world_size} "
                  f"({', '.join(f'{k}={v}' for k, v in self.layout.dims.items())}), "
@@ -563,6 +576,8 @@ class GroupRegistry:
             return
         self._destroy_groups([*self._created.values(), *self._dim_groups.values()])
         self._collectives.clear()
+        for mesh in self._meshes.values():
+            forget_flattenings(mesh)
         self._meshes.clear()
         self._created.clear()
         self._dim_groups.clear()
