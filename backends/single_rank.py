@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import constants
 
+from commgroups import torch_internals
+
 from .base import BackendAdapter
 
 __all__ = [
@@ -145,7 +147,8 @@ def new_single_rank_group(
     backend = ensure_registered()
     rank = dist.get_rank()
     try:
-        group: dist.ProcessGroup = dist.new_group(
+        # torch >= 2.14 types this ProcessGroup | NON_GROUP_MEMBER; the caller is its one member.
+        group: dist.ProcessGroup = dist.new_group(  # type: ignore[assignment]
             [rank], timeout=timeout, backend=backend, use_local_synchronization=True,
             group_desc=group_desc,
         )
@@ -161,37 +164,17 @@ def new_single_rank_group(
     return group
 
 
-# ---- private torch attributes: each reached through one function here ----------------------------
-def _c10d() -> Any:
-    # PRIVATE-TORCH: torch._C._distributed_c10d (_create_work_from_future, FakeProcessGroup),
-    # checked on 2.10, 2.13, 2.14.1, 2.15
-    return torch._C._distributed_c10d
-
-
+# ---- private torch attributes: reached through commgroups.torch_internals ------------------------
 def _privateuse1_name() -> str:
-    # PRIVATE-TORCH: torch._C._get_privateuse1_backend_name, checked on 2.10, 2.13, 2.14.1, 2.15
-    name: str = torch._C._get_privateuse1_backend_name()
-    return name
+    return torch_internals.privateuse1_backend_name()
 
 
 def _registered_plugin(name: str) -> Any:
-    # PRIVATE-TORCH: dist.Backend._plugins (name.upper() -> (creator_fn, extended_api)),
-    # checked on 2.10, 2.13, 2.14.1, 2.15
-    return dist.Backend._plugins.get(name.upper())
+    return torch_internals.backend_plugin(name)
 
 
 def _install_guard_backends(group: dist.ProcessGroup, devices: Sequence[str]) -> None:
-    # PRIVATE-TORCH: ProcessGroup._register_backend, ProcessGroup._set_default_backend,
-    # FakeProcessGroup.Options.error_on_collective, FakeProcessGroup._create_internal(rank, size,
-    # options); checked on 2.10, 2.13, 2.14.1, 2.15
-    custom = dist.ProcessGroup.BackendType.CUSTOM
-    for device in devices:
-        options = _c10d().FakeProcessGroup.Options()
-        options.error_on_collective = True
-        guard = _c10d().FakeProcessGroup._create_internal(0, 1, options)
-        group._register_backend(torch.device(device), custom, guard)
-    # torch 2.15 attaches its flight recorder to every new group: it needs a default backend type.
-    group._set_default_backend(custom)
+    torch_internals.install_error_backends(group, devices)
 
 
 def _create_single_rank_group(common: Any, options: Any) -> SingleRankProcessGroup:
@@ -216,8 +199,7 @@ def _done(result: list[torch.Tensor]) -> dist.Work:
         torch.futures.Future(devices=devices) if devices else torch.futures.Future()
     )
     future.set_result(result)
-    work: dist.Work = _c10d()._create_work_from_future(future)
-    return work
+    return torch_internals.work_from_future(future)
 
 
 def _factor(op: Any) -> Any:

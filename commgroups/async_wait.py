@@ -33,6 +33,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from commgroups import torch_internals
+
 __all__ = [
     "ASYNC_OP_FUNCTIONS",
     "BLOCKING_P2P_FUNCTIONS",
@@ -180,9 +182,9 @@ def source_rank(work: Any, src: int | None, group: Any, group_src: int | None) -
         return -1
     if src is not None:
         return src
-    pg = group if group is not None else c10d._get_default_group()
+    pg = group if group is not None else torch_internals.default_group()
     if group_src is None:
-        group_src = int(work._source_rank())  # the only way c10d exposes an any-source recv's peer
+        group_src = torch_internals.recv_source_rank(work)
     return int(dist.get_global_rank(pg, group_src))
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commgroups import torch_internals
 from commgroups.async_wait import async_and_wait, issue_and_wait, p2p_issuer, source_rank
 from commgroups.errors import RoleCollectiveError, RoleTimeoutError
 
@@ -200,7 +201,9 @@ class RoleCollectives:
     def barrier(self, async_op: bool = False, device_ids: list[int] | None = None,
                 timeout: timedelta | None = None) -> Work | None:
         """``torch.distributed.barrier`` on this role's group."""
-        return self._issue(dist.barrier, async_op, device_ids=device_ids, timeout=timeout)
+        # torch 2.10's barrier has no timeout parameter: pass it only when given.
+        extra = {} if timeout is None else {"timeout": timeout}
+        return self._issue(dist.barrier, async_op, device_ids=device_ids, **extra)
 
     # ------------------------------------------------------------------------ point to point
     def send(self, tensor: torch.Tensor, dst: int | None = None, tag: int = 0,
@@ -245,7 +248,7 @@ class RoleCollectives:
         """
         for index, p2p in enumerate(p2p_op_list):
             if p2p.group is not self.group:
-                default = dist.distributed_c10d._get_default_group()
+                default = torch_internals.default_group()
                 where = ("the default group" if p2p.group is None or p2p.group is default
                          else f"group {getattr(p2p.group, 'group_name', p2p.group)!r}")
                 raise ValueError(

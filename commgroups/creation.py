@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported at runtime
 
+from commgroups import torch_internals
 from commgroups.backends import BackendAdapter
 from commgroups.errors import AgreementTimeoutError
 from commgroups.plan import Plan, RolePlan
@@ -104,19 +105,18 @@ class CreationContext:
     @classmethod
     def detect(cls) -> CreationContext:
         """Read the facts from the initialized default group and the running torch."""
-        default_pg = dist.distributed_c10d._get_default_group()
+        default_pg = torch_internals.default_group()
         accelerator_mod = getattr(torch, "accelerator", None)
         if accelerator_mod is not None:
             accelerator = bool(accelerator_mod.is_available())
         else:
             accelerator = bool(torch.cuda.is_available())
-        torchcomms_check = getattr(dist.distributed_c10d, "_use_torchcomms_enabled", None)
         return cls(
             default_backend=str(dist.get_backend()),
             device_bound=getattr(default_pg, "bound_device_id", None) is not None,
             torch_version=_parse_version(torch.__version__),
             accelerator=accelerator,
-            torchcomms=bool(torchcomms_check()) if callable(torchcomms_check) else False,
+            torchcomms=torch_internals.torchcomms_enabled(),
             has_split_group=hasattr(dist, "split_group"),
         )
 
@@ -341,7 +341,8 @@ def _new_group(
 ) -> dist.ProcessGroup:
     # A fresh options object per group: new_group mutates it (timeout, name, split fields).
     args = adapter.group_args(options, timeout_s)
-    group: dist.ProcessGroup = dist.new_group(
+    # torch >= 2.14 types this ProcessGroup | NON_GROUP_MEMBER; callers keep member groups only.
+    group: dist.ProcessGroup = dist.new_group(  # type: ignore[assignment]
         list(ranks),
         timeout=args.timeout,
         backend=args.backend,
@@ -381,8 +382,10 @@ def create_role_group(
             pg_options=args.pg_options,
             group_desc=group_desc,
         )
-        return CreatedRole(group=split, method="split", adapter=adapter,
-                           owned=[split] if split is not None else [])
+        # torch >= 2.14 types it ProcessGroup | NON_GROUP_MEMBER; a regular role has every rank.
+        made: dist.ProcessGroup | None = split  # type: ignore[assignment]
+        return CreatedRole(group=made, method="split", adapter=adapter,
+                           owned=[made] if made is not None else [])
     assert method == "all_ranks", method
     found: dist.ProcessGroup | None = None
     my_index = plan.group_index(role, rank)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from commgroups import torch_internals
 from commgroups.plan import Plan
 
 __all__ = [
@@ -95,28 +96,10 @@ def register_flattening(mesh: DeviceMesh, dim_names: Sequence[str], key: str,
     mesh there. Returns False (nothing registered) where this torch's DeviceMesh lacks the
     internals; the caller logs it.
 
-    PRIVATE-TORCH: DeviceMesh._layout, _rank_map, _flatten_mapping, _pg_registry,
-    _dim_group_names and the _layout/_rank_map/_root_mesh/_init_backend constructor arguments
-    (torch 2.13).
+    The DeviceMesh internals this needs are reached through
+    :func:`commgroups.torch_internals.register_flattened_mesh` (checked on 2.10-2.15).
     """
-    layout = getattr(mesh, "_layout", None)
-    mapping = getattr(mesh, "_flatten_mapping", None)
-    if layout is None or mapping is None or not hasattr(mesh, "_rank_map"):
-        return False
-    sub_layout = mesh[tuple(dim_names)]._layout
-    flat = DeviceMesh(
-        mesh.device_type,
-        _layout=type(sub_layout)([sub_layout.collapse()]),
-        _rank_map=mesh._rank_map,
-        mesh_dim_names=(key,),
-        _root_mesh=mesh,
-        _init_backend=False,
-    )
-    flat._dim_group_names = [group.group_name]
-    flat._pg_registry[group.group_name] = group
-    mesh._pg_registry[group.group_name] = group
-    mapping[key] = flat
-    return True
+    return torch_internals.register_flattened_mesh(mesh, dim_names, key, group)
 
 
 def forget_flattenings(mesh: DeviceMesh) -> None:
@@ -125,8 +108,6 @@ def forget_flattenings(mesh: DeviceMesh) -> None:
     Without it the meshes (and through them the destroyed groups' gloo sockets) live until the
     garbage collector's next cycle pass: 100 create/close cycles leaked ~3 fds each.
 
-    PRIVATE-TORCH: DeviceMesh._flatten_mapping (torch 2.13).
+    The mapping is private torch, reached through :mod:`commgroups.torch_internals`.
     """
-    mapping = getattr(mesh, "_flatten_mapping", None)
-    if isinstance(mapping, dict):
-        mapping.clear()
+    torch_internals.clear_flatten_mapping(mesh)

@@ -18,6 +18,7 @@ from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  
 from torch.distributed.device_mesh import DeviceMesh
 from typing_extensions import Self
 
+from commgroups import torch_internals
 from commgroups.agreement import agree, store_barrier
 from commgroups.backends import BackendAdapter, resolve_backend
 from commgroups.creation import (
@@ -67,7 +68,7 @@ def _set_group_timeout(created: CreatedRole, timeout: timedelta) -> None:
     if created.group is not None and created.adapter.has_timeout:
         # _set_pg_timeout (torch >= 2.3) updates the group's backend in place; new collectives
         # read it.
-        dist.distributed_c10d._set_pg_timeout(timeout, created.group)
+        torch_internals.set_group_timeout(created.group, timeout)
 
 
 class GroupRegistry:
@@ -255,7 +256,7 @@ class GroupRegistry:
         return created
 
     def _agreement_store(self, rank: int) -> Store:
-        store = dist.distributed_c10d._get_default_store()
+        store = torch_internals.default_store()
         # Each rank counts its own create() calls in the store itself (no process-wide counter), so
         # the n-th create() of every rank meets in the same namespace.
         generation = store.add(f"{STORE_PREFIX}/generation/{rank}", 1)

@@ -29,6 +29,11 @@ from torch.utils._pytree import tree_leaves
 
 __all__ = [
     "CHECKED_VERSIONS",
+    "backend_plugin",
+    "clear_flatten_mapping",
+    "install_error_backends",
+    "privateuse1_backend_name",
+    "work_from_future",
     "GroupCall",
     "TorchDispatchMode",
     "default_group",
@@ -362,6 +367,66 @@ def register_flattened_mesh(mesh: Any, dim_names: Sequence[str], key: str,
             registry[group.group_name] = group
     mapping[key] = flat
     return True
+
+
+def clear_flatten_mapping(mesh: Any) -> None:
+    """Drop ``mesh``'s flatten mapping (breaks the root <-> flattened-mesh reference cycle).
+
+    ``DeviceMesh._flatten_mapping`` (a dict) on 2.10, 2.13, 2.14.1, 2.15.0; nothing to do where it
+    is missing.
+    """
+    mapping = getattr(mesh, "_flatten_mapping", None)
+    if isinstance(mapping, dict):
+        mapping.clear()
+
+
+# ----------------------------------------------------------------------- custom c10d backends
+def privateuse1_backend_name() -> str:
+    """The name of torch's PrivateUse1 device backend (``npu`` under torch_npu, else ``privateuseone``).
+
+    ``torch._C._get_privateuse1_backend_name()`` on 2.10, 2.13, 2.14.1, 2.15.0. No fallback.
+    """
+    name: str = torch._C._get_privateuse1_backend_name()
+    return name
+
+
+def backend_plugin(name: str) -> Any:
+    """The registered c10d backend plugin ``(creator_fn, extended_api)`` of ``name``, or None.
+
+    ``dist.Backend._plugins`` (keyed by ``name.upper()``) on 2.10, 2.13, 2.14.1, 2.15.0. None where
+    the table is missing (callers then register the backend).
+    """
+    plugins = getattr(dist.Backend, "_plugins", None)
+    return plugins.get(name.upper()) if isinstance(plugins, dict) else None
+
+
+def work_from_future(future: torch.futures.Future[Any]) -> dist.Work:
+    """A c10d ``Work`` completed by ``future``: ``_C._distributed_c10d._create_work_from_future``.
+
+    Present on 2.10, 2.13, 2.14.1, 2.15.0. No fallback.
+    """
+    c10d_c: Any = torch._C._distributed_c10d  # its stubs lag the bindings across versions
+    work: dist.Work = c10d_c._create_work_from_future(future)
+    return work
+
+
+def install_error_backends(group: dist.ProcessGroup, devices: Sequence[str]) -> None:
+    """Give ``group`` a backend per device that raises on any collective, as its default backend.
+
+    For groups whose collectives are served above c10d (single-rank groups): anything that reaches
+    the c10d backend is a bug and must fail loudly. ``FakeProcessGroup._create_internal(rank, size,
+    options)`` with ``Options.error_on_collective``, ``ProcessGroup._register_backend`` and
+    ``_set_default_backend`` (2.15 attaches its flight recorder to every new group and needs a
+    default backend type); checked on 2.10, 2.13, 2.14.1, 2.15.0. No fallback.
+    """
+    c10d_c: Any = torch._C._distributed_c10d  # its stubs lag the bindings across versions
+    custom = dist.ProcessGroup.BackendType.CUSTOM
+    for device in devices:
+        options = c10d_c.FakeProcessGroup.Options()
+        options.error_on_collective = True
+        guard = c10d_c.FakeProcessGroup._create_internal(0, 1, options)
+        group._register_backend(torch.device(device), custom, guard)
+    group._set_default_backend(custom)
 
 
 # -------------------------------------------------------------------------------------- FSDP2

@@ -46,10 +46,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
-from torch.utils._python_dispatch import TorchDispatchMode  # PRIVATE-TORCH: checked on 2.9-2.14
-from torch.utils._pytree import tree_leaves  # PRIVATE-TORCH: checked on 2.9-2.14
 
+from commgroups import torch_internals
 from commgroups.audit.call_sites import call_site
 from commgroups.audit.hazards import Hazard, find_hazards
 from commgroups.audit.records import (
@@ -62,6 +60,7 @@ from commgroups.audit.records import (
 )
 from commgroups.errors import NotAMemberError
 from commgroups.registry import GroupRegistry
+from commgroups.torch_internals import TorchDispatchMode, tree_leaves
 
 __all__ = ["Recorder", "from_env", "record"]
 
@@ -76,17 +75,14 @@ class _GroupInfo:
 
 
 def _default_group() -> dist.ProcessGroup | None:
-    # PRIVATE-TORCH: c10d._get_default_group, checked on 2.9-2.14
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    return c10d._get_default_group()
+    return torch_internals.default_group()
 
 
 def _group_by_name(name: str) -> dist.ProcessGroup:
     # Functional collectives name their group; c10d's registry of names resolves it.
-    # PRIVATE-TORCH: c10d._resolve_process_group, checked on 2.9-2.14
-    group: dist.ProcessGroup = c10d._resolve_process_group(name)  # type: ignore[attr-defined,arg-type]
-    return group
+    return torch_internals.resolve_group_name(name)
 
 
 def _resolve_roles(roles: Any) -> dict[str, dist.ProcessGroup]:
@@ -183,11 +179,11 @@ class Recorder:
         namespace = getattr(func, "namespace", None)
         if namespace not in COLLECTIVE_NAMESPACES:
             return
-        name = func._schema.name.split("::")[-1]
+        name = torch_internals.op_schema(func).name.split("::")[-1]
         if name in NOT_COLLECTIVES:
             return
         values: dict[str, Any] = {}
-        for position, argument in enumerate(func._schema.arguments):
+        for position, argument in enumerate(torch_internals.op_schema(func).arguments):
             if position < len(args):
                 values[argument.name] = args[position]
             elif argument.name in kwargs:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from commgroups import torch_internals
 from commgroups.async_wait import issue_and_wait
 from commgroups.integrations.common import role_group
 
@@ -69,16 +70,12 @@ def async_and_wait_comms() -> tuple[Any, Any] | None:
     Returns ``(all_gather, reduce_scatter)`` for ``FSDPModule.set_custom_all_gather`` and
     ``set_custom_reduce_scatter``, or None where this torch lacks the hooks (they arrived after 2.8).
     """
-    try:
-        # The Comm base classes live in a private module; the setters that take them are public.
-        from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
-            DefaultAllGather,
-            DefaultReduceScatter,
-        )
-    except ImportError:
+    classes = torch_internals.fsdp_default_comm_classes()
+    if classes is None:
         return None
+    DefaultAllGather, DefaultReduceScatter = classes
 
-    class AsyncWaitAllGather(DefaultAllGather):  # type: ignore[misc]
+    class AsyncWaitAllGather(DefaultAllGather):  # type: ignore[misc,valid-type]
         """FSDP2's default all-gather, issued async_op=True and waited at once."""
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any,
@@ -88,7 +85,7 @@ def async_and_wait_comms() -> tuple[Any, Any] | None:
                                   async_op=async_op)
             return work if async_op else None
 
-    class AsyncWaitReduceScatter(DefaultReduceScatter):  # type: ignore[misc]
+    class AsyncWaitReduceScatter(DefaultReduceScatter):  # type: ignore[misc,valid-type]
         """FSDP2's default reduce-scatter, issued async_op=True and waited at once."""
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,

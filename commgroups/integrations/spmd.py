@@ -28,6 +28,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from commgroups.torch_version import require_torch
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -39,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 
 def _import_spmd_types() -> Any:
+    require_torch((2, 10), "commgroups.integrations.spmd (spmd-types)",
+                  "every spmd-types release imports torch.distributed._local_tensor, new in 2.10")
     try:
         import spmd_types
         import spmd_types._dist  # the patchable dist reference, present since 0.2.x
