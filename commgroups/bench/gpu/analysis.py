@@ -101,7 +101,9 @@ def stream_verdict(variant: str, parsed: ParsedTrace, expected: str | None = Non
     """
     before = parsed.in_phase("cg:before", collective=False)
     after = parsed.in_phase("cg:after", collective=False)
-    call = parsed.in_phase("cg:call", collective=True)
+    # Collective work launched by the call; failing that, any GPU work it launched (a copy whose
+    # launch the trace cannot tie to a comm op is still the call's).
+    call = parsed.in_phase("cg:call", collective=True) or parsed.in_phase("cg:call")
     note = ""
     if not (before and call):
         others = [e for e in parsed.gpu if not e.collective]

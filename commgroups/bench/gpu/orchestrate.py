@@ -57,19 +57,19 @@ def plan_steps(python: str, smoke: bool, parts: Sequence[str] | None = None) -> 
     flag = ("--smoke",) if smoke else ()
     steps = [
         Step("machine", "machine", (*worker, "machine", *flag), 60),
-        Step("streams", "streams", (*worker, "streams", *flag), 180),
-        Step("safeguard", "safeguard", (*worker, "safeguard", *flag), 180),
+        Step("streams", "streams", (*worker, "streams", *flag), 120),
+        Step("safeguard", "safeguard", (*worker, "safeguard", *flag), 120),
     ]
     trials = [t.name for t in TRIALS if not smoke or t.name in SMOKE_MEMORY_TRIALS]
-    steps += [Step("memory", f"memory: {name}", (*worker, "memory", "--trial", name, *flag), 90)
+    steps += [Step("memory", f"memory: {name}", (*worker, "memory", "--trial", name, *flag), 60)
               for name in trials]
     safe = "new_group all_ranks,split_group,registry all_ranks,registry split,registry auto"
     steps += [
-        Step("creation", "creation", (*worker, "creation", "--methods", safe, *flag), 180),
+        Step("creation", "creation", (*worker, "creation", "--methods", safe, *flag), 120),
         Step("creation", "creation: new_group local (may hang)",
-             (*worker, "creation", "--methods", "new_group local", *flag), 60),
+             (*worker, "creation", "--methods", "new_group local", *flag), 45),
         Step("pytest", "pytest", (python, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                                  PYTEST_FILE), 180),
+                                  PYTEST_FILE), 150),
     ]
     return [s for s in steps if parts is None or s.part in parts]
 

@@ -24,7 +24,7 @@ from commgroups.bench.gpu.analysis import NOT_WAITED, ON_CALLER, WAITED
 from commgroups.bench.gpu.trace import parse_trace, trim_trace
 from commgroups.bench.gpu.world import device, four_role_layout, init_world, sync
 
-__all__ = ["DEFAULT_BYTES", "collect_streams"]
+__all__ = ["DEFAULT_BYTES", "collect_streams", "profile_call"]
 
 DEFAULT_BYTES = 512 * 1024 * 1024
 """Message size: large enough (a 1-rank all-gather is a device copy of ~250 us at H200 bandwidth)
@@ -131,7 +131,20 @@ def _caller_stream(smoke: bool) -> AbstractContextManager[Any]:
     return torch.cuda.stream(side)
 
 
-def _profile(call: Callable[[], Any], marker: Any, smoke: bool, tmp: Path, name: str) -> Any:
+def profile_call(call: Callable[[], Any], marker: Any, smoke: bool, tmp: Path, name: str) -> Any:
+    """Profile ``call()`` on a fresh caller's stream between two marker kernels; the Chrome trace.
+
+    Args:
+        call: the collective call; if it returns a Work, that is waited only after the second
+            marker (the no-wait control).
+        marker: a device tensor the markers update in place.
+        smoke: CPU only (no CUDA activity, no side stream).
+        tmp: a folder for the exported trace file.
+        name: the trace file's name.
+
+    Returns:
+        The loaded trace JSON, ready for :func:`commgroups.bench.gpu.trace.parse_trace`.
+    """
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
@@ -191,7 +204,7 @@ def collect_streams(smoke: bool, size_bytes: int = DEFAULT_BYTES) -> dict[str, A
                     if hasattr(warm, "wait"):
                         warm.wait()
                     sync(smoke)
-                    trace = _profile(call, marker, smoke, Path(tmp), name)
+                    trace = profile_call(call, marker, smoke, Path(tmp), name)
                     traces[name] = trim_trace(trace)
                     entry["trace"] = name
                     entry["gpu_events"] = len(parse_trace(traces[name]).gpu)
