@@ -39,6 +39,9 @@ __all__ = [
     "AsyncWaitDist",
     "async_and_wait",
     "async_and_wait_active",
+    "issue_and_wait",
+    "p2p_issuer",
+    "source_rank",
     "wrap_async_wait",
 ]
 
@@ -76,64 +79,92 @@ _MARK = "__commgroups_async_wait__"
 _STATE_ATTR = "__commgroups_async_wait_state__"
 
 
-def _async_op_index(fn: Callable[..., Any]) -> int:
-    """Position of ``async_op`` in ``fn``'s signature (callers may pass it positionally)."""
-    params = list(inspect.signature(fn).parameters)
-    if "async_op" not in params:
-        raise TypeError(f"{getattr(fn, '__name__', fn)!r} has no async_op parameter")
-    return params.index("async_op")
+def issue_and_wait(
+    fn: Callable[..., Any], /, *args: Any, async_op: bool = False, **kwargs: Any
+) -> Any:
+    """The async-and-wait rule, the one place it is written: every commgroups path calls this.
+
+    Issues ``fn(*args, async_op=True, **kwargs)`` and, unless the caller itself asked for
+    ``async_op=True``, waits on the returned Work at once (on NCCL the current stream waits; the host
+    does not block). Callers that present a blocking API return None themselves, as torch does.
+
+    Args:
+        fn: a torch.distributed collective with an ``async_op`` parameter (or :func:`p2p_issuer`).
+        args, kwargs: ``fn``'s own arguments, without ``async_op``.
+        async_op: what the caller asked for: True hands the Work back unwaited.
+
+    Returns:
+        The Work (already waited unless ``async_op``), or None when this rank is not in the group.
+
+    Example::
+
+        issue_and_wait(dist.all_reduce, t, group=cp_group)          # async_op=True, waited
+        work = issue_and_wait(dist.all_reduce, t, group=cp_group, async_op=True)  # not waited
+    """
+    work = fn(*args, async_op=True, **kwargs)
+    if work is not None and not async_op:
+        work.wait()
+    return work
+
+
+def p2p_issuer(nonblocking: Callable[..., Any]) -> Callable[..., Any]:
+    """``isend``/``irecv`` with an ``async_op`` parameter (ignored: they are always async)."""
+
+    def issue(*args: Any, async_op: bool = True, **kwargs: Any) -> Any:
+        del async_op
+        return nonblocking(*args, **kwargs)
+
+    issue.__name__ = getattr(nonblocking, "__name__", "p2p")
+    return issue
 
 
 def wrap_async_wait(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a torch.distributed collective with an ``async_op`` parameter in the async-and-wait rule.
 
-    The wrapper issues ``fn(..., async_op=True)`` and waits on the Work at once, returning what the
-    blocking call returns (None). When the caller itself passes ``async_op=True`` (by keyword or
-    position) the Work is returned unwaited. Wrapping a wrapper returns it unchanged.
+    The wrapper calls :func:`issue_and_wait` and returns what the blocking call returns (None); when
+    the caller itself passes ``async_op=True`` (by keyword or position) the Work is returned unwaited.
+    Wrapping a wrapper returns it unchanged.
     """
     if getattr(fn, _MARK, False):
         return fn
-    index = _async_op_index(fn)
+    params = list(inspect.signature(fn).parameters)
+    if "async_op" not in params:
+        raise TypeError(f"{getattr(fn, '__name__', fn)!r} has no async_op parameter")
+    index = params.index("async_op")
+    later = params[index + 1:]
 
     @functools.wraps(fn)
     def async_wait(*args: Any, **kwargs: Any) -> Any:
-        if len(args) > index:
-            if args[index]:
-                return fn(*args, **kwargs)
-            args = (*args[:index], True, *args[index + 1:])
-        elif kwargs.get("async_op", False):
-            return fn(*args, **kwargs)
-        else:
-            kwargs["async_op"] = True
-        work = fn(*args, **kwargs)
-        if work is not None:  # None: this rank is not in the group
-            work.wait()
-        return None
+        if len(args) > index:  # async_op (and maybe later parameters) given by position
+            kwargs.update(zip(later, args[index + 1:]))
+            kwargs["async_op"], args = args[index], args[:index]
+        caller_async = bool(kwargs.pop("async_op", False))
+        work = issue_and_wait(fn, *args, async_op=caller_async, **kwargs)
+        return work if caller_async else None
 
     setattr(async_wait, _MARK, True)
     return async_wait
 
 
 def _wrap_send(isend: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    issue = p2p_issuer(isend)
+
     @functools.wraps(original)
     def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
              group_dst: int | None = None) -> None:
-        work = isend(tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
-        if work is not None:
-            work.wait()
+        issue_and_wait(issue, tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
 
     setattr(send, _MARK, True)
     return send
 
 
 def _wrap_recv(irecv: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    issue = p2p_issuer(irecv)
+
     @functools.wraps(original)
     def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
              group_src: int | None = None) -> int:
-        work = irecv(tensor, src=src, group=group, tag=tag, group_src=group_src)
-        if work is None:
-            return -1  # torch's recv returns -1 when this rank is not in the group
-        work.wait()
+        work = issue_and_wait(issue, tensor, src=src, group=group, tag=tag, group_src=group_src)
         return source_rank(work, src, group, group_src)
 
     setattr(recv, _MARK, True)
@@ -141,7 +172,12 @@ def _wrap_recv(irecv: Callable[..., Any], original: Callable[..., Any]) -> Calla
 
 
 def source_rank(work: Any, src: int | None, group: Any, group_src: int | None) -> int:
-    """The global rank a finished irecv came from, as ``torch.distributed.recv`` returns it."""
+    """The global rank a finished irecv came from, as ``torch.distributed.recv`` returns it.
+
+    -1 when ``work`` is None (this rank is not in the group), as torch's ``recv`` returns.
+    """
+    if work is None:
+        return -1
     if src is not None:
         return src
     pg = group if group is not None else c10d._get_default_group()

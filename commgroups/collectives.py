@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commgroups.async_wait import async_and_wait, source_rank
+from commgroups.async_wait import async_and_wait, issue_and_wait, p2p_issuer, source_rank
 from commgroups.errors import RoleCollectiveError, RoleTimeoutError
 
 __all__ = ["RoleCollectives"]
@@ -101,7 +101,12 @@ class RoleCollectives:
             raise self._failure(op, seq, error) from error
 
     def _issue(self, fn: Callable[..., Any], async_op: bool, *args: Any, **kwargs: Any) -> Any:
-        """Call ``fn(*args, group=self.group, async_op=..., **kwargs)`` under the safeguard rule.
+        """``fn(*args, group=self.group, **kwargs)`` with torch's return shape (Work or None)."""
+        work = self._call(fn, async_op, *args, **kwargs)
+        return work if async_op or not self.safeguard else None
+
+    def _call(self, fn: Callable[..., Any], async_op: bool, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn`` on this group under the role's async-and-wait setting; returns the Work.
 
         Failures of calls this method waits for name the role, op and sequence number; a Work
         handed back unwaited (``async_op=True``) raises torch's own error from its ``wait()``.
@@ -109,12 +114,9 @@ class RoleCollectives:
         # Inline rather than through _named: this is the hot path (a few microseconds per call).
         self.calls += 1
         try:
-            if async_op or not self.safeguard:
+            if not self.safeguard:
                 return fn(*args, group=self.group, async_op=async_op, **kwargs)
-            work = fn(*args, group=self.group, async_op=True, **kwargs)
-            if work is not None:
-                work.wait()
-            return None
+            return issue_and_wait(fn, *args, group=self.group, async_op=async_op, **kwargs)
         except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
             raise self._failure(fn.__name__, self.calls, error) from error
 
@@ -203,27 +205,23 @@ class RoleCollectives:
     # ------------------------------------------------------------------------ point to point
     def send(self, tensor: torch.Tensor, dst: int | None = None, tag: int = 0,
              group_dst: int | None = None) -> None:
-        """``torch.distributed.send``: with the safeguard, ``isend`` waited at once."""
-        with self._named("send"):
-            if not self.safeguard:
+        """``torch.distributed.send``: with async-and-wait, ``isend`` waited at once."""
+        if not self.safeguard:
+            with self._named("send"):
                 dist.send(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
-                return
-            work = dist.isend(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
-            if work is not None:
-                work.wait()
+            return
+        self._call(p2p_issuer(dist.isend), False, tensor, dst=dst, tag=tag, group_dst=group_dst)
 
     def recv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0,
              group_src: int | None = None) -> int:
         """``torch.distributed.recv``: returns the sender's global rank (``irecv`` waited at once)."""
-        with self._named("recv"):
-            if not self.safeguard:
+        if not self.safeguard:
+            with self._named("recv"):
                 return int(dist.recv(tensor, src=src, group=self.group, tag=tag,
                                      group_src=group_src))
-            work = dist.irecv(tensor, src=src, group=self.group, tag=tag, group_src=group_src)
-            if work is None:
-                return -1
-            work.wait()
-            return source_rank(work, src, self.group, group_src)
+        work = self._call(p2p_issuer(dist.irecv), False, tensor, src=src, tag=tag,
+                          group_src=group_src)
+        return source_rank(work, src, self.group, group_src)
 
     def isend(self, tensor: torch.Tensor, dst: int | None = None, tag: int = 0,
               group_dst: int | None = None) -> Work | None:

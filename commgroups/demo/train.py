@@ -22,6 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from commgroups.async_wait import issue_and_wait
+
 from .audit_hook import start_audit
 from .config import DemoConfig
 from .groups import JobGroups, build_groups, demo_layout
@@ -62,10 +64,8 @@ def spmd_seq_gather(axis: Any) -> SeqGather:
 
 
 def _all_reduce_sum(value: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    # The demo's own collective follows the rule it demonstrates: async_op=True, wait at once.
-    work = dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group, async_op=True)
-    if work is not None:
-        work.wait()
+    # The demo's own collective follows the rule it demonstrates, through the library's primitive.
+    issue_and_wait(dist.all_reduce, value, op=dist.ReduceOp.SUM, group=group)
     return value
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from commgroups.async_wait import issue_and_wait
 from commgroups.integrations.common import role_group
 
 if TYPE_CHECKING:
@@ -76,24 +77,19 @@ def async_wait_comms() -> tuple[Any, Any] | None:
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any,
                      async_op: bool = False) -> Any:
-            work = super().__call__(output_tensor, input_tensor, group, async_op=True)
-            if async_op:
-                return work
-            if work is not None:
-                work.wait()  # the caller's (all-gather) stream waits on the group's stream
-            return None
+            # The caller's (all-gather) stream waits on the group's stream.
+            work = issue_and_wait(super().__call__, output_tensor, input_tensor, group,
+                                  async_op=async_op)
+            return work if async_op else None
 
     class AsyncWaitReduceScatter(DefaultReduceScatter):  # type: ignore[misc]
         """FSDP2's default reduce-scatter, issued async_op=True and waited at once."""
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,
                      async_op: bool = False) -> Any:
-            work = super().__call__(output_tensor, input_tensor, group, op, async_op=True)
-            if async_op:
-                return work
-            if work is not None:
-                work.wait()
-            return None
+            work = issue_and_wait(super().__call__, output_tensor, input_tensor, group, op,
+                                  async_op=async_op)
+            return work if async_op else None
 
     return AsyncWaitAllGather(), AsyncWaitReduceScatter()
 
