@@ -64,7 +64,7 @@ def _measure(method: str, reps: int, smoke: bool, keep: list[Any]) -> dict[str, 
     for _ in range(reps):
         start = time.perf_counter()
         if method.startswith("registry"):
-            registry = cg.GroupRegistry(four_role_layout(), creation=method.split()[1]).create()
+            registry = cg.GroupRegistry(four_role_layout(), creation_mode=method.split()[1]).create()
             sync(smoke)
             row["create_s"].append(time.perf_counter() - start)
             groups = [registry.group(role) for role in FOUR_ROLES]
