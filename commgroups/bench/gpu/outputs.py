@@ -24,6 +24,7 @@ __all__ = [
     "REPORT_MD",
     "REPORT_PNG",
     "TRACES",
+    "load_and_write",
     "measured_memory",
     "write_derived",
 ]

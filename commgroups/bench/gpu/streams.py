@@ -63,7 +63,10 @@ def _functional_all_gather(x: Any, group: Any) -> Callable[[], Any]:
 
 def _fsdp_variants(group: Any, x: Any, out: Any, rs_out: Any) -> list[Variant]:
     import torch.distributed as dist
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import (  # FSDP2's default comms
+    # PRIVATE-TORCH: torch.distributed.fsdp._fully_shard._fsdp_collectives.{DefaultAllGather,
+    # DefaultReduceScatter}, FSDP2's default comms (as commgroups.integrations.fsdp uses them);
+    # checked on 2.13. Missing on older torch: the FSDP variants are then recorded as unavailable.
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
         DefaultAllGather,
         DefaultReduceScatter,
     )
