@@ -92,7 +92,7 @@ def test_analysis_of_the_sample(sample: tuple[dict[str, Any], dict[str, Any]]) -
     analysis = analyze(*sample)
     assert analysis.headline["streams_flagged"] == ["raw_blocking", "raw_async_no_wait"]
     assert analysis.headline["streams_unexpected"] == ["functional_all_gather"]
-    small = next(r for r in analysis.safeguard if r["bytes"] == 4)
+    small = next(r for r in analysis.async_wait_cost if r["bytes"] == 4)
     assert small["registry_ratio"]["median"] == pytest.approx(14.0 / 9.8)
     assert small["manual_ratio"]["median"] == pytest.approx(12.1 / 9.8)
     figures = {f["case"]: f["mb"] for f in analysis.memory_figures}

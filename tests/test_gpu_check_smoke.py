@@ -50,13 +50,13 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     assert "memory.json" not in copied  # a smoke run measures no device memory
     measurements = json.loads((results / "measurements.json").read_text())
     parts = measurements["parts"]
-    assert set(parts) == {"machine", "streams", "safeguard", "memory", "creation", "pytest"}
+    assert set(parts) == {"machine", "streams", "async_wait_cost", "memory", "creation", "pytest"}
     assert measurements["smoke"] is True and parts["machine"]["data"]["torch"]
     variants = {v["variant"]: v for v in parts["streams"]["data"]["variants"]}
     assert variants["raw_blocking"]["error"] is None
     assert variants["registry_collectives"]["trace"] == "registry_collectives"
     assert "registry_collectives" in json.loads((results / "traces.json").read_text())
-    cases = parts["safeguard"]["data"]["cases"]
+    cases = parts["async_wait_cost"]["data"]["cases"]
     assert {c["op"] for c in cases} == {"all_reduce", "all_gather_into_tensor"}
     assert all(len(c["reps"]) == 3 and c["error"] is None for c in cases)
     methods = {m["method"]: m for m in parts["creation"]["data"]["methods"]}
@@ -87,7 +87,7 @@ def test_out_of_budget_parts_are_recorded_not_run(tmp_path: Path) -> None:
 def test_plan_steps_order_and_isolation() -> None:
     steps = plan_steps("python3", smoke=False)
     labels = [s.label for s in steps]
-    assert labels[:3] == ["machine", "streams", "safeguard"]
+    assert labels[:3] == ["machine", "streams", "async_wait_cost"]
     assert sum(s.part == "memory" for s in steps) == 5  # one process per trial
     local = next(s for s in steps if "local" in s.label)
     assert local.argv[-1] == "new_group local" and local.timeout_s <= 60

@@ -10,10 +10,10 @@ collectives then share a communicator with everything else on the default group.
         fully_shard_on_role(block, registry)
     fully_shard_on_role(model, registry)
 
-This is ``fully_shard(module, mesh=registry.device_mesh("fsdp"), **kwargs)`` plus the safeguard:
+This is ``fully_shard(module, mesh=registry.device_mesh("fsdp"), **kwargs)`` plus async-and-wait:
 FSDP2 (torch 2.13) issues its all-gathers and reduce-scatters with ``async_op=False`` on its own
 all-gather and reduce-scatter streams, so on NCCL/RCCL (torch >= 2.8) it drives one communicator
-from two streams with no fence between them. With the role's ``safeguard`` on, the module gets
+from two streams with no fence between them. With the role's ``async_and_wait`` on, the module gets
 FSDP2's public custom-comm hooks (``set_custom_all_gather`` / ``set_custom_reduce_scatter``) set to
 comms that issue ``async_op=True`` and wait at once, so every FSDP collective runs on the group's own
 stream, without patching torch.distributed. HSDP: ``replicate="dp_replicate"`` gives a 2-D mesh of
@@ -34,7 +34,13 @@ if TYPE_CHECKING:
 
     from commgroups.registry import GroupRegistry
 
-__all__ = ["FSDP_ROLE", "async_wait_comms", "fsdp_mesh", "fully_shard_on_role"]
+__all__ = [
+    "FSDP_ROLE",
+    "async_and_wait_comms",
+    "fsdp_mesh",
+    "fully_shard_on_role",
+    "install_async_and_wait_comms",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +63,7 @@ def fsdp_mesh(
     return registry.device_mesh(role if replicate is None else [replicate, role])
 
 
-def async_wait_comms() -> tuple[Any, Any] | None:
+def async_and_wait_comms() -> tuple[Any, Any] | None:
     """FSDP2 all-gather and reduce-scatter comms that issue ``async_op=True`` and wait at once.
 
     Returns ``(all_gather, reduce_scatter)`` for ``FSDPModule.set_custom_all_gather`` and
@@ -100,15 +106,15 @@ def fully_shard_on_role(
     role: str = FSDP_ROLE,
     *,
     replicate: str | None = None,
-    safeguard: bool | None = None,
+    async_and_wait: bool | None = None,
     **kwargs: Any,
 ) -> ModuleT:
     """``fully_shard(module, mesh=<role's mesh>, **kwargs)``; returns the (now FSDP) module.
 
     ``kwargs`` are fully_shard's own (``reshard_after_forward``, ``mp_policy``, ...); ``mesh`` is not
     accepted because the role decides it. ``replicate`` (a dim or role, e.g. ``dp_replicate``) makes
-    it HSDP on ``registry.device_mesh([replicate, role])``. ``safeguard`` (default: the role's own
-    setting) installs :func:`async_wait_comms` so FSDP2's collectives are issued async-and-wait.
+    it HSDP on ``registry.device_mesh([replicate, role])``. ``async_and_wait`` (default: the role's own
+    setting) installs :func:`async_and_wait_comms` so FSDP2's collectives are issued async-and-wait.
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -118,14 +124,43 @@ def fully_shard_on_role(
             "call torch.distributed.fsdp.fully_shard(module, mesh=...) yourself)"
         )
     fully_shard(module, mesh=fsdp_mesh(registry, role, replicate), **kwargs)
-    if registry.spec(role).safeguard if safeguard is None else safeguard:
-        comms = async_wait_comms()
-        if comms is None or not hasattr(module, "set_custom_all_gather"):
-            logger.warning(
-                "this torch has no FSDP2 custom-comm hooks: FSDP's collectives on role %s stay "
-                "blocking; wrap training in commgroups.async_and_wait() instead", role,
-            )
-        else:
-            module.set_custom_all_gather(comms[0])  # type: ignore[operator]
-            module.set_custom_reduce_scatter(comms[1])  # type: ignore[operator]
+    if registry.spec(role).async_and_wait if async_and_wait is None else async_and_wait:
+        install_async_and_wait_comms(module, recurse=False)
     return module
+
+
+def install_async_and_wait_comms(module: nn.Module, *, recurse: bool = True) -> int:
+    """Give FSDP2 modules someone else sharded the async-and-wait all-gather and reduce-scatter.
+
+    For frameworks that call ``fully_shard`` themselves (torchtitan): after they have sharded the
+    model, this sets FSDP2's public ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` on
+    every FSDP module of ``module`` (itself included) to :func:`async_and_wait_comms`' comms, so each
+    FSDP collective is issued ``async_op=True`` and waited at once on the group it already uses.
+
+    Args:
+        module: a model (or submodule) that ``fully_shard`` was applied to, somewhere inside.
+        recurse: also the FSDP modules below ``module`` (default); False: ``module`` only.
+
+    Returns:
+        How many FSDP modules got the comms (0 where this torch lacks the hooks: logged as a
+        warning, the collectives then stay as FSDP2 issues them).
+
+    Example::
+
+        trainer = Trainer(config)                        # fully_shard called inside
+        install_async_and_wait_comms(trainer.model_parts[0])
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    targets = [m for m in (module.modules() if recurse else [module]) if isinstance(m, FSDPModule)]
+    comms = async_and_wait_comms()
+    if comms is None or not all(hasattr(m, "set_custom_all_gather") for m in targets):
+        logger.warning(
+            "this torch has no FSDP2 custom-comm hooks: FSDP's collectives stay as FSDP2 issues "
+            "them; wrap training in commgroups.async_and_wait() instead"
+        )
+        return 0
+    for target in targets:
+        target.set_custom_all_gather(comms[0])
+        target.set_custom_reduce_scatter(comms[1])
+    return len(targets)

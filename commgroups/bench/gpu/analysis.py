@@ -10,7 +10,7 @@ committed results (``python -m commgroups.bench.gpu analyze DIR``). Four finding
   that races the group's own stream when both drive one communicator.
 - memory: device memory per communicator (``mem_get_info``, less what torch's allocator reserved,
   and ``nvidia-smi``), per trial, against :func:`commgroups.memory.communicator_cost_mb`.
-- safeguard: per op and size, raw vs async-and-wait per-call time and their paired ratio.
+- async_wait_cost: per op and size, raw vs async-and-wait per-call time and their paired ratio.
 - creation: per method, time to create the four roles' groups, as a ratio to new_group all_ranks.
 """
 
@@ -150,7 +150,7 @@ class Analysis:
     streams: list[StreamVerdict] = field(default_factory=list)
     memory: list[dict[str, Any]] = field(default_factory=list)
     memory_figures: list[dict[str, Any]] = field(default_factory=list)
-    safeguard: list[dict[str, Any]] = field(default_factory=list)
+    async_wait_cost: list[dict[str, Any]] = field(default_factory=list)
     creation: list[dict[str, Any]] = field(default_factory=list)
     pytest: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -273,12 +273,12 @@ def _delta(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else (end - start) / MB
 
 
-def _safeguard(data: Mapping[str, Any], errors: list[str]) -> list[dict[str, Any]]:
+def _async_wait_cost(data: Mapping[str, Any], errors: list[str]) -> list[dict[str, Any]]:
     rows = []
     for case in data.get("cases", []):
         label = f"{case.get('op')} {case.get('bytes')} B"
         if case.get("error"):
-            errors.append(f"safeguard/{label}: {case['error']}")
+            errors.append(f"async_wait_cost/{label}: {case['error']}")
         reps = case.get("reps") or []
         if not reps:
             continue
@@ -326,10 +326,10 @@ def _headline(analysis: Analysis) -> dict[str, Any]:
     unexpected = [s.variant for s in analysis.streams if s.as_expected is False]
     head["streams_flagged"] = flagged
     head["streams_unexpected"] = unexpected
-    big = [r["registry_ratio"]["median"] for r in analysis.safeguard
+    big = [r["registry_ratio"]["median"] for r in analysis.async_wait_cost
            if "registry_ratio" in r and r["bytes"] >= 64 * 1024]
     if big:
-        head["safeguard_ratio_median_ge_64KiB"] = sorted(big)[len(big) // 2]
+        head["async_wait_ratio_median_ge_64KiB"] = sorted(big)[len(big) // 2]
     for figure in analysis.memory_figures:
         head[f"memory_mb_per_{figure['case']}_communicator"] = figure["mb"]
     return head
@@ -358,7 +358,7 @@ def analyze(measurements: Mapping[str, Any], traces: Mapping[str, Any] | None = 
                                 analysis.smoke)
     analysis.memory, analysis.memory_figures = _memory(_part(measurements, "memory", errors),
                                                        errors)
-    analysis.safeguard = _safeguard(_part(measurements, "safeguard", errors), errors)
+    analysis.async_wait_cost = _async_wait_cost(_part(measurements, "async_wait_cost", errors), errors)
     analysis.creation = _creation(_part(measurements, "creation", errors), errors)
     analysis.pytest = dict(_part(measurements, "pytest", errors))
     analysis.errors = errors

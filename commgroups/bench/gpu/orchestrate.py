@@ -1,6 +1,6 @@
 """Run the GPU check: every part in its own process under a timeout, then the analysis.
 
-Order: machine, streams, safeguard, memory (one process per trial), creation, member-only creation
+Order: machine, streams, async_wait_cost, memory (one process per trial), creation, member-only creation
 (alone: it may hang on a device-bound NCCL group), ``pytest tests/test_gpu_streams.py``. A part that
 fails, crashes or hangs leaves its error in ``measurements.json`` and the next part runs; the whole
 check stays inside ``budget_s`` (each part's timeout is cut to what is left, less a reserve for the
@@ -58,7 +58,7 @@ def plan_steps(python: str, smoke: bool, parts: Sequence[str] | None = None) -> 
     steps = [
         Step("machine", "machine", (*worker, "machine", *flag), 60),
         Step("streams", "streams", (*worker, "streams", *flag), 120),
-        Step("safeguard", "safeguard", (*worker, "safeguard", *flag), 120),
+        Step("async_wait_cost", "async_wait_cost", (*worker, "async_wait_cost", *flag), 120),
     ]
     trials = [t.name for t in TRIALS if not smoke or t.name in SMOKE_MEMORY_TRIALS]
     steps += [Step("memory", f"memory: {name}", (*worker, "memory", "--trial", name, *flag), 60)
@@ -137,7 +137,7 @@ def run_check(out_dir: str | Path, *, smoke: bool, budget_s: float = 360.0,
         budget_s: wall-clock limit for the whole check, analysis included.
         python: the interpreter for the parts (default: this one).
         also_out: a second folder that receives copies of the files (``$OUT`` on the device).
-        parts: only these parts (machine, streams, safeguard, memory, creation, pytest).
+        parts: only these parts (machine, streams, async_wait_cost, memory, creation, pytest).
         say: progress lines (default: print); every line also lands in ``log.txt``.
     """
     started = time.perf_counter()

@@ -1,7 +1,7 @@
 """Render an :class:`~commgroups.bench.gpu.analysis.Analysis` as markdown and one PNG.
 
 Pure (no torch). The PNG has four panels: the GPU timeline of each stream variant (caller's stream
-vs others), communicator memory measured vs estimated, the safeguard ratio per message size, and
+vs others), communicator memory measured vs estimated, the async-and-wait cost ratio per message size, and
 creation time per method. matplotlib is optional: without it the PNG is skipped and the markdown
 says so. Charts use matplotlib's object API with the Agg canvas (no pyplot, nothing global changes).
 """
@@ -90,19 +90,19 @@ def _memory(analysis: Analysis) -> list[str]:
     return lines
 
 
-def _safeguard(analysis: Analysis) -> list[str]:
-    lines = ["## Safeguard cost: raw blocking vs async-and-wait, per call", ""]
-    if not analysis.safeguard:
+def _async_wait_cost(analysis: Analysis) -> list[str]:
+    lines = ["## Async-and-wait cost: raw blocking vs async-and-wait, per call", ""]
+    if not analysis.async_wait_cost:
         return [*lines, NOTHING]
     lines += ["| op | size | calls / rep | raw us | manual async+wait us | registry.collectives us "
               "| manual / raw | registry / raw |", "|" + "---|" * 8]
-    for row in analysis.safeguard:
+    for row in analysis.async_wait_cost:
         lines.append(f"| {row['op']} | {_size(int(row['bytes']))} | {row.get('calls')} | "
                      f"{summary_text(row.get('raw_us'))} | {summary_text(row.get('manual_us'))} | "
                      f"{summary_text(row.get('registry_us'))} | "
                      f"{summary_text(row.get('manual_ratio'))} | "
                      f"{summary_text(row.get('registry_ratio'))} |")
-    timer = analysis.safeguard[0].get("timer", "cuda_events")
+    timer = analysis.async_wait_cost[0].get("timer", "cuda_events")
     lines += ["", f"- per-call time on the caller's stream ({timer}), median [p25-p75] over "
               "repetitions; ratios per repetition (variants interleaved)"]
     return lines
@@ -134,10 +134,10 @@ def markdown(analysis: Analysis) -> str:
         lines.append(f"- flagged stream variants: {', '.join(head['streams_flagged']) or 'none'}")
         lines.append("- variants not as expected: "
                      f"{', '.join(head.get('streams_unexpected') or []) or 'none'}")
-    if "safeguard_ratio_median_ge_64KiB" in head:
-        lines.append("- safeguard ratio (registry.collectives / raw, median over sizes >= 64 KiB): "
-                     f"{fmt(head['safeguard_ratio_median_ge_64KiB'])}")
-    for section in (_streams, _memory, _safeguard, _creation):
+    if "async_wait_ratio_median_ge_64KiB" in head:
+        lines.append("- async-and-wait ratio (registry.collectives / raw, median over sizes >= 64 KiB): "
+                     f"{fmt(head['async_wait_ratio_median_ge_64KiB'])}")
+    for section in (_streams, _memory, _async_wait_cost, _creation):
         lines += ["", *section(analysis)]
     pytest = analysis.pytest
     lines += ["", "## tests/test_gpu_streams.py", "",
@@ -195,17 +195,17 @@ def _memory_panel(axes: Any, analysis: Analysis) -> None:
         axes.legend(fontsize=6)
 
 
-def _safeguard_panel(axes: Any, analysis: Analysis) -> None:
-    for op in sorted({r["op"] for r in analysis.safeguard}):
-        rows = [r for r in analysis.safeguard if r["op"] == op and "registry_ratio" in r]
+def _async_wait_panel(axes: Any, analysis: Analysis) -> None:
+    for op in sorted({r["op"] for r in analysis.async_wait_cost}):
+        rows = [r for r in analysis.async_wait_cost if r["op"] == op and "registry_ratio" in r]
         axes.plot([r["bytes"] for r in rows], [r["registry_ratio"]["median"] for r in rows],
                   marker="o", label=op)
     axes.axhline(1.0, color="grey", linewidth=0.8)
     axes.set_xscale("log", base=2)
     axes.set_xlabel("message bytes", fontsize=7)
     axes.set_ylabel("registry / raw", fontsize=7)
-    axes.set_title("Safeguard cost per call", fontsize=8)
-    if analysis.safeguard:
+    axes.set_title("Async-and-wait cost per call", fontsize=8)
+    if analysis.async_wait_cost:
         axes.legend(fontsize=6)
 
 
@@ -226,12 +226,12 @@ def write_png(analysis: Analysis, traces: Mapping[str, Any], path: str | Path) -
     except ImportError:
         return None
     figure = _figure(11.0, 7.5)
-    (streams, memory), (safeguard, creation) = figure.subplots(2, 2)
+    (streams, memory), (cost, creation) = figure.subplots(2, 2)
     _timeline(streams, analysis, traces)
     _memory_panel(memory, analysis)
-    _safeguard_panel(safeguard, analysis)
+    _async_wait_panel(cost, analysis)
     _creation_panel(creation, analysis)
-    for axes in (streams, memory, safeguard, creation):
+    for axes in (streams, memory, cost, creation):
         axes.tick_params(labelsize=6)
         if not axes.has_data():
             axes.text(0.5, 0.5, "nothing measured", ha="center", va="center",

@@ -63,6 +63,7 @@ def _functional_all_gather(x: Any, group: Any) -> Callable[[], Any]:
 
 def _fsdp_variants(group: Any, x: Any, out: Any, rs_out: Any) -> list[Variant]:
     import torch.distributed as dist
+
     # PRIVATE-TORCH: torch.distributed.fsdp._fully_shard._fsdp_collectives.{DefaultAllGather,
     # DefaultReduceScatter}, FSDP2's default comms (as commgroups.integrations.fsdp uses them);
     # checked on 2.13. Missing on older torch: the FSDP variants are then recorded as unavailable.
@@ -71,9 +72,9 @@ def _fsdp_variants(group: Any, x: Any, out: Any, rs_out: Any) -> list[Variant]:
         DefaultReduceScatter,
     )
 
-    from commgroups.integrations.fsdp import async_wait_comms
+    from commgroups.integrations.fsdp import async_and_wait_comms
 
-    comms = async_wait_comms()
+    comms = async_and_wait_comms()
     if comms is None:
         raise RuntimeError("this torch has no FSDP2 custom-comm hooks")
     ag, rs = comms

@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["PARTS", "main", "run_part"]
 
-PARTS: tuple[str, ...] = ("machine", "streams", "safeguard", "memory", "creation")
+PARTS: tuple[str, ...] = ("machine", "streams", "async_wait_cost", "memory", "creation")
 
 
 def run_part(part: str, *, smoke: bool, trial: str | None = None,
@@ -33,10 +33,10 @@ def run_part(part: str, *, smoke: bool, trial: str | None = None,
         from commgroups.bench.gpu.streams import collect_streams
 
         return collect_streams(smoke)
-    if part == "safeguard":
-        from commgroups.bench.gpu.safeguard_cost import collect_safeguard
+    if part == "async_wait_cost":
+        from commgroups.bench.gpu.async_wait_cost import collect_async_wait_cost
 
-        return collect_safeguard(smoke)
+        return collect_async_wait_cost(smoke)
     if part == "memory":
         from commgroups.bench.gpu.memory_probe import collect_memory_trial
 

@@ -1,4 +1,4 @@
-"""Collect: what the async-and-wait safeguard costs per call on NCCL, 4 B to 256 MiB (needs the GPU).
+"""Collect: what async-and-wait costs per call on NCCL, 4 B to 256 MiB (needs the GPU).
 
 Three variants on one one-rank NCCL group, timed with CUDA events on the caller's stream over a
 batch of calls (so host launch cost counts where it dominates, as it does for a caller): the raw
@@ -16,7 +16,7 @@ from typing import Any
 from commgroups.bench.gpu.world import device, four_role_layout, init_world, sync
 from commgroups.bench.stats import interleaved
 
-__all__ = ["GPU_SIZES", "SMOKE_SIZES", "calls_for", "collect_safeguard"]
+__all__ = ["GPU_SIZES", "SMOKE_SIZES", "calls_for", "collect_async_wait_cost"]
 
 GPU_SIZES: tuple[int, ...] = (4, 64, 1024, 16 << 10, 256 << 10, 4 << 20, 64 << 20, 256 << 20)
 SMOKE_SIZES: tuple[int, ...] = (4, 64 << 10)
@@ -71,7 +71,7 @@ def _calls(op: str, registry: Any, group: Any, x: Any, out: Any) -> dict[str, Ca
     }
 
 
-def collect_safeguard(smoke: bool, *, reps: int | None = None,
+def collect_async_wait_cost(smoke: bool, *, reps: int | None = None,
                       sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Time every op, size and variant; returns ``{"cases": [...], "timer": ...}``.
 
