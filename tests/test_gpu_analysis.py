@@ -39,7 +39,7 @@ def sample() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def test_trace_streams_and_phases(sample: tuple[dict[str, Any], dict[str, Any]]) -> None:
-    parsed = parse_trace(sample[1]["registry_collectives"])
+    parsed = parse_trace(sample[1]["role_collectives"])
     call = parsed.in_phase("cg:call", collective=True)
     assert [(e.short_name, e.stream) for e in call] == [("ncclDevKernel_AllGather_RING_LL", 24)]
     assert [e.stream for e in parsed.in_phase("cg:before")] == [20]
@@ -59,7 +59,7 @@ def test_blocking_flagged_async_and_wait_not(sample: tuple[dict[str, Any], dict[
     blocking = stream_verdict("raw_blocking", parse_trace(traces["raw_blocking"]), ON_CALLER)
     assert blocking.verdict == ON_CALLER and blocking.flagged and blocking.as_expected
     assert blocking.on_caller_stream and blocking.collective_streams == (20,)
-    waited = stream_verdict("registry_collectives", parse_trace(traces["registry_collectives"]))
+    waited = stream_verdict("role_collectives", parse_trace(traces["role_collectives"]))
     assert waited.verdict == WAITED and not waited.flagged
     assert waited.caller_stream == 20 and waited.collective_streams == (24,)
     assert waited.wait_event is True and waited.ordered_after is True
@@ -93,7 +93,7 @@ def test_analysis_of_the_sample(sample: tuple[dict[str, Any], dict[str, Any]]) -
     assert analysis.headline["streams_flagged"] == ["raw_blocking", "raw_async_no_wait"]
     assert analysis.headline["streams_unexpected"] == ["functional_all_gather"]
     small = next(r for r in analysis.async_wait_cost if r["bytes"] == 4)
-    assert small["registry_ratio"]["median"] == pytest.approx(14.0 / 9.8)
+    assert small["collectives_ratio"]["median"] == pytest.approx(14.0 / 9.8)
     assert small["manual_ratio"]["median"] == pytest.approx(12.1 / 9.8)
     figures = {f["case"]: f["mb"] for f in analysis.memory_figures}
     assert figures == {"fresh": pytest.approx(639.6, abs=0.1), "split": pytest.approx(138.4, abs=0.1),
@@ -113,7 +113,7 @@ def test_report_and_measured_memory_written(
     rows = {line.split(" | ")[0].strip("| "): line for line in report.splitlines()
             if line.startswith("| ")}
     assert "**unfenced-on-caller-stream** (flagged)" in rows["raw_blocking"]
-    assert "(flagged)" not in rows["registry_collectives"]
+    assert "(flagged)" not in rows["role_collectives"]
     assert "NVIDIA H200" in report and "nccl 2.27.7" in report
     assert (tmp_path / REPORT_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     measured = load_measured(tmp_path / MEMORY)

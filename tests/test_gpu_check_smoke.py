@@ -54,8 +54,8 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     assert measurements["smoke"] is True and parts["machine"]["data"]["torch"]
     variants = {v["variant"]: v for v in parts["streams"]["data"]["variants"]}
     assert len(variants) == 11 and all(v["error"] is None for v in variants.values()), variants
-    assert variants["registry_collectives"]["trace"] == "registry_collectives"
-    assert "registry_collectives" in json.loads((results / "traces.json").read_text())
+    assert variants["role_collectives"]["trace"] == "role_collectives"
+    assert "role_collectives" in json.loads((results / "traces.json").read_text())
     cases = parts["async_wait_cost"]["data"]["cases"]
     assert {c["op"] for c in cases} == {"all_reduce", "all_gather_into_tensor"}
     assert all(len(c["reps"]) == 3 and c["error"] is None for c in cases)

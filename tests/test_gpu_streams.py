@@ -30,32 +30,34 @@ if not dist.is_nccl_available():
 from commgroups.bench.gpu.analysis import ON_CALLER, WAITED, stream_verdict  # noqa: E402
 from commgroups.bench.gpu.streams import profile_call  # noqa: E402
 from commgroups.bench.gpu.trace import parse_trace  # noqa: E402
-from commgroups.bench.gpu.world import four_role_layout  # noqa: E402
+from commgroups.bench.gpu.world import dedicated_group  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def registry() -> Iterator[cg.GroupRegistry]:
-    """A real 1-rank NCCL world in this process and the four-role registry on it."""
+def nccl_group() -> Iterator[dist.ProcessGroup]:
+    """A real 1-rank NCCL world in this process and one dedicated NCCL group on it.
+
+    Not a registry role: the registry gives one-rank roles its single-rank backend (no
+    communicator); the streams under test are an NCCL communicator's.
+    """
     if dist.is_initialized():
         pytest.skip("another test left a default group initialized in this process")
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
-    registry = cg.GroupRegistry(four_role_layout()).create()
     try:
-        yield registry
+        yield dedicated_group()
     finally:
-        registry.close()
         dist.destroy_process_group()
 
 
 def test_blocking_on_current_stream_async_wait_on_group_stream(
-    registry: cg.GroupRegistry, tmp_path: Path,
+    nccl_group: dist.ProcessGroup, tmp_path: Path,
 ) -> None:
-    group = registry.group("cp")
+    group = nccl_group
     x = torch.arange(1 << 24, dtype=torch.float32, device="cuda")
     out = torch.empty_like(x)  # out of place: a 1-rank NCCL group still moves bytes
     marker = torch.ones(1 << 16, device="cuda")
-    collectives = registry.collectives("cp")
+    collectives = cg.RoleCollectives(group, role="cp", async_and_wait=True)  # registry.collectives
     # warm up: the communicator is created lazily on first use
     dist.all_gather_into_tensor(out, x, group=group)
     collectives.all_gather_into_tensor(out, x)
@@ -73,8 +75,8 @@ def test_blocking_on_current_stream_async_wait_on_group_stream(
     assert torch.equal(out, x)
 
 
-def test_audit_names_the_live_hazard(registry: cg.GroupRegistry) -> None:
-    group = registry.group("cp")
+def test_audit_names_the_live_hazard(nccl_group: dist.ProcessGroup) -> None:
+    group = nccl_group
     x = torch.ones(1024, device="cuda")
     out = torch.empty_like(x)
     with cg.audit.record({"cp": group}) as rec:

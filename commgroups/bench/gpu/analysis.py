@@ -286,7 +286,7 @@ def _async_wait_cost(data: Mapping[str, Any], errors: list[str]) -> list[dict[st
                                "calls": case.get("calls"), "timer": case.get("timer", "cuda_events")}
         raw = [float(r["raw_us"]) for r in reps]
         row["raw_us"] = summarize(raw).to_dict()
-        for variant in ("manual_us", "registry_us"):
+        for variant in ("manual_us", "collectives_us"):
             values = [float(r[variant]) for r in reps if r.get(variant) is not None]
             if len(values) != len(raw):
                 continue
@@ -326,8 +326,8 @@ def _headline(analysis: Analysis) -> dict[str, Any]:
     unexpected = [s.variant for s in analysis.streams if s.as_expected is False]
     head["streams_flagged"] = flagged
     head["streams_unexpected"] = unexpected
-    big = [r["registry_ratio"]["median"] for r in analysis.async_wait_cost
-           if "registry_ratio" in r and r["bytes"] >= 64 * 1024]
+    big = [r["collectives_ratio"]["median"] for r in analysis.async_wait_cost
+           if "collectives_ratio" in r and r["bytes"] >= 64 * 1024]
     if big:
         head["async_wait_ratio_median_ge_64KiB"] = sorted(big)[len(big) // 2]
     for figure in analysis.memory_figures:

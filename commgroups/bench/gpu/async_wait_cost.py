@@ -3,7 +3,9 @@
 Three variants on one one-rank NCCL group, timed with CUDA events on the caller's stream over a
 batch of calls (so host launch cost counts where it dominates, as it does for a caller): the raw
 blocking call, the same call issued ``async_op=True`` and waited by hand, and
-``registry.collectives(role)`` (the product's path: the manual rule plus the wrapper). Variants are
+:class:`~commgroups.RoleCollectives`, what ``registry.collectives(role)`` returns (the product's
+path: the manual rule plus the wrapper), on a dedicated group (:func:`~commgroups.bench.gpu.world.
+dedicated_group`). Variants are
 interleaved, their order rotated every repetition. The gloo smoke run uses the host clock instead.
 """
 
@@ -13,14 +15,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from commgroups.bench.gpu.world import device, four_role_layout, init_world, sync
+from commgroups.bench.gpu.world import dedicated_group, device, init_world, sync
 from commgroups.bench.stats import interleaved
 
 __all__ = ["GPU_SIZES", "SMOKE_SIZES", "calls_for", "collect_async_wait_cost"]
 
 GPU_SIZES: tuple[int, ...] = (4, 64, 1024, 16 << 10, 256 << 10, 4 << 20, 64 << 20, 256 << 20)
 SMOKE_SIZES: tuple[int, ...] = (4, 64 << 10)
-VARIANTS: tuple[str, ...] = ("raw_us", "manual_us", "registry_us")
+VARIANTS: tuple[str, ...] = ("raw_us", "manual_us", "collectives_us")
 # Aim for a batch of a few ms: long enough for event resolution, short enough for many repetitions.
 BATCH_S = 2e-3
 ASSUMED_BYTES_PER_S = 1e12
@@ -53,21 +55,24 @@ def _timed(fn: Callable[[], None], calls: int, smoke: bool) -> float:
     return float(start.elapsed_time(end)) * 1e3 / calls
 
 
-def _calls(op: str, registry: Any, group: Any, x: Any, out: Any) -> dict[str, Callable[[], None]]:
+def _calls(op: str, group: Any, x: Any, out: Any) -> dict[str, Callable[[], None]]:
     import torch.distributed as dist
 
-    role = registry.collectives("cp")
+    import commgroups as cg
+
+    # What registry.collectives(role) returns, on the dedicated NCCL group (see world.py).
+    role = cg.RoleCollectives(group, role="cp", async_and_wait=True)
     if op == "all_reduce":
         return {
             "raw_us": lambda: dist.all_reduce(x, group=group),
             "manual_us": lambda: dist.all_reduce(x, group=group, async_op=True).wait(),
-            "registry_us": lambda: role.all_reduce(x),
+            "collectives_us": lambda: role.all_reduce(x),
         }
     return {
         "raw_us": lambda: dist.all_gather_into_tensor(out, x, group=group),
         "manual_us": lambda: dist.all_gather_into_tensor(out, x, group=group,
                                                          async_op=True).wait(),
-        "registry_us": lambda: role.all_gather_into_tensor(out, x),
+        "collectives_us": lambda: role.all_gather_into_tensor(out, x),
     }
 
 
@@ -75,22 +80,19 @@ def collect_async_wait_cost(smoke: bool, *, reps: int | None = None,
                       sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Time every op, size and variant; returns ``{"cases": [...], "timer": ...}``.
 
-    Each case: ``{"op", "bytes", "calls", "reps": [{"raw_us", "manual_us", "registry_us"}, ...]}``
+    Each case: ``{"op", "bytes", "calls", "reps": [{"raw_us", "manual_us", "collectives_us"}, ...]}``
     or an ``error``; one failing case does not stop the others.
     """
     import torch
     import torch.distributed as dist
 
-    import commgroups as cg
-
     reps = reps if reps is not None else (3 if smoke else 30)
     sizes = sizes if sizes is not None else (SMOKE_SIZES if smoke else GPU_SIZES)
     timer = "perf_counter (host)" if smoke else "cuda_events"
     init_world("gloo" if smoke else "nccl-bound")
-    registry = cg.GroupRegistry(four_role_layout()).create()
     cases: list[dict[str, Any]] = []
     try:
-        group = registry.group("cp")
+        group = dedicated_group()
         for op in ("all_reduce", "all_gather_into_tensor"):
             for nbytes in sizes:
                 case: dict[str, Any] = {"op": op, "bytes": nbytes, "timer": timer, "reps": [],
@@ -98,7 +100,7 @@ def collect_async_wait_cost(smoke: bool, *, reps: int | None = None,
                 try:
                     x = torch.zeros(max(nbytes // 4, 1), device=device(smoke))
                     out = torch.empty_like(x)
-                    calls = _calls(op, registry, group, x, out)
+                    calls = _calls(op, group, x, out)
                     case["calls"] = count = calls_for(nbytes, smoke=smoke)
                     for fn in calls.values():  # warm up every path (communicator, allocator)
                         for _ in range(3):
@@ -114,5 +116,4 @@ def collect_async_wait_cost(smoke: bool, *, reps: int | None = None,
                 cases.append(case)
         return {"cases": cases, "timer": timer, "reps": reps}
     finally:
-        registry.close()
         dist.destroy_process_group()

@@ -3,8 +3,11 @@
 Raw torch (``new_group`` for all ranks, ``new_group(use_local_synchronization=True)``,
 ``split_group``) against the registry's creation modes, on a one-rank device-bound NCCL world: four
 groups per repetition, each brought up by a first one-element all_reduce (timed apart: NCCL may
-connect lazily). Member-only creation is known to hang with a device-bound NCCL default group on
-several ranks, so the orchestrator runs it in its own process under its own timeout.
+connect lazily). The registry gives one-rank roles its single-rank backend (no communicator, local
+copies), so its rows show what a size-1 role costs a job, against NCCL communicators from raw torch;
+``paths`` names the backend and creation path each took. Member-only creation is known to hang
+with a device-bound NCCL default group on several ranks, so the orchestrator runs it in its own
+process under its own timeout.
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ def _measure(method: str, reps: int, smoke: bool, keep: list[Any]) -> dict[str, 
             sync(smoke)
             row["create_s"].append(time.perf_counter() - start)
             groups = [registry.group(role) for role in FOUR_ROLES]
-            row["paths"] = sorted({registry.creation_method(role) for role in FOUR_ROLES})
+            row["paths"] = sorted({f"{registry.backend(role)}/{registry.creation_method(role)}"
+                                   for role in FOUR_ROLES})
             row["first_collective_s"].append(_first_collective(groups, smoke))
             registry.close()
             continue

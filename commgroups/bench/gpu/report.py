@@ -94,14 +94,14 @@ def _async_wait_cost(analysis: Analysis) -> list[str]:
     lines = ["## Async-and-wait cost: raw blocking vs async-and-wait, per call", ""]
     if not analysis.async_wait_cost:
         return [*lines, NOTHING]
-    lines += ["| op | size | calls / rep | raw us | manual async+wait us | registry.collectives us "
-              "| manual / raw | registry / raw |", "|" + "---|" * 8]
+    lines += ["| op | size | calls / rep | raw us | manual async+wait us | RoleCollectives us "
+              "| manual / raw | RoleCollectives / raw |", "|" + "---|" * 8]
     for row in analysis.async_wait_cost:
         lines.append(f"| {row['op']} | {_size(int(row['bytes']))} | {row.get('calls')} | "
                      f"{summary_text(row.get('raw_us'))} | {summary_text(row.get('manual_us'))} | "
-                     f"{summary_text(row.get('registry_us'))} | "
+                     f"{summary_text(row.get('collectives_us'))} | "
                      f"{summary_text(row.get('manual_ratio'))} | "
-                     f"{summary_text(row.get('registry_ratio'))} |")
+                     f"{summary_text(row.get('collectives_ratio'))} |")
     timer = analysis.async_wait_cost[0].get("timer", "cuda_events")
     lines += ["", f"- per-call time on the caller's stream ({timer}), median [p25-p75] over "
               "repetitions; ratios per repetition (variants interleaved)"]
@@ -135,7 +135,7 @@ def markdown(analysis: Analysis) -> str:
         lines.append("- variants not as expected: "
                      f"{', '.join(head.get('streams_unexpected') or []) or 'none'}")
     if "async_wait_ratio_median_ge_64KiB" in head:
-        lines.append("- async-and-wait ratio (registry.collectives / raw, median over sizes >= 64 KiB): "
+        lines.append("- async-and-wait ratio (RoleCollectives / raw, median over sizes >= 64 KiB): "
                      f"{fmt(head['async_wait_ratio_median_ge_64KiB'])}")
     for section in (_streams, _memory, _async_wait_cost, _creation):
         lines += ["", *section(analysis)]
@@ -197,13 +197,13 @@ def _memory_panel(axes: Any, analysis: Analysis) -> None:
 
 def _async_wait_panel(axes: Any, analysis: Analysis) -> None:
     for op in sorted({r["op"] for r in analysis.async_wait_cost}):
-        rows = [r for r in analysis.async_wait_cost if r["op"] == op and "registry_ratio" in r]
-        axes.plot([r["bytes"] for r in rows], [r["registry_ratio"]["median"] for r in rows],
+        rows = [r for r in analysis.async_wait_cost if r["op"] == op and "collectives_ratio" in r]
+        axes.plot([r["bytes"] for r in rows], [r["collectives_ratio"]["median"] for r in rows],
                   marker="o", label=op)
     axes.axhline(1.0, color="grey", linewidth=0.8)
     axes.set_xscale("log", base=2)
     axes.set_xlabel("message bytes", fontsize=7)
-    axes.set_ylabel("registry / raw", fontsize=7)
+    axes.set_ylabel("RoleCollectives / raw", fontsize=7)
     axes.set_title("Async-and-wait cost per call", fontsize=8)
     if analysis.async_wait_cost:
         axes.legend(fontsize=6)

@@ -22,7 +22,7 @@ from typing import Any
 
 from commgroups.bench.gpu.analysis import NOT_WAITED, ON_CALLER, WAITED
 from commgroups.bench.gpu.trace import parse_trace, trim_trace
-from commgroups.bench.gpu.world import device, four_role_layout, init_world, sync
+from commgroups.bench.gpu.world import dedicated_group, device, init_world, sync
 
 __all__ = ["DEFAULT_BYTES", "collect_streams", "profile_call"]
 
@@ -92,12 +92,13 @@ def _fsdp_variants(group: Any, x: Any, out: Any, rs_out: Any) -> list[Variant]:
     ]
 
 
-def _variants(registry: Any, group: Any, x: Any, out: Any, rs_out: Any) -> list[Variant]:
+def _variants(group: Any, x: Any, out: Any, rs_out: Any) -> list[Variant]:
     import torch.distributed as dist
 
     import commgroups as cg
 
-    collectives = registry.collectives("cp")
+    # What registry.collectives(role) returns, on the dedicated NCCL group (see world.py).
+    collectives = cg.RoleCollectives(group, role="cp", async_and_wait=True)
     wrapped = cg.AsyncWaitDist()
 
     def scope() -> None:
@@ -112,7 +113,8 @@ def _variants(registry: Any, group: Any, x: Any, out: Any, rs_out: Any) -> list[
          lambda: dist.all_gather_into_tensor(out, x, group=group, async_op=True)),
         ("raw_async_wait", WAITED, "async_op=True, then work.wait() at once",
          lambda: dist.all_gather_into_tensor(out, x, group=group, async_op=True).wait()),
-        ("registry_collectives", WAITED, "registry.collectives('cp').all_gather_into_tensor",
+        ("role_collectives", WAITED,
+         "RoleCollectives (registry.collectives(role)).all_gather_into_tensor",
          lambda: collectives.all_gather_into_tensor(out, x)),
         ("async_wait_dist", WAITED, "cg.AsyncWaitDist().all_gather_into_tensor",
          lambda: wrapped.all_gather_into_tensor(out, x, group=group)),
@@ -180,20 +182,17 @@ def collect_streams(smoke: bool, size_bytes: int = DEFAULT_BYTES) -> dict[str, A
     import torch
     import torch.distributed as dist
 
-    import commgroups as cg
-
     init_world("gloo" if smoke else "nccl-bound")
-    registry = cg.GroupRegistry(four_role_layout()).create()
     results: list[dict[str, Any]] = []
     traces: dict[str, Any] = {}
     try:
-        group = registry.group("cp")
+        group = dedicated_group()
         dev = device(smoke)
         numel = max(size_bytes // 4, 1)
         x = torch.ones(numel, device=dev)
         out, rs_out = torch.empty_like(x), torch.empty_like(x)
         marker = torch.ones(1 << 16, device=dev)
-        variants = _variants(registry, group, x, out, rs_out)
+        variants = _variants(group, x, out, rs_out)
         try:
             variants += _fsdp_variants(group, x, out, rs_out)
         except (ImportError, RuntimeError, AttributeError) as error:
@@ -217,5 +216,4 @@ def collect_streams(smoke: bool, size_bytes: int = DEFAULT_BYTES) -> dict[str, A
                 results.append(entry)
         return {"variants": results, "size_bytes": size_bytes, "traces": traces}
     finally:
-        registry.close()
         dist.destroy_process_group()
