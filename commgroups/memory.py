@@ -10,6 +10,9 @@ them to compare layouts (how many communicators, which ones share resources), no
 - HCCL: each communicator allocates its buffer, 200 MB by default (``hccl_buffer_size`` in
   ``hccl_config``; a role's ``options.hccl.buffer_size_mb`` overrides it).
 - Gloo (and the fake backend): host memory only, negligible next to device communicators.
+- A regular one-rank role: none. The registry gives it the single-rank backend (local copies, no
+  communicator); the 512 MiB above is what a one-rank NCCL group made by hand (or an irregular
+  explicit-ranks role) costs.
 
 Measured figures replace the published ones where a GPU check measured them
 (``benchmarks/results/gpu/memory.json``, written by ``python -m commgroups.bench.gpu``; read with
@@ -42,6 +45,7 @@ __all__ = [
     "MeasuredFigure",
     "MeasuredMemory",
     "MemoryEstimate",
+    "SINGLE_RANK",
     "SPLIT_PARENT",
     "RoleMemory",
     "communicator_cost_mb",
@@ -58,6 +62,8 @@ NCCL_SINGLE_RANK_MB: float = 512 * 1024 * 1024 / 1e6
 # Ascend HCCL: hccl_buffer_size defaults to 200 (MB) per communicator.
 HCCL_DEFAULT_BUFFER_MB: float = 200.0
 
+SINGLE_RANK = "single"
+"""The backend name of a one-rank role's group: the registry's single-rank backend, no communicator."""
 SPLIT_PARENT = "default group (split parent)"
 """The extra row counted when split_share children share the default group's communicator."""
 DEVICE_BACKENDS: tuple[str, ...] = ("nccl", "rccl", "hccl", "gloo")
@@ -321,25 +327,33 @@ def estimate_memory(
         backend = device_backend if spec.backend == "device" else spec.backend
         member = plan.group_index(spec.name, rank) is not None
         info = plan.role(spec.name)
+        if info.regular and info.group_size == 1:
+            # The registry gives a regular one-rank role its single-rank backend: local copies, no
+            # communicator (backends.detection.resolve_backend), whatever backend was asked for.
+            rows.append(RoleMemory(spec.name, SINGLE_RANK, 0, 0.0, 0.0,
+                                   "one-rank group: single-rank backend, no communicator"))
+            continue
         group_size = info.group_size
         if info.dim_names is None and member:  # explicit groups may differ in size: use this rank's
             group_size = len(plan.group_of(spec.name, rank) or ())
         shared = split_share if split_share is not None else bool(
             spec.options.nccl is not None and spec.options.nccl.split_share
         )
+        # Only regular roles are split (creation.choose_method); the others are made on all ranks.
+        split = creation == "split" and info.regular
         buffer_mb = spec.options.hccl.buffer_size_mb if spec.options.hccl is not None else None
         low, high, basis = communicator_cost_mb(
             backend,
             group_size,
             buffer_size_mb=buffer_mb,
-            split_share=shared and creation == "split",
-            split=creation == "split",
+            split_share=shared and split,
+            split=split,
             measured=measured,
         )
         if not member:
             low = high = 0.0
         rows.append(RoleMemory(spec.name, backend, int(member), low, high, basis))
-        if member and shared and creation == "split" and backend in ("nccl", "rccl"):
+        if member and shared and split and backend in ("nccl", "rccl"):
             parent_backend = backend
     if parent_backend is not None:
         # split_share children live off the default group's communicator, which split creation

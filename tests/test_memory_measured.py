@@ -18,6 +18,7 @@ from commgroups.cli import main
 from commgroups.memory import (
     MEASURED_SCHEMA,
     NCCL_SINGLE_RANK_MB,
+    SINGLE_RANK,
     communicator_cost_mb,
     estimate_memory,
     load_measured,
@@ -37,10 +38,12 @@ def memory_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _layout() -> cg.Layout:
-    # tp has one rank per group: the case a one-GPU measurement covers; dp_shard has four.
+    # "solo" is one explicit rank: a real one-rank NCCL communicator, the case one GPU measures;
+    # dp_shard has four ranks; tp is a regular one-rank role (single-rank backend, no communicator).
     return cg.Layout(dims={"dp_shard": 4, "tp": 1},
                      roles=[cg.RoleSpec(name="dp_shard", dims=["dp_shard"]),
-                            cg.RoleSpec(name="tp", dims=["tp"])])
+                            cg.RoleSpec(name="tp", dims=["tp"]),
+                            cg.RoleSpec(name="solo", ranks=[[0]])])
 
 
 def test_measured_replaces_the_estimate_where_it_differs(memory_json: Path) -> None:
@@ -48,8 +51,8 @@ def test_measured_replaces_the_estimate_where_it_differs(memory_json: Path) -> N
     plain = estimate_memory(_layout())
     mixed = estimate_memory(_layout(), measured=measured)
     rows = {r.role: r for r in mixed.roles}
-    assert rows["tp"].low_mb == rows["tp"].high_mb == pytest.approx(639.6, abs=0.1)
-    assert "measured on NVIDIA H200" in rows["tp"].basis and "nccl#2363" in rows["tp"].basis
+    assert rows["solo"].low_mb == rows["solo"].high_mb == pytest.approx(639.6, abs=0.1)
+    assert "measured on NVIDIA H200" in rows["solo"].basis and "nccl#2363" in rows["solo"].basis
     # four ranks were never measured on one GPU: the published figure stays
     assert rows["dp_shard"] == {r.role: r for r in plain.roles}["dp_shard"]
     assert mixed.measured == str(memory_json)
@@ -57,13 +60,23 @@ def test_measured_replaces_the_estimate_where_it_differs(memory_json: Path) -> N
     assert plain.measured is None and plain.to_dict()["measured"] is None
 
 
+def test_a_regular_one_rank_role_costs_no_communicator(memory_json: Path) -> None:
+    for measured in (None, load_measured(memory_json)):
+        estimate = estimate_memory(_layout(), measured=measured)
+        tp = {r.role: r for r in estimate.roles}["tp"]
+        assert (tp.backend, tp.communicators, tp.high_mb) == (SINGLE_RANK, 0, 0.0)
+        assert estimate.device_communicators == 2  # dp_shard and solo
+
+
 def test_split_cases_use_their_own_figures(memory_json: Path) -> None:
     measured = load_measured(memory_json)
-    shared = estimate_memory(_layout(), creation="split", split_share=True, measured=measured)
-    tp = {r.role: r for r in shared.roles}["tp"]
-    assert tp.high_mb == pytest.approx(6.3, abs=0.1)  # the estimate said 0
-    split = estimate_memory(_layout(), creation="split", measured=measured)
-    assert {r.role: r for r in split.roles}["tp"].high_mb == pytest.approx(138.4, abs=0.1)
+    assert communicator_cost_mb("nccl", 1, split_share=True, measured=measured)[1] == \
+        pytest.approx(6.3, abs=0.1)  # the estimate said 0
+    assert communicator_cost_mb("nccl", 1, split=True, measured=measured)[1] == \
+        pytest.approx(138.4, abs=0.1)
+    # only regular roles are split: the explicit one-rank role keeps its fresh communicator
+    split = estimate_memory(_layout(), creation="split", split_share=True, measured=measured)
+    assert {r.role: r for r in split.roles}["solo"].high_mb == pytest.approx(639.6, abs=0.1)
     # without a figure for the backend nothing changes
     assert communicator_cost_mb("rccl", 1, measured=measured)[0] == NCCL_SINGLE_RANK_MB
 
@@ -96,11 +109,11 @@ def test_bad_measured_file_names_the_field(document: dict[str, Any], field: str)
 def test_plan_measured_flag(memory_json: Path, tmp_path: Path,
                             capsys: pytest.CaptureFixture[str]) -> None:
     layout = tmp_path / "layout.json"
-    layout.write_text(json.dumps({"dims": {"dp_shard": 4, "tp": 1}, "roles": [
-        {"name": "dp_shard", "dims": ["dp_shard"]}, {"name": "tp", "dims": ["tp"]}]}))
+    layout.write_text(json.dumps({"dims": {"dp_shard": 4}, "roles": [
+        {"name": "dp_shard", "dims": ["dp_shard"]}, {"name": "solo", "ranks": [[0]]}]}))
     assert main(["plan", str(layout), "--measured", str(memory_json)]) == 0
     out = capsys.readouterr().out
-    assert "tp: 640 MB (nccl; measured on NVIDIA H200" in out
+    assert "solo: 640 MB (nccl; measured on NVIDIA H200" in out
     assert "dp_shard: 544-688 MB (nccl; per communicator on 4xA100, nccl#964)" in out
     assert main(["plan", str(layout)]) == 0
     assert "measured" not in capsys.readouterr().out
