@@ -31,6 +31,9 @@ __all__ = [
     "CHECKED_VERSIONS",
     "backend_plugin",
     "clear_flatten_mapping",
+    "cuda_sync_events_config",
+    "functional_collective_ops",
+    "nccl_comm_split_count",
     "install_error_backends",
     "privateuse1_backend_name",
     "work_from_future",
@@ -427,6 +430,42 @@ def install_error_backends(group: dist.ProcessGroup, devices: Sequence[str]) -> 
         guard = c10d_c.FakeProcessGroup._create_internal(0, 1, options)
         group._register_backend(torch.device(device), custom, guard)
     group._set_default_backend(custom)
+
+
+# -------------------------------------------------------------------------------- GPU check
+def nccl_comm_split_count(group: dist.ProcessGroup) -> int | None:
+    """How many communicators ``group``'s NCCL backend made by ncclCommSplit; None if unknown.
+
+    ``ProcessGroup._get_backend(cuda)`` exists on 2.10, 2.13, 2.14.1, 2.15.0; ``comm_split_count()``
+    of ProcessGroupNCCL is NOT CHECKED here (needs a CUDA device). Evidence only: None on any failure.
+    """
+    try:
+        backend: Any = group._get_backend(torch.device("cuda"))
+        return int(backend.comm_split_count())
+    except Exception:  # any failure just means "not known"
+        return None
+
+
+def cuda_sync_events_config() -> Any | None:
+    """A profiler ``experimental_config`` recording cuda_sync (Stream Wait Event) events, or None.
+
+    ``torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)`` constructs on 2.10,
+    2.13, 2.14.1, 2.15.0 (the events themselves need CUDA). None where it is missing or refuses.
+    """
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return _ExperimentalConfig(enable_cuda_sync_events=True)
+    except (ImportError, TypeError, RuntimeError):
+        return None
+
+
+def functional_collective_ops() -> Any:
+    """The ``torch.ops._c10d_functional`` namespace (the ops DTensor issues: all_gather_into_tensor,
+    wait_tensor, ...), present on 2.10, 2.13, 2.14.1, 2.15.0; the Python wrappers around them were
+    renamed across those versions, the ops were not. No fallback.
+    """
+    return torch.ops._c10d_functional
 
 
 # -------------------------------------------------------------------------------------- FSDP2

@@ -18,6 +18,9 @@ import pytest
 
 from commgroups.bench.gpu.orchestrate import _run, plan_steps, run_check
 from commgroups.bench.gpu.wheels import check_wheels
+from commgroups.torch_version import torch_version
+
+TORCH = torch_version()
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu-check"
@@ -61,14 +64,16 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     assert all(len(c["reps"]) == 3 and c["error"] is None for c in cases)
     methods = {m["method"]: m for m in parts["creation"]["data"]["methods"]}
     # split_group needs a device-bound default group: its failure is recorded, the rest still ran
-    assert "No device associated" in methods["split_group"]["error"]
+    split_error = methods["split_group"]["error"]
+    # torch <= 2.14 refuses split_group there ("No device associated"); 2.15 splits gloo on CPU.
+    assert split_error is None if TORCH >= (2, 15, 0) else "No device associated" in split_error
     assert len(methods["new_group all_ranks"]["create_s"]) == 2
     assert methods["registry auto"]["paths"] and methods["new_group local"]["error"] is None
     trial = parts["memory"]["data"]["trials"][0]
     assert trial["error"] is None and [p["groups"] for p in trial["points"]][-4:] == [1, 2, 4, 8]
     assert "skipped" in parts["pytest"]["data"]["summary"]
     report = (results / "report.md").read_text()
-    assert "CPU smoke run" in report and "No device associated" in report
+    assert "CPU smoke run" in report and (TORCH >= (2, 15, 0) or "No device associated" in report)
 
 
 def test_a_hanging_part_is_killed_at_its_timeout(tmp_path: Path) -> None:

@@ -47,15 +47,20 @@ def _timed(fn: Callable[[], None], calls: int, smoke: bool) -> float:
 
     start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    start.record()
+    start.record()  # type: ignore[no-untyped-call]  # untyped in torch 2.10's stubs
     for _ in range(calls):
         fn()
-    end.record()
+    end.record()  # type: ignore[no-untyped-call]
     end.synchronize()
-    return float(start.elapsed_time(end)) * 1e3 / calls
+    return float(start.elapsed_time(end)) * 1e3 / calls  # type: ignore[no-untyped-call]
 
 
-def _calls(op: str, group: Any, x: Any, out: Any) -> dict[str, Callable[[], None]]:
+def _wait(work: Any) -> None:
+    # torch >= 2.14 types async collectives Work | None (None: not a member); members get a Work.
+    work.wait()
+
+
+def _calls(op: str, group: Any, x: Any, out: Any) -> dict[str, Callable[[], Any]]:
     import torch.distributed as dist
 
     import commgroups as cg
@@ -65,13 +70,13 @@ def _calls(op: str, group: Any, x: Any, out: Any) -> dict[str, Callable[[], None
     if op == "all_reduce":
         return {
             "raw_us": lambda: dist.all_reduce(x, group=group),
-            "manual_us": lambda: dist.all_reduce(x, group=group, async_op=True).wait(),
+            "manual_us": lambda: _wait(dist.all_reduce(x, group=group, async_op=True)),
             "collectives_us": lambda: role.all_reduce(x),
         }
     return {
         "raw_us": lambda: dist.all_gather_into_tensor(out, x, group=group),
-        "manual_us": lambda: dist.all_gather_into_tensor(out, x, group=group,
-                                                         async_op=True).wait(),
+        "manual_us": lambda: _wait(dist.all_gather_into_tensor(out, x, group=group,
+                                                               async_op=True)),
         "collectives_us": lambda: role.all_gather_into_tensor(out, x),
     }
 

@@ -58,13 +58,12 @@ def _nccl_options(split_share: bool) -> Any:
 def _split_count() -> int | None:
     """How many ncclCommSplit the default group's NCCL backend has done (None: not exposed)."""
     try:
-        import torch
         import torch.distributed as dist
 
-        # PRIVATE-TORCH: ProcessGroup._get_backend(device) and ProcessGroupNCCL.comm_split_count(),
-        # checked on 2.13 source; evidence of which creation path torch took, nothing depends on it.
-        backend: Any = dist.group.WORLD._get_backend(torch.device("cuda"))  # type: ignore[union-attr]
-        return int(backend.comm_split_count())
+        from commgroups import torch_internals
+
+        # Evidence of which creation path torch took; nothing depends on it.
+        return torch_internals.nccl_comm_split_count(dist.group.WORLD)  # type: ignore[arg-type]
     except Exception:  # any failure just means "not known"
         return None
 

@@ -35,25 +35,17 @@ Variant = tuple[str, str, str, Callable[[], Any]]
 
 def _sync_events_config() -> Any:
     """Profiler config that records cuda_sync events (Stream Wait Event); None if unsupported."""
-    try:
-        # PRIVATE-TORCH: torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=...),
-        # checked on 2.13 (the keyword exists since ~2.2); the public profile() takes the object.
-        from torch._C._profiler import _ExperimentalConfig
+    from commgroups import torch_internals
 
-        return _ExperimentalConfig(enable_cuda_sync_events=True)
-    except (ImportError, TypeError, RuntimeError):
-        return None
+    return torch_internals.cuda_sync_events_config()
 
 
 def _functional_all_gather(x: Any, group: Any) -> Callable[[], Any]:
     """DTensor's path: the functional all-gather op, then wait_tensor on the caller's stream."""
-    import torch
+    from commgroups import torch_internals
 
-    # PRIVATE-TORCH: torch.ops._c10d_functional.{all_gather_into_tensor, wait_tensor}, the ops
-    # DTensor's redistribute issues (torch.distributed._functional_collectives wraps them); checked
-    # on 2.13. Called as ops because the Python wrappers were renamed (all_gather_tensor ->
-    # all_gather_single) across the supported versions.
-    ops = torch.ops._c10d_functional
+    # Called as ops because the Python wrappers were renamed across the supported versions.
+    ops = torch_internals.functional_collective_ops()
 
     def call() -> Any:
         return ops.wait_tensor(ops.all_gather_into_tensor(x, group.size(), group.group_name))
@@ -64,13 +56,14 @@ def _functional_all_gather(x: Any, group: Any) -> Callable[[], Any]:
 def _fsdp_variants(group: Any, x: Any, out: Any, rs_out: Any) -> list[Variant]:
     import torch.distributed as dist
 
-    # PRIVATE-TORCH: torch.distributed.fsdp._fully_shard._fsdp_collectives.{DefaultAllGather,
-    # DefaultReduceScatter}, FSDP2's default comms (as commgroups.integrations.fsdp uses them);
-    # checked on 2.13. Missing on older torch: the FSDP variants are then recorded as unavailable.
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
-        DefaultAllGather,
-        DefaultReduceScatter,
-    )
+    from commgroups import torch_internals
+
+    # FSDP2's default comms (as commgroups.integrations.fsdp uses them); missing on older torch: the
+    # FSDP variants are then recorded as unavailable.
+    classes = torch_internals.fsdp_default_comm_classes()
+    if classes is None:
+        raise RuntimeError("this torch has no FSDP2 default comm classes")
+    DefaultAllGather, DefaultReduceScatter = classes
 
     from commgroups.integrations.fsdp import async_and_wait_comms
 
@@ -112,7 +105,8 @@ def _variants(group: Any, x: Any, out: Any, rs_out: Any) -> list[Variant]:
          "control: async_op=True, waited only after the next kernel was launched",
          lambda: dist.all_gather_into_tensor(out, x, group=group, async_op=True)),
         ("raw_async_wait", WAITED, "async_op=True, then work.wait() at once",
-         lambda: dist.all_gather_into_tensor(out, x, group=group, async_op=True).wait()),
+         lambda: dist.all_gather_into_tensor(  # type: ignore[union-attr]  # 2.14+: Work | None
+             out, x, group=group, async_op=True).wait()),
         ("role_collectives", WAITED,
          "RoleCollectives (registry.collectives(role)).all_gather_into_tensor",
          lambda: collectives.all_gather_into_tensor(out, x)),
