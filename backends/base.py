@@ -38,6 +38,11 @@ class BackendAdapter(ABC):
     """Whether ``split_group`` (ncclCommSplit) can create its groups."""
     supports_local_creation: ClassVar[bool] = True
     """Whether member-only creation (``use_local_synchronization=True``) is safe."""
+    has_timeout: ClassVar[bool] = True
+    """Whether the group's collectives can time out (and take a new timeout in place)."""
+    connects_on_create: ClassVar[bool] = False
+    """Whether creating a group rendezvouses with its peers under the group's own timeout (gloo;
+    NCCL with eager init), so that creation must be bounded by the registry's create timeout."""
 
     def check_available(self) -> None:
         """Raise BackendUnavailableError when this backend cannot run on this machine."""

@@ -16,6 +16,7 @@ class GlooAdapter(BackendAdapter):
     name: ClassVar[str] = "gloo"
     torch_backend: ClassVar[str] = "gloo"
     device_type: ClassVar[str] = "cpu"
+    connects_on_create: ClassVar[bool] = True
 
     def default_timeout(self) -> timedelta:
         """torch's default process-group timeout (30 minutes)."""

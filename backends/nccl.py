@@ -25,6 +25,7 @@ class NcclAdapter(BackendAdapter):
     torch_backend: ClassVar[str] = "nccl"
     device_type: ClassVar[str] = "cuda"
     supports_split: ClassVar[bool] = True
+    connects_on_create: ClassVar[bool] = True
 
     def check_available(self) -> None:
         """NCCL needs a CUDA build of torch with NCCL and a visible CUDA device."""

@@ -23,7 +23,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,14 +31,13 @@ from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  
 
 from commgroups.backends import BackendAdapter
 from commgroups.errors import AgreementTimeoutError
-from commgroups.plan import Plan
+from commgroups.plan import Plan, RolePlan
 from commgroups.specs import RoleOptions
 
 __all__ = [
     "CREATION_MODES",
     "CreatedRole",
     "CreationContext",
-    "CreationMode",
     "choose_method",
     "confirm_local",
     "create_role_group",
@@ -48,7 +47,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CreationMode = Literal["auto", "all_ranks", "local", "split"]
 CREATION_MODES: tuple[str, ...] = ("auto", "all_ranks", "local", "split")
 
 # torch 2.6.0-2.7.1: a default group bound with init_process_group(device_id=...) hangs in eager
@@ -126,11 +124,13 @@ class CreatedRole:
     """This rank's group of the role; None when the rank is in no group (explicit-ranks roles)."""
     method: str
     """The creation path used: all_ranks, local or split."""
+    adapter: BackendAdapter
+    """The backend the group was created on."""
     owned: list[dist.ProcessGroup] = field(default_factory=list)
     """Groups this rank must destroy on close."""
 
 
-def creation_order(plan: Plan) -> list[str]:
+def creation_order(plan: Plan) -> list[RolePlan]:
     """The order roles are created in: regular roles first (layout order), then irregular ones.
 
     Creating a regular role registers exactly one group on every rank, whatever the path; an
@@ -138,10 +138,8 @@ def creation_order(plan: Plan) -> list[str]:
     group count equal while regular roles are created, which local creation needs (torch's hashed
     group name includes that count).
     """
-    roles = plan.roles
-    return [r for r in roles if plan.role(r).regular] + [
-        r for r in roles if not plan.role(r).regular
-    ]
+    roles = [plan.role(name) for name in plan.role_names]
+    return [r for r in roles if r.regular] + [r for r in roles if not r.regular]
 
 
 def _split_blocker(adapter: BackendAdapter, context: CreationContext) -> str | None:
@@ -181,8 +179,7 @@ def _local_blocker(adapter: BackendAdapter, context: CreationContext) -> str | N
 
 def choose_method(
     mode: str,
-    plan: Plan,
-    role: str,
+    role: RolePlan,
     adapter: BackendAdapter,
     context: CreationContext | None = None,
 ) -> str:
@@ -192,36 +189,35 @@ def choose_method(
     all_ranks (with a log line saying why) where they are not safe. Only regular roles (every rank in
     exactly one equal-sized group) use local or split. ``context`` defaults to
     :meth:`CreationContext.detect`.
+
+    Args:
+        mode: the registry's creation mode (:data:`CREATION_MODES`).
+        role: the plan of the role (or mesh-dim group) to create.
+        adapter: the backend the role resolved to; its capability flags decide.
+
+    Returns:
+        ``"split"``, ``"local"`` or ``"all_ranks"``.
     """
     if mode not in CREATION_MODES:
         raise ValueError(f"creation mode {mode!r} is not supported; use one of {CREATION_MODES}")
     if mode == "all_ranks":
         return "all_ranks"
-    if adapter.name == "hccl":
-        logger.info(
-            "role %s: creating hccl groups on every rank (all_ranks): member-only creation hangs "
-            "on HCCL and HCCL cannot split here", role,
-        )
-        return "all_ranks"
-    info = plan.role(role)
-    if not info.regular:
+    if not role.regular:
         level = logging.INFO if mode != "auto" else logging.DEBUG
         logger.log(level, "role %s: its explicit rank groups do not cover the world evenly; "
-                   "creating it on every rank (all_ranks)", role)
+                   "creating it on every rank (all_ranks)", role.name)
         return "all_ranks"
     ctx = context if context is not None else CreationContext.detect()
     split_reason = _split_blocker(adapter, ctx)
     local_reason = _local_blocker(adapter, ctx)
     if mode in ("auto", "split") and split_reason is None:
         return "split"
-    if mode == "auto" and local_reason is None:
-        return "local"
-    if mode == "local" and local_reason is None:
+    if mode in ("auto", "local") and local_reason is None:
         return "local"
     reason = split_reason if mode == "split" else local_reason
     level = logging.DEBUG if mode == "auto" else logging.INFO
     logger.log(level, "role %s: %s creation not used (%s); creating on every rank (all_ranks)",
-               role, "split" if mode == "split" else "local", reason)
+               role.name, "split" if mode == "split" else "local", reason)
     return "all_ranks"
 
 
@@ -239,7 +235,7 @@ def _registered_names() -> dict[Any, str] | None:
 
 def confirm_local(
     plan: Plan,
-    order: list[str],
+    order: list[RolePlan],
     methods: dict[str, str],
     rank: int,
     world_size: int,
@@ -268,7 +264,7 @@ def confirm_local(
         live = set(names.values())
         claims = PrefixStore(_CLAIM_PREFIX, dist.distributed_c10d._get_default_store())
         for position, role in enumerate(order):
-            if methods.get(role) != "local":
+            if methods.get(role.name) != "local":
                 continue
             ranks = plan.group_of(role, rank)
             if ranks is None:  # not regular after all: never hash a name we will not create
@@ -329,26 +325,25 @@ def _new_group(
 
 def create_role_group(
     plan: Plan,
-    role: str,
+    role: RolePlan,
     adapter: BackendAdapter,
     options: RoleOptions,
     timeout_s: float | None,
     rank: int,
     method: str,
-    group_desc: str | None = None,
+    group_desc: str,
 ) -> CreatedRole:
     """Create ``role``'s groups by ``method`` and return this rank's. Collective over all ranks.
 
     ``local`` is collective over this rank's group only; ``split`` and ``all_ranks`` over all ranks.
     """
-    desc = group_desc or role
     if method == "local":
         mine = plan.group_of(role, rank)
         if mine is None:
-            raise ValueError(f"role {role!r}: rank {rank} has no group; local creation needs a "
-                             "regular role (choose_method never picks local for it)")
-        group = _new_group(mine, adapter, options, timeout_s, desc, local=True)
-        return CreatedRole(group=group, method="local", owned=[group])
+            raise ValueError(f"role {role.name!r}: rank {rank} has no group; local creation needs "
+                             "a regular role (choose_method never picks local for it)")
+        group = _new_group(mine, adapter, options, timeout_s, group_desc, local=True)
+        return CreatedRole(group=group, method="local", adapter=adapter, owned=[group])
     if method == "split":
         args = adapter.group_args(options, timeout_s)
         # One ncclCommSplit per role: the default group is the parent, so its ranks are global
@@ -357,15 +352,17 @@ def create_role_group(
             split_ranks=[list(ranks) for ranks in plan.groups(role)],
             timeout=args.timeout,
             pg_options=args.pg_options,
-            group_desc=desc,
+            group_desc=group_desc,
         )
-        return CreatedRole(group=split, method="split", owned=[split] if split is not None else [])
+        return CreatedRole(group=split, method="split", adapter=adapter,
+                           owned=[split] if split is not None else [])
     if method != "all_ranks":
         raise ValueError(f"unknown creation method {method!r}; use all_ranks, local or split")
     found: dist.ProcessGroup | None = None
     my_index = plan.group_index(role, rank)
     for index, ranks in enumerate(plan.groups(role)):
-        group = _new_group(ranks, adapter, options, timeout_s, desc, local=False)
+        group = _new_group(ranks, adapter, options, timeout_s, group_desc, local=False)
         if index == my_index:
             found = group
-    return CreatedRole(group=found, method="all_ranks", owned=[found] if found is not None else [])
+    return CreatedRole(group=found, method="all_ranks", adapter=adapter,
+                       owned=[found] if found is not None else [])

@@ -173,7 +173,7 @@ def estimate_memory(
         member = plan.group_index(spec.name, rank) is not None
         info = plan.role(spec.name)
         group_size = info.group_size
-        if info.dims is None and member:  # explicit groups may differ in size: use this rank's
+        if info.dim_names is None and member:  # explicit groups may differ in size: use this rank's
             group_size = len(plan.group_of(spec.name, rank) or ())
         shared = split_share if split_share is not None else bool(
             spec.options.nccl is not None and spec.options.nccl.split_share

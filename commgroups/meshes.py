@@ -18,32 +18,34 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from commgroups.plan import Plan
 
-__all__ = ["build_mesh", "mesh_block"]
+__all__ = ["axes_in_order", "build_mesh", "mesh_block", "register_flattening"]
 
 Axis = Sequence[str]
 """One mesh axis: the layout dims it spans (one dim, or a role's dims flattened row-major)."""
 
 
-def _axis_index(plan: Plan, coords: dict[str, int], axis: Axis) -> int:
-    index = 0
-    for dim in axis:
-        index = index * plan.layout.dims[dim] + coords[dim]
-    return index
-
-
 def mesh_block(plan: Plan, rank: int, axes: Sequence[Axis]) -> np.ndarray:
-    """The block of the global rank grid that holds ``rank``, one array dim per axis (others fixed)."""
-    coords = plan.coords(rank)
-    spanned = {dim for axis in axes for dim in axis}
-    base = sum(
-        coords[name] * stride
-        for name, stride in zip(plan.dim_names, plan.dim_strides)
-        if name not in spanned
-    )
-    block = np.full((), base, dtype=np.int64)
+    """The block of global ranks that holds ``rank``, one array dim per axis (others fixed).
+
+    Axes may take their dims from the layout's dims or from any view. Example: dims
+    ``{"dp_shard": 2, "cp": 2}``, axes ``[["dp_shard"], ["cp"]]``: every rank gets
+    ``[[0, 1], [2, 3]]``; axes ``[["cp"]]``: rank 0 and 1 get ``[0, 1]``, rank 2 and 3 ``[2, 3]``.
+    """
+    block = np.full((), plan.first_rank(rank, [dim for axis in axes for dim in axis]),
+                    dtype=np.int64)
     for axis in axes:
         block = block[..., None] + plan.offsets(axis)
     return block
+
+
+def axes_in_order(plan: Plan, axes: Sequence[Axis]) -> bool:
+    """True when ``axes`` are a mesh in layout order: disjoint, outermost first.
+
+    That is exactly when the block, read row-major, lists its ranks in increasing order (a repeated
+    rank or a transposed pair of axes breaks it), whichever factorizations the axes come from.
+    """
+    block = mesh_block(plan, 0, axes).reshape(-1)
+    return bool(np.all(block[1:] > block[:-1]))
 
 
 def build_mesh(
@@ -56,8 +58,7 @@ def build_mesh(
 ) -> DeviceMesh:
     """A DeviceMesh whose dim ``i`` spans ``axes[i]`` on ``groups[i]``; rows checked against the plan."""
     block = mesh_block(plan, rank, axes)
-    coords = plan.coords(rank)
-    position = [_axis_index(plan, coords, axis) for axis in axes]
+    position = [plan.index_along(rank, axis) for axis in axes]
     for i, (name, group) in enumerate(zip(names, groups)):
         index = tuple(slice(None) if j == i else position[j] for j in range(len(axes)))
         expected = block[index].tolist()
@@ -75,3 +76,38 @@ def build_mesh(
         mesh=torch.from_numpy(block).to(torch.int),
         mesh_dim_names=tuple(names),
     )
+
+
+def register_flattening(mesh: DeviceMesh, dim_names: Sequence[str], key: str,
+                        group: dist.ProcessGroup) -> bool:
+    """Make ``mesh[dim_names]._flatten(key)`` return a 1-D mesh on ``group``, creating nothing.
+
+    Third-party code flattens meshes it was handed (FSDP2's ``fully_shard(..., dp_mesh_dims=...)``
+    calls ``mesh["dp_shard", "cp"]._flatten("dp_shard_cp")``); torch then makes a new group, the
+    *default* group when the flattened dims span the world. torch returns an existing entry of the
+    root mesh's flatten mapping when its layout matches, so the registry pre-registers its role's
+    mesh there. Returns False (nothing registered) where this torch's DeviceMesh lacks the
+    internals; the caller logs it.
+
+    PRIVATE-TORCH: DeviceMesh._layout, _rank_map, _flatten_mapping, _pg_registry,
+    _dim_group_names and the _layout/_rank_map/_root_mesh/_init_backend constructor arguments
+    (torch 2.13).
+    """
+    layout = getattr(mesh, "_layout", None)
+    mapping = getattr(mesh, "_flatten_mapping", None)
+    if layout is None or mapping is None or not hasattr(mesh, "_rank_map"):
+        return False
+    sub_layout = mesh[tuple(dim_names)]._layout
+    flat = DeviceMesh(
+        mesh.device_type,
+        _layout=type(sub_layout)([sub_layout.collapse()]),
+        _rank_map=mesh._rank_map,
+        mesh_dim_names=(key,),
+        _root_mesh=mesh,
+        _init_backend=False,
+    )
+    flat._dim_group_names = [group.group_name]
+    flat._pg_registry[group.group_name] = group
+    mesh._pg_registry[group.group_name] = group
+    mapping[key] = flat
+    return True

@@ -24,21 +24,41 @@ import numpy as np
 
 from commgroups.specs import WORLD, Layout, RoleSpec
 
-__all__ = ["Plan", "RolePlan", "plan"]
+__all__ = ["DIMS", "Plan", "RolePlan", "plan"]
 
 FINGERPRINT_VERSION = 1
+DIMS = "dims"
+"""The name of the layout's own factorization (its ``dims``) among :attr:`Plan.factorizations`."""
+
+
+def _row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
+    strides = [1] * len(sizes)
+    for i in range(len(sizes) - 2, -1, -1):
+        strides[i] = strides[i + 1] * sizes[i + 1]
+    return tuple(strides)
 
 
 @dataclass(frozen=True)
 class RolePlan:
-    """The shape of one role's groups.
+    """The shape of one role's groups (or of a dedicated mesh-dim group).
 
-    ``regular`` is True when every rank of the world is in exactly one group of the role and all
-    groups have the same size: the condition for member-only (local) creation.
+    Attributes:
+        name: the role's name (a dim's name for a mesh-dim group).
+        dim_names: the dims the role spans, in the order of their factorization; None for a role
+            with explicit rank groups.
+        factorization: the name of the factorization (``dims``, or a view's name) ``dim_names``
+            come from; None for explicit rank groups.
+        spans_world: one group holds every rank.
+        group_size: ranks per group (the largest group, for explicit rank groups).
+        num_groups: how many groups the role has.
+        regular: every rank of the world is in exactly one group and all groups have the same
+            size: the condition for member-only (local) creation.
+        spec: the role's spec.
     """
 
     name: str
-    dims: tuple[str, ...] | None
+    dim_names: tuple[str, ...] | None
+    factorization: str | None
     spans_world: bool
     group_size: int
     num_groups: int
@@ -47,17 +67,30 @@ class RolePlan:
 
 
 class Plan:
-    """Every role's rank groups for a layout, in one canonical order; pure and deterministic."""
+    """Every role's rank groups for a layout, in one canonical order; pure and deterministic.
+
+    Make one with :func:`plan`. Every dim of the layout's ``dims`` and of its ``views`` is a
+    (size, stride) pair over the global ranks (row-major, last dim fastest), so a role over dims ``D``
+    has one group per combination of the other dims of ``D``'s factorization, groups ordered by their
+    first rank. Example: dims ``{"dp_shard": 2, "cp": 2}`` give role ``cp`` the groups ``(0, 1)``
+    and ``(2, 3)``: rank 0 and 1 get ``(0, 1)``, rank 2 and 3 get ``(2, 3)``.
+    """
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
         self.world_size = layout.world_size
         self.dim_names: tuple[str, ...] = tuple(layout.dims)
         self.dim_sizes: tuple[int, ...] = tuple(layout.dims.values())
-        strides = [1] * len(self.dim_sizes)
-        for i in range(len(self.dim_sizes) - 2, -1, -1):
-            strides[i] = strides[i + 1] * self.dim_sizes[i + 1]
-        self.dim_strides: tuple[int, ...] = tuple(strides)
+        self.dim_strides: tuple[int, ...] = _row_major_strides(self.dim_sizes)
+        self.factorizations: dict[str, tuple[str, ...]] = {DIMS: self.dim_names}
+        self._shape: dict[str, tuple[int, int]] = dict(
+            zip(self.dim_names, zip(self.dim_sizes, self.dim_strides))
+        )
+        for view, dims in layout.views.items():
+            self.factorizations[view] = tuple(dims)
+            sizes = tuple(dims.values())
+            for name, shape in zip(dims, zip(sizes, _row_major_strides(sizes))):
+                self._shape.setdefault(name, shape)  # the layout checked that repeats agree
         self._roles: dict[str, RolePlan] = {
             spec.name: self._role_plan(spec) for spec in layout.roles
         }
@@ -69,7 +102,8 @@ class Plan:
             covered = sum(len(group) for group in spec.ranks)
             return RolePlan(
                 name=spec.name,
-                dims=None,
+                dim_names=None,
+                factorization=None,
                 spans_world=covered == self.world_size and len(spec.ranks) == 1,
                 group_size=max(sizes),
                 num_groups=len(spec.ranks),
@@ -77,10 +111,11 @@ class Plan:
                 spec=spec,
             )
         dims = self.dim_names if spec.dims == WORLD else tuple(spec.dims or ())
-        size = math.prod(self.layout.dims[d] for d in dims)
+        size = math.prod(self._shape[d][0] for d in dims)
         return RolePlan(
             name=spec.name,
-            dims=dims,
+            dim_names=dims,
+            factorization=self.factorization_of(dims),
             spans_world=size == self.world_size,
             group_size=size,
             num_groups=self.world_size // size,
@@ -88,10 +123,22 @@ class Plan:
             spec=spec,
         )
 
+    def factorization_of(self, dims: Sequence[str]) -> str:
+        """The first factorization (``dims``, then views in order) that holds every dim of ``dims``."""
+        for name, members in self.factorizations.items():
+            if all(dim in members for dim in dims):
+                return name
+        raise KeyError(f"no factorization of the layout holds all of {list(dims)}")
+
     @property
-    def roles(self) -> tuple[str, ...]:
-        """Role names in creation order."""
+    def role_names(self) -> tuple[str, ...]:
+        """Role names in declaration order."""
         return tuple(self._roles)
+
+    @property
+    def all_dim_names(self) -> tuple[str, ...]:
+        """Every dim name of ``dims`` and of the views, each once, ``dims`` first."""
+        return tuple(self._shape)
 
     def role(self, name: str) -> RolePlan:
         """The :class:`RolePlan` of ``name``; KeyError listing the known roles otherwise."""
@@ -102,6 +149,15 @@ class Plan:
                 f"unknown role {name!r}; known roles: {', '.join(self._roles)}"
             ) from None
 
+    def dim_group(self, dim: str) -> RolePlan:
+        """The plan of a dedicated group over the one dim ``dim`` (device backend, defaults)."""
+        if dim not in self._shape:
+            raise KeyError(f"unknown dim {dim!r}; known dims: {', '.join(self._shape)}")
+        return self._role_plan(RoleSpec(name=dim, dims=[dim]))
+
+    def _info(self, role: str | RolePlan) -> RolePlan:
+        return role if isinstance(role, RolePlan) else self.role(role)
+
     @property
     def is_regular(self) -> bool:
         """True when every role is regular (each rank in exactly one equal-sized group)."""
@@ -109,12 +165,13 @@ class Plan:
 
     # ----------------------------------------------------------------------------- rank groups
     def coords(self, rank: int) -> dict[str, int]:
-        """The coordinates of ``rank`` on every dim."""
+        """The coordinates of ``rank`` on every dim of ``dims`` and of the views."""
         self._check_rank(rank)
-        return {
-            name: (rank // stride) % size
-            for name, size, stride in zip(self.dim_names, self.dim_sizes, self.dim_strides)
-        }
+        return {name: (rank // stride) % size for name, (size, stride) in self._shape.items()}
+
+    def dim_size(self, dim: str) -> int:
+        """The size of ``dim`` (a dim of ``dims`` or of a view)."""
+        return self._shape[dim][0]
 
     def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.world_size:
@@ -124,58 +181,70 @@ class Plan:
         """Rank offsets of a group's members from its first rank, in row-major order of ``dims``."""
         offsets = np.zeros(1, dtype=np.int64)
         for dim in dims:
-            i = self.dim_names.index(dim)
-            steps = np.arange(self.dim_sizes[i], dtype=np.int64) * self.dim_strides[i]
+            size, stride = self._shape[dim]
+            steps = np.arange(size, dtype=np.int64) * stride
             offsets = (offsets[:, None] + steps[None, :]).reshape(-1)
         return offsets
+
+    def first_rank(self, rank: int, dims: Sequence[str]) -> int:
+        """The first rank of the group over ``dims`` that holds ``rank``."""
+        return rank - sum(((rank // stride) % size) * stride
+                          for size, stride in (self._shape[d] for d in dims))
+
+    def index_along(self, rank: int, dims: Sequence[str]) -> int:
+        """``rank``'s position in the group over ``dims`` (row-major in ``dims``)."""
+        index = 0
+        for dim in dims:
+            size, stride = self._shape[dim]
+            index = index * size + (rank // stride) % size
+        return index
+
+    def _other_dims(self, info: RolePlan) -> tuple[str, ...]:
+        assert info.dim_names is not None and info.factorization is not None
+        return tuple(d for d in self.factorizations[info.factorization]
+                     if d not in info.dim_names)
 
     @cached_property
     def _explicit_index(self) -> dict[str, dict[int, int]]:
         return {
             name: {rank: g for g, group in enumerate(role.spec.ranks or ()) for rank in group}
             for name, role in self._roles.items()
-            if role.dims is None
+            if role.dim_names is None
         }
 
-    def group_index(self, role: str, rank: int) -> int | None:
+    def group_index(self, role: str | RolePlan, rank: int) -> int | None:
         """Index (in :meth:`groups` order) of the group of ``role`` holding ``rank``; None if none."""
-        info = self.role(role)
+        info = self._info(role)
         self._check_rank(rank)
-        if info.dims is None:
-            return self._explicit_index[role].get(rank)
-        index = 0
-        for name, size, stride in zip(self.dim_names, self.dim_sizes, self.dim_strides):
-            if name not in info.dims:
-                index = index * size + (rank // stride) % size
-        return index
+        if info.dim_names is None:
+            return self._explicit_index[info.name].get(rank)
+        return self.index_along(rank, self._other_dims(info))
 
-    def group_of(self, role: str, rank: int) -> tuple[int, ...] | None:
+    def group_of(self, role: str | RolePlan, rank: int) -> tuple[int, ...] | None:
         """Global ranks of the group of ``role`` that holds ``rank`` (None: the rank has none).
 
         Computed from ``rank``'s coordinates alone: O(group size), whatever the world size.
+
+        Example: dims ``{"dp_shard": 2, "cp": 2}``, role ``cp``: rank 0 and 1 get ``(0, 1)``,
+        rank 2 and 3 get ``(2, 3)``; role ``dp_shard``: rank 0 and 2 get ``(0, 2)``.
         """
-        info = self.role(role)
+        info = self._info(role)
         self._check_rank(rank)
-        if info.dims is None:
-            index = self._explicit_index[role].get(rank)
+        if info.dim_names is None:
+            index = self._explicit_index[info.name].get(rank)
             return None if index is None else tuple((info.spec.ranks or [])[index])
         if info.spans_world:
             return tuple(range(self.world_size))
-        base = sum(
-            ((rank // stride) % size) * stride
-            for name, size, stride in zip(self.dim_names, self.dim_sizes, self.dim_strides)
-            if name not in info.dims
-        )
-        return tuple((self.offsets(info.dims) + base).tolist())
+        base = self.first_rank(rank, info.dim_names)
+        return tuple((self.offsets(info.dim_names) + base).tolist())
 
-    def groups(self, role: str) -> list[tuple[int, ...]]:
+    def groups(self, role: str | RolePlan) -> list[tuple[int, ...]]:
         """Every group of ``role`` in canonical (creation) order; materialises the whole role."""
-        info = self.role(role)
-        if info.dims is None:
+        info = self._info(role)
+        if info.dim_names is None:
             return [tuple(group) for group in info.spec.ranks or ()]
-        others = tuple(d for d in self.dim_names if d not in info.dims)
-        bases = self.offsets(others)
-        members = bases[:, None] + self.offsets(info.dims)[None, :]
+        bases = self.offsets(self._other_dims(info))
+        members = bases[:, None] + self.offsets(info.dim_names)[None, :]
         return [tuple(row) for row in members.tolist()]
 
     def communicators_per_rank(self, rank: int) -> int:
@@ -189,6 +258,10 @@ class Plan:
             "version": FINGERPRINT_VERSION,
             "dims": [[name, size] for name, size in self.layout.dims.items()],
             "roles": [role.model_dump(mode="json") for role in self.layout.roles],
+            # Only when present, so layouts without views keep their fingerprint.
+            **({"views": [[view, [[d, n] for d, n in dims.items()]]
+                          for view, dims in self.layout.views.items()]}
+               if self.layout.views else {}),
         }
 
     @cached_property
@@ -203,7 +276,7 @@ class Plan:
         for name, info in self._roles.items():
             entry: dict[str, Any] = {
                 "name": name,
-                "dims": list(info.dims) if info.dims is not None else None,
+                "dims": list(info.dim_names) if info.dim_names is not None else None,
                 "backend": info.spec.backend,
                 "group_size": info.group_size,
                 "num_groups": info.num_groups,
@@ -219,6 +292,8 @@ class Plan:
         result: dict[str, Any] = {
             "world_size": self.world_size,
             "dims": dict(self.layout.dims),
+            **({"views": {v: dict(d) for v, d in self.layout.views.items()}}
+               if self.layout.views else {}),
             "fingerprint": self.fingerprint,
             "regular": self.is_regular,
             "roles": roles,

@@ -8,7 +8,7 @@ the same order. A role's group is never the default group, not even when the rol
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -40,8 +40,8 @@ from commgroups.errors import (
     UnknownDimError,
     WorldSizeMismatchError,
 )
-from commgroups.meshes import build_mesh
-from commgroups.plan import Plan
+from commgroups.meshes import axes_in_order, build_mesh, register_flattening
+from commgroups.plan import Plan, RolePlan
 from commgroups.specs import Layout, RoleSpec
 from commgroups.text_table import format_ranks, format_table
 
@@ -54,6 +54,14 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CREATE_TIMEOUT_S = 300.0
 STORE_PREFIX = "commgroups"
+
+
+def _set_group_timeout(created: CreatedRole, timeout: timedelta) -> None:
+    """Give ``created``'s group (if this rank has one) a new collective timeout, in place."""
+    if created.group is not None and created.adapter.has_timeout:
+        # _set_pg_timeout (torch >= 2.3) updates the group's backend in place; new collectives
+        # read it.
+        dist.distributed_c10d._set_pg_timeout(timeout, created.group)
 
 
 class GroupRegistry:
@@ -69,7 +77,8 @@ class GroupRegistry:
 
     Args:
         layout: the validated layout.
-        creation: ``auto`` (fastest safe path per role), ``all_ranks``, ``local`` or ``split``.
+        creation_mode: ``auto`` (fastest safe path per role), ``all_ranks``, ``local`` or
+            ``split``; :meth:`creation_method` says which path each role actually took.
         create_timeout_s: how long ranks wait for each other to agree on the plan before every rank
             raises :class:`~commgroups.errors.AgreementTimeoutError`.
     """
@@ -78,7 +87,7 @@ class GroupRegistry:
         self,
         layout: Layout,
         *,
-        creation: str = "auto",
+        creation_mode: str = "auto",
         create_timeout_s: float = DEFAULT_CREATE_TIMEOUT_S,
     ) -> None:
         if not isinstance(layout, Layout):
@@ -86,10 +95,11 @@ class GroupRegistry:
                 f"GroupRegistry needs a commgroups.Layout, got {type(layout).__name__}; "
                 "fix: build one with cg.Layout(...) or cg.load_layout(path)"
             )
-        if creation not in CREATION_MODES:
+        if creation_mode not in CREATION_MODES:
             raise LayoutError(
-                f"creation: unknown mode {creation!r}; fix: use one of {', '.join(CREATION_MODES)}",
-                field="creation",
+                f"creation_mode: unknown mode {creation_mode!r}; fix: use one of "
+                f"{', '.join(CREATION_MODES)}",
+                field="creation_mode",
             )
         if create_timeout_s <= 0:
             raise LayoutError(
@@ -99,7 +109,7 @@ class GroupRegistry:
             )
         self.layout = layout
         self.plan = Plan(layout)
-        self.creation = creation
+        self.creation_mode = creation_mode
         self.create_timeout_s = create_timeout_s
         self._rank = -1
         self._adapters: dict[str, BackendAdapter] = {}
@@ -146,7 +156,7 @@ class GroupRegistry:
                     adapter.check_available()
                     adapters[role.name] = adapter
                     methods[role.name] = choose_method(
-                        self.creation, self.plan, role.name, adapter, context
+                        self.creation_mode, self.plan.role(role.name), adapter, context
                     )
             except BackendUnavailableError as error:
                 local_error = error
@@ -168,60 +178,68 @@ class GroupRegistry:
         self._rank = rank
         self._adapters = adapters
         # Regular roles first: keeps every rank's group count equal while local roles are created.
-        order = creation_order(self.plan)
-        methods = confirm_local(self.plan, order, methods, rank, world, store,
-                                timedelta(seconds=self.create_timeout_s))
-        try:
-            for name in order:
-                self._created[name] = self._create_role(
-                    self.plan, self.layout.role(name), adapters[name], methods[name], rank
-                )
-            if store is not None:
-                store_barrier(store, "created", rank, world,
-                              timedelta(seconds=self.create_timeout_s), "the end of create()")
-        except Exception as error:
-            # Leave nothing half-made: destroy what this rank created, then say which role failed.
-            self._destroy_groups()
-            self._created.clear()
-            raise GroupCreationError(
-                f"rank {rank}: creating role {name!r} ({methods[name]}) failed: {error}; fix: check "
-                "that every rank is alive and calls create(); creation waits at most "
-                f"create_timeout_s={self.create_timeout_s:g}s for peers"
-            ) from error
+        self._created = self._create_groups(creation_order(self.plan), adapters, methods, store,
+                                            "the end of create()")
         self._state = "created"
         return self
 
-    def _create_role(
+    def _create_groups(
         self,
-        plan: Plan,
-        role: RoleSpec,
-        adapter: BackendAdapter,
-        method: str,
-        rank: int,
-        group_desc: str | None = None,
-    ) -> CreatedRole:
-        name = role.name
-        timeout = (adapter.default_timeout() if role.timeout_s is None
-                   else timedelta(seconds=role.timeout_s))
-        # gloo (and NCCL with eager init) rendezvous with peers under the group's own timeout, 30
-        # minutes by default: a peer that died during create() would hang the others that long.
-        # Create under create_timeout_s, then give the group its role timeout.
-        bounded = adapter.name in ("gloo", "nccl", "rccl") and (
-            timeout.total_seconds() > self.create_timeout_s
-        )
+        infos: list[RolePlan],
+        adapters: dict[str, BackendAdapter],
+        methods: dict[str, str],
+        store: Store | None,
+        what: str,
+    ) -> dict[str, CreatedRole]:
+        """Create the groups of ``infos`` in order: the one creation path (roles and mesh dims).
+
+        Collective over all ranks, after agreement: checks that local creation is safe, creates each
+        group under ``create_timeout_s``, then waits until every rank is done (``what`` names that
+        point in errors), so no rank can destroy a group a peer is still connecting to. On failure
+        it destroys what it made and raises :class:`GroupCreationError` naming the role or step.
+        """
+        world = self.layout.world_size
+        timeout = timedelta(seconds=self.create_timeout_s)
+        methods = confirm_local(self.plan, infos, methods, self._rank, world, store, timeout)
+        created: dict[str, CreatedRole] = {}
+        current: RolePlan | None = None
+        try:
+            for current in infos:
+                created[current.name] = self._create_one(
+                    current, adapters[current.name], methods[current.name]
+                )
+            current = None
+            if store is not None:
+                store_barrier(store, "created", self._rank, world, timeout, what)
+        except Exception as error:
+            # Leave nothing half-made: destroy what this rank created, then say what failed.
+            self._destroy_groups(created.values())
+            step = (f"creating role {current.name!r} ({methods[current.name]})"
+                    if current is not None else f"waiting for every rank at {what}")
+            raise GroupCreationError(
+                f"rank {self._rank}: {step} failed: {error}; fix: check that every rank is alive "
+                "and makes the same registry calls in the same order; creation waits at most "
+                f"create_timeout_s={self.create_timeout_s:g}s for peers"
+            ) from error
+        return created
+
+    def _create_one(self, info: RolePlan, adapter: BackendAdapter, method: str) -> CreatedRole:
+        spec = info.spec
+        timeout = (adapter.default_timeout() if spec.timeout_s is None
+                   else timedelta(seconds=spec.timeout_s))
+        # Groups that rendezvous on creation do it under the group's own timeout (30 minutes by
+        # default): a peer that died during create() would hang the others that long. Create under
+        # create_timeout_s, then give the group its role timeout.
+        bounded = adapter.connects_on_create and timeout.total_seconds() > self.create_timeout_s
         created = create_role_group(
-            plan,
-            name,
-            adapter,
-            role.options,
+            self.plan, info, adapter, spec.options,
             self.create_timeout_s if bounded else timeout.total_seconds(),
-            rank,
-            method,
-            group_desc=group_desc,
+            self._rank, method,
+            group_desc=info.name if info.name in self.layout.role_names else f"mesh-{info.name}",
         )
-        if bounded and created.group is not None:
-            dist.distributed_c10d._set_pg_timeout(timeout, created.group)
-        logger.debug("rank %d: created role %s via %s", rank, name, method)
+        if bounded:
+            _set_group_timeout(created, timeout)
+        logger.debug("rank %d: created %s via %s", self._rank, info.name, method)
         return created
 
     def _agreement_store(self, rank: int) -> Store:
@@ -243,8 +261,8 @@ class GroupRegistry:
             )
 
     @property
-    def roles(self) -> tuple[str, ...]:
-        """Role names in creation order."""
+    def role_names(self) -> tuple[str, ...]:
+        """Role names in declaration order."""
         return self.layout.role_names
 
     @property
@@ -299,30 +317,45 @@ class GroupRegistry:
             return self._adapters[role].default_timeout()
         return timedelta(seconds=spec.timeout_s)
 
-    def set_timeout(self, role: str, seconds: float) -> None:
-        """Change ``role``'s collective timeout on a live job.
+    def set_timeout(self, timeout: float | timedelta, role: str | None = None) -> None:
+        """Change the collective timeout of one role's group, or of every group the registry made.
 
-        The new timeout applies to collectives issued after the call; one already in flight keeps
-        the timeout it started with. The change is local to this rank (it needs no communication,
-        so it cannot hang): call it on every member rank, between steps, so that all ranks of the
-        group time out alike. The layout (and its fingerprint) is unchanged.
+        Like ``torch.distributed.set_timeout(timeout, group)``: the new timeout applies to
+        collectives issued after the call; one already in flight keeps the timeout it started with.
+        The change is local to this rank (no communication, no barrier, so it cannot hang): call it
+        on every rank, between steps, so that all ranks of a group time out alike. The layout (and
+        its fingerprint) is unchanged.
+
+        Args:
+            timeout: seconds (> 0) or a ``timedelta``.
+            role: the role whose group changes; None: every role and every dedicated mesh-dim
+                group (what a trainer wants after its first step).
+
+        Example::
+
+            registry.set_timeout(timedelta(minutes=5))       # every group this registry made
+            registry.set_timeout(30, role="cp")              # only cp's group
         """
-        self.spec(role)
+        if role is not None:
+            self.spec(role)
         self._check_usable()
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
             raise LayoutError(
-                f"timeout_s: set_timeout({role!r}, {seconds!r}) needs seconds > 0; fix: pass a "
-                "positive number of seconds",
+                f"timeout_s: set_timeout({timeout!r}) needs a timeout > 0; fix: pass a positive "
+                "number of seconds or a timedelta",
                 field="timeout_s",
             )
-        timeout = timedelta(seconds=seconds)
-        group = self._created[role].group
-        if group is not None:
-            # torch has no public setter; _set_pg_timeout (torch >= 2.3) updates the group's gloo
-            # or NCCL backend in place, which is what new collectives read.
-            dist.distributed_c10d._set_pg_timeout(timeout, group)
-        self._timeout_overrides[role] = timeout
-        logger.info("rank %d: role %s timeout set to %ss", self._rank, role, seconds)
+        new = timedelta(seconds=seconds)
+        names = self.role_names if role is None else (role,)
+        targets = [self._created[name] for name in names]
+        if role is None:
+            targets += self._dim_groups.values()
+        for created in targets:
+            _set_group_timeout(created, new)
+        self._timeout_overrides.update(dict.fromkeys(names, new))
+        logger.info("rank %d: timeout of %s set to %ss", self._rank,
+                    "every group" if role is None else f"role {role}", seconds)
 
     def collectives(self, role: str) -> RoleCollectives:
         """The torch.distributed collective API on ``role``'s group, without ``group=``.
@@ -364,18 +397,43 @@ class GroupRegistry:
                     f"{sorted(device_types)}; fix: give those roles the same backend",
                     field="dims",
                 )
-            self._meshes[names] = build_mesh(
+            mesh = build_mesh(
                 self.plan, self._rank, [dims for dims, _, _ in axes],
                 [group for _, _, group in axes], device_types.pop(), names,
             )
+            self._register_flattenings(mesh, names, [dims for dims, _, _ in axes])
+            self._meshes[names] = mesh
         return self._meshes[names]
+
+    def _register_flattenings(self, mesh: DeviceMesh, names: tuple[str, ...],
+                              axes: list[tuple[str, ...]]) -> None:
+        """Pre-register, for every run of axes a role spans, ``mesh[run]._flatten()`` as that role.
+
+        Under torch's default name (``"_".join(run)``) and under the role's name, so code that
+        flattens the mesh it was handed (FSDP2's ``dp_mesh_dims``) gets the role's dedicated group,
+        never a new one (the default group when the run spans the world).
+        """
+        by_dims = {self.plan.role(r).dim_names: r for r in self.role_names}
+        for start in range(len(names)):
+            for stop in range(start + 2, len(names) + 1):
+                run_dims = tuple(d for axis in axes[start:stop] for d in axis)
+                role = by_dims.get(run_dims)
+                if role is None:
+                    continue
+                keys = {"_".join(names[start:stop]), role} - set(names)
+                for key in sorted(keys):
+                    if not register_flattening(mesh, names[start:stop], key, self.group(role)):
+                        logger.info("this torch's DeviceMesh has no flatten mapping to fill: "
+                                    "mesh[%s]._flatten() will create a new group",
+                                    list(names[start:stop]))
+                        return
 
     def _mesh_axis(
         self, name: str
     ) -> tuple[tuple[str, ...], BackendAdapter, dist.ProcessGroup]:
         """The dims, backend and group of one mesh axis named ``name`` (a role, else a dim)."""
-        if name in self.roles:
-            dims = self.plan.role(name).dims
+        if name in self.role_names:
+            dims = self.plan.role(name).dim_names
             if dims is None:
                 raise LayoutError(
                     f"device_mesh: role {name!r} has explicit rank groups, which are not a mesh "
@@ -383,23 +441,21 @@ class GroupRegistry:
                     field="dims",
                 )
             return dims, self._adapters[name], self.group(name)
-        if name in self.layout.dims:
+        if name in self.plan.all_dim_names:
             adapter, group = self._group_for_dim(name)
             return (name,), adapter, group
         raise UnknownDimError(
             f"device_mesh: {name!r} is neither a dim nor a role; dims: "
-            f"{', '.join(self.layout.dims)}; roles: {', '.join(self.roles)}",
+            f"{', '.join(self.plan.all_dim_names)}; roles: {', '.join(self.role_names)}",
             field="dims",
         )
 
     def _check_mesh_axes(self, names: tuple[str, ...], axes: list[tuple[str, ...]]) -> None:
-        spanned = [dim for axis in axes for dim in axis]
-        ordered = [dim for dim in self.layout.dims if dim in spanned]
-        if spanned != ordered:
+        if not axes_in_order(self.plan, axes):
             raise UnknownDimError(
-                f"device_mesh: {list(names)} span dims {spanned}; they must be distinct and in "
-                f"layout order ({', '.join(self.layout.dims)}); fix: reorder or drop overlapping "
-                "names",
+                f"device_mesh: {list(names)} span dims {[list(a) for a in axes]}; they must be "
+                "distinct and in layout order (outermost first; dims "
+                f"{', '.join(self.layout.dims)}); fix: reorder or drop overlapping names",
                 field="dims",
             )
 
@@ -409,24 +465,17 @@ class GroupRegistry:
             if role.dims == [dim] and self._adapters[role.name].device_type == device.device_type:
                 return self._adapters[role.name], self.group(role.name)
         if dim not in self._dim_groups:
-            dim_layout = Layout(dims=dict(self.layout.dims), roles=[RoleSpec(name=dim, dims=[dim])])
-            dim_plan = Plan(dim_layout)
-            methods = {dim: choose_method(self.creation, dim_plan, dim, device)}
-            fake = str(dist.get_backend()) == "fake"  # one process: nobody to disagree
-            store = None if fake else self._agreement_store(self._rank)
-            timeout = timedelta(seconds=self.create_timeout_s)
-            if "local" in methods.values():
-                # Groups may have been made unevenly since create(): check again, collectively.
-                methods = confirm_local(dim_plan, [dim], methods, self._rank,
-                                        dim_layout.world_size, store, timeout)
-            self._dim_groups[dim] = self._create_role(
-                dim_plan, dim_layout.roles[0], device, methods[dim], self._rank,
-                group_desc=f"mesh-{dim}",
-            )
+            # Created on first use, so collective: ranks first agree on what they are creating.
+            info = self.plan.dim_group(dim)
+            methods = {dim: choose_method(self.creation_mode, info, device)}
+            store = None if str(dist.get_backend()) == "fake" else self._agreement_store(self._rank)
             if store is not None:
-                store_barrier(store, "created", self._rank, dim_layout.world_size, timeout,
-                              f"the creation of mesh dim {dim!r}")
-            logger.debug("rank %d: created a dedicated mesh group for dim %s", self._rank, dim)
+                agree(store, self._rank, self.layout.world_size,
+                      {"fingerprint": self.plan.fingerprint, "mesh_dim": dim, "creation": methods},
+                      timedelta(seconds=self.create_timeout_s))
+            self._dim_groups.update(self._create_groups(
+                [info], {dim: device}, methods, store, f"the creation of mesh dim {dim!r}"
+            ))
         group = self._dim_groups[dim].group
         assert group is not None  # dims cover the world: every rank is in one group
         return device, group
@@ -437,10 +486,10 @@ class GroupRegistry:
         header = ("role", "dims", "backend", "size", "groups", "creation", "timeout", "safeguard",
                   "this rank's group")
         rows = [header]
-        for name in self.roles:
+        for name in self.role_names:
             spec = self.spec(name)
             info = self.plan.role(name)
-            dims = "world" if spec.dims == "world" else ("x".join(info.dims) if info.dims
+            dims = "world" if spec.dims == "world" else ("x".join(info.dim_names) if info.dim_names
                                                           else "explicit")
             if self._state == "created":
                 backend, method = self._adapters[name].name, self._created[name].method
@@ -459,7 +508,7 @@ class GroupRegistry:
         return "\n".join([title, *lines])
 
     def __repr__(self) -> str:
-        return (f"GroupRegistry(world={self.layout.world_size}, roles={list(self.roles)}, "
+        return (f"GroupRegistry(world={self.layout.world_size}, roles={list(self.role_names)}, "
                 f"state={self._state!r})")
 
     # --------------------------------------------------------------------------------- teardown
@@ -467,15 +516,15 @@ class GroupRegistry:
         """Destroy every group this registry created. Idempotent; the registry is unusable after."""
         if self._state == "closed":
             return
-        self._destroy_groups()
+        self._destroy_groups([*self._created.values(), *self._dim_groups.values()])
         self._collectives.clear()
         self._meshes.clear()
         self._created.clear()
         self._dim_groups.clear()
         self._state = "closed"
 
-    def _destroy_groups(self) -> None:
-        owned = [g for c in (*self._created.values(), *self._dim_groups.values()) for g in c.owned]
+    def _destroy_groups(self, created: Iterable[CreatedRole]) -> None:
+        owned = [group for role in created for group in role.owned]
         if not (dist.is_available() and dist.is_initialized()):
             return  # the whole world was torn down already, our groups with it
         for group in owned:

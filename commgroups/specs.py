@@ -268,6 +268,16 @@ class RoleSpec(SpecModel):
         return self.dims == WORLD
 
 
+def _dim_shapes(dims: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+    """(size, stride) of each dim of a row-major factorization, outermost first."""
+    shapes: dict[str, tuple[int, int]] = {}
+    stride = math.prod(dims.values())
+    for name, size in dims.items():
+        stride //= size
+        shapes[name] = (size, stride)
+    return shapes
+
+
 def default_roles(dims: Mapping[str, int]) -> list[RoleSpec]:
     """Built-in roles for ``dims``, following torchtitan's conventions.
 
@@ -296,6 +306,11 @@ class Layout(SpecModel):
         default=None,  # type: ignore[assignment]  # replaced by the default roles below
         validate_default=True,
         description="Communicator roles; omitted: the built-in roles of default_roles().",
+    )
+    views: dict[str, dict[str, StrictSize]] = Field(
+        default_factory=dict,
+        description="Other factorizations of the same world (view name -> dims, outermost "
+        "first), e.g. torchtitan's MoE view {pp, dp_replicate, efsdp, ep} over the same ranks.",
     )
 
     @field_validator("dims")
@@ -332,8 +347,96 @@ class Layout(SpecModel):
         return value
 
     @model_validator(mode="after")
+    def _views_factor_the_world(self) -> Self:
+        # A view is another row-major factorization of the same ranks; a dim name it shares with
+        # dims (or another view) must name the same rank grouping, else "cp" would mean two things.
+        shapes = _dim_shapes(self.dims)
+        owner = dict.fromkeys(self.dims, "dims")
+        for view, dims in self.views.items():
+            field = f"views.{view}"
+            if view == "dims" or not re.match(NAME_PATTERN, view):
+                raise PydanticCustomError(
+                    "invalid_name",
+                    "view name '{view}' is not allowed; fix: start with a letter, use letters, "
+                    "digits, '_' or '-', and do not use the reserved name 'dims'",
+                    {"view": view, "field": field},
+                )
+            if not dims:
+                raise PydanticCustomError(
+                    "empty_dims", "view '{view}' has no dims; fix: list its dims with their sizes",
+                    {"view": view, "field": field},
+                )
+            for name, size in dims.items():
+                if name == WORLD or not re.match(NAME_PATTERN, name):
+                    raise PydanticCustomError(
+                        "invalid_name",
+                        "dim name '{name}' in view '{view}' is not allowed; fix: start with a "
+                        "letter, use letters, digits, '_' or '-', and not 'world'",
+                        {"name": name, "view": view, "field": f"{field}.{name}"},
+                    )
+                if size < 1:
+                    raise PydanticCustomError(
+                        "invalid_size",
+                        "dim '{name}' of view '{view}' has size {size}; fix: sizes must be >= 1",
+                        {"name": name, "view": view, "size": size, "field": f"{field}.{name}"},
+                    )
+            product = math.prod(dims.values())
+            if product != self.world_size:
+                raise PydanticCustomError(
+                    "invalid_size",
+                    "view '{view}' covers {product} ranks but dims cover {world}; fix: make the "
+                    "product of the view's sizes equal {world}",
+                    {"view": view, "product": product, "world": self.world_size, "field": field},
+                )
+            for name, shape in _dim_shapes(dims).items():
+                if name in shapes and shapes[name] != shape:
+                    raise PydanticCustomError(
+                        "invalid_size",
+                        "dim '{name}' in view '{view}' groups other ranks than '{name}' in "
+                        "{other} (size, stride {mine} vs {theirs}); fix: rename it in the view, or "
+                        "make the sizes around it match so it means the same ranks",
+                        {"name": name, "view": view, "other": owner[name], "mine": shape,
+                         "theirs": shapes[name], "field": f"{field}.{name}"},
+                    )
+                shapes.setdefault(name, shape)
+                owner.setdefault(name, field)
+        return self
+
+    def factorizations(self) -> dict[str, list[str]]:
+        """Dim names of ``dims`` (key ``"dims"``) and of every view, each outermost first."""
+        return {"dims": list(self.dims), **{v: list(d) for v, d in self.views.items()}}
+
+    def _check_role_dims(self, index: int, role: str, dims: list[str]) -> None:
+        factorizations = self.factorizations()
+        known = list(dict.fromkeys(d for f in factorizations.values() for d in f))
+        for d, dim in enumerate(dims):
+            if dim not in known:
+                raise PydanticCustomError(
+                    "unknown_dim",
+                    "role '{role}' uses dim '{dim}' that the layout lacks; fix: use one of "
+                    "{known} or add '{dim}' to dims",
+                    {"role": role, "dim": dim, "known": ", ".join(known),
+                     "field": f"roles[{index}].dims[{d}]"},
+                )
+        home = next((f for f in factorizations.values() if set(dims) <= set(f)), None)
+        if home is None:
+            raise PydanticCustomError(
+                "unknown_dim",
+                "role '{role}' mixes dims {dims} that no single factorization (dims or one view) "
+                "holds; fix: take the role's dims from dims or from one view",
+                {"role": role, "dims": dims, "field": f"roles[{index}].dims"},
+            )
+        ordered = [dim for dim in home if dim in dims]
+        if ordered != dims:
+            raise PydanticCustomError(
+                "unknown_dim",
+                "role '{role}' lists dims {got} out of layout order; fix: use {want} "
+                "(outermost first, as in dims)",
+                {"role": role, "got": dims, "want": ordered, "field": f"roles[{index}].dims"},
+            )
+
+    @model_validator(mode="after")
     def _roles_fit_dims(self) -> Self:
-        names = list(self.dims)
         seen: dict[str, int] = {}
         for index, role in enumerate(self.roles):
             if role.name in seen:
@@ -346,24 +449,7 @@ class Layout(SpecModel):
                 )
             seen[role.name] = index
             if isinstance(role.dims, list):
-                for d, dim in enumerate(role.dims):
-                    if dim not in self.dims:
-                        raise PydanticCustomError(
-                            "unknown_dim",
-                            "role '{role}' uses dim '{dim}' that the layout lacks; fix: use one of "
-                            "{known} or add '{dim}' to dims",
-                            {"role": role.name, "dim": dim, "known": ", ".join(names),
-                             "field": f"roles[{index}].dims[{d}]"},
-                        )
-                ordered = [dim for dim in names if dim in role.dims]
-                if ordered != role.dims:
-                    raise PydanticCustomError(
-                        "unknown_dim",
-                        "role '{role}' lists dims {got} out of layout order; fix: use {want} "
-                        "(outermost first, as in dims)",
-                        {"role": role.name, "got": role.dims, "want": ordered,
-                         "field": f"roles[{index}].dims"},
-                    )
+                self._check_role_dims(index, role.name, role.dims)
             if role.ranks is not None:
                 world = self.world_size
                 for g, group in enumerate(role.ranks):
@@ -383,7 +469,9 @@ class Layout(SpecModel):
         # would ignore it.
         if not isinstance(other, Layout):
             return NotImplemented
-        return list(self.dims.items()) == list(other.dims.items()) and self.roles == other.roles
+        return (list(self.dims.items()) == list(other.dims.items()) and self.roles == other.roles
+                and [(v, list(d.items())) for v, d in self.views.items()]
+                == [(v, list(d.items())) for v, d in other.views.items()])
 
     __hash__ = None  # type: ignore[assignment]  # dims is a dict: layouts are not hashable
 

@@ -96,7 +96,7 @@ def _registry_layout(rank: int) -> dict[str, Any]:
             dcp.save({"model": model.state_dict()}, checkpoint_id=str(checkpoint),
                      process_group=registry.group("checkpoint-metadata"))
         return {"local": [h.kind for h in rec.hazards()], "loss": loss,
-                "groups": {role: registry.group(role).group_name for role in registry.roles}}
+                "groups": {role: registry.group(role).group_name for role in registry.role_names}}
     finally:
         registry.close()
 

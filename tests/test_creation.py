@@ -62,7 +62,7 @@ def _irregular(world: int) -> cg.Layout:
 def _exercise(registry: GroupRegistry, rank: int) -> dict[str, Any]:
     """Per role: method, ranks, an all_reduce of the global ranks, and default-group aliasing."""
     roles: dict[str, Any] = {}
-    for role in registry.roles:
+    for role in registry.role_names:
         if registry.plan.group_of(role, rank) is None:
             roles[role] = {"method": registry.creation_method(role), "member": False}
             continue
@@ -96,7 +96,7 @@ def paths_worker(rank: int, world: int, runs: list[tuple[str, str, str, bool]]) 
             continue
         layout = _regular(world) if kind == "regular" else _irregular(world)
         started = time.perf_counter()
-        registry = GroupRegistry(layout, creation=mode, create_timeout_s=60).create()
+        registry = GroupRegistry(layout, creation_mode=mode, create_timeout_s=60).create()
         elapsed = time.perf_counter() - started
         out[label] = {"roles": _exercise(registry, rank), "seconds": elapsed,
                       "describe": registry.describe()}
@@ -122,7 +122,7 @@ def mesh_worker(rank: int, world: int) -> dict[str, Any]:
     """A mesh dim without a role of its own gets a dedicated group (via the checked local path)."""
     layout = cg.Layout(dims={"dp_shard": 2, "cp": 2},
                        roles=[cg.RoleSpec(name="fsdp", dims=["dp_shard", "cp"])])
-    with GroupRegistry(layout, creation="auto", create_timeout_s=60) as registry:
+    with GroupRegistry(layout, creation_mode="auto", create_timeout_s=60) as registry:
         mesh = registry.device_mesh(["dp_shard", "cp"])
         groups = [mesh.get_group(dim) for dim in ("dp_shard", "cp")]
         sums = []
@@ -143,7 +143,7 @@ def mesh_worker(rank: int, world: int) -> dict[str, Any]:
 
 def _check(layout: cg.Layout, rank: int, roles: dict[str, Any]) -> None:
     plan = cg.plan(layout)
-    for role in plan.roles:
+    for role in plan.role_names:
         expected = plan.group_of(role, rank)
         got = roles[role]
         if expected is None:
@@ -222,7 +222,7 @@ def test_mesh_dim_groups_are_dedicated() -> None:
 
 def test_creation_order_puts_irregular_roles_last() -> None:
     """Regular roles first, in layout order; irregular after."""
-    assert creation_order(cg.plan(_irregular(4))) == [
+    assert [role.name for role in creation_order(cg.plan(_irregular(4)))] == [
         "cp", "fsdp", "checkpoint-metadata", "embed", "pairs"]
 
 
@@ -231,17 +231,17 @@ def test_gloo_decisions() -> None:
     plan = cg.plan(_irregular(8))
     ctx = CreationContext(default_backend="gloo", device_bound=False, torch_version=(2, 13, 0))
     gloo = GlooAdapter()
-    assert choose_method("auto", plan, "cp", gloo, ctx) == "local"
-    assert choose_method("local", plan, "cp", gloo, ctx) == "local"
-    assert choose_method("split", plan, "cp", gloo, ctx) == "all_ranks"
-    assert choose_method("all_ranks", plan, "cp", gloo, ctx) == "all_ranks"
-    assert choose_method("auto", plan, "embed", gloo, ctx) == "all_ranks"
-    assert choose_method("local", plan, "pairs", FakeAdapter(), ctx) == "all_ranks"
+    assert choose_method("auto", plan.role("cp"), gloo, ctx) == "local"
+    assert choose_method("local", plan.role("cp"), gloo, ctx) == "local"
+    assert choose_method("split", plan.role("cp"), gloo, ctx) == "all_ranks"
+    assert choose_method("all_ranks", plan.role("cp"), gloo, ctx) == "all_ranks"
+    assert choose_method("auto", plan.role("embed"), gloo, ctx) == "all_ranks"
+    assert choose_method("local", plan.role("pairs"), FakeAdapter(), ctx) == "all_ranks"
     torchcomms = CreationContext(default_backend="gloo", device_bound=False,
                                  torch_version=(2, 13, 0), torchcomms=True)
-    assert choose_method("auto", plan, "cp", gloo, torchcomms) == "all_ranks"
+    assert choose_method("auto", plan.role("cp"), gloo, torchcomms) == "all_ranks"
     with pytest.raises(ValueError, match="creation mode"):
-        choose_method("fastest", plan, "cp", gloo, ctx)
+        choose_method("fastest", plan.role("cp"), gloo, ctx)
 
 
 def test_hccl_is_always_all_ranks_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
@@ -251,7 +251,7 @@ def test_hccl_is_always_all_ranks_and_says_why(caplog: pytest.LogCaptureFixture)
                           accelerator=True)
     with caplog.at_level(logging.INFO, logger="commgroups.creation"):
         for mode in ("auto", "local", "split"):
-            assert choose_method(mode, plan, "cp", HcclAdapter(), ctx) == "all_ranks"
+            assert choose_method(mode, plan.role("cp"), HcclAdapter(), ctx) == "all_ranks"
     assert any("hccl" in r.getMessage() and "hangs" in r.getMessage() and r.levelno == logging.INFO
                for r in caplog.records)
 
@@ -275,13 +275,13 @@ BOUND_NCCL = CreationContext(default_backend="nccl", device_bound=True, torch_ve
 def test_mock_nccl_split_decision(adapter: BackendAdapter) -> None:
     """Mock NCCL: split exactly when bound, same backend, accelerator and a safe torch."""
     plan = cg.plan(_irregular(8))
-    assert choose_method("auto", plan, "cp", adapter, BOUND_NCCL) == "split"
-    assert choose_method("split", plan, "fsdp", adapter, BOUND_NCCL) == "split"
+    assert choose_method("auto", plan.role("cp"), adapter, BOUND_NCCL) == "split"
+    assert choose_method("split", plan.role("fsdp"), adapter, BOUND_NCCL) == "split"
     # Bound NCCL: non-members must join torch's comm split, so never local; and no split for
     # irregular roles.
-    assert choose_method("local", plan, "cp", adapter, BOUND_NCCL) == "all_ranks"
-    assert choose_method("auto", plan, "embed", adapter, BOUND_NCCL) == "all_ranks"
-    assert choose_method("auto", plan, "cp", GlooAdapter(), BOUND_NCCL) == "all_ranks"
+    assert choose_method("local", plan.role("cp"), adapter, BOUND_NCCL) == "all_ranks"
+    assert choose_method("auto", plan.role("embed"), adapter, BOUND_NCCL) == "all_ranks"
+    assert choose_method("auto", plan.role("cp"), GlooAdapter(), BOUND_NCCL) == "all_ranks"
     for changed in (
         {"torch_version": (2, 7, 0)},  # device_id hang range
         {"default_backend": "cpu:gloo,cuda:nccl"},  # split would copy the gloo backend too
@@ -289,10 +289,10 @@ def test_mock_nccl_split_decision(adapter: BackendAdapter) -> None:
         {"has_split_group": False},
     ):
         ctx = CreationContext(**{**BOUND_NCCL.__dict__, **changed})
-        assert choose_method("auto", plan, "cp", adapter, ctx) == "all_ranks", changed
+        assert choose_method("auto", plan.role("cp"), adapter, ctx) == "all_ranks", changed
     unbound = CreationContext(**{**BOUND_NCCL.__dict__, "device_bound": False})
-    assert choose_method("auto", plan, "cp", adapter, unbound) == "local"
-    assert choose_method("split", plan, "cp", adapter, unbound) == "all_ranks"
+    assert choose_method("auto", plan.role("cp"), adapter, unbound) == "local"
+    assert choose_method("split", plan.role("cp"), adapter, unbound) == "all_ranks"
 
 
 class _MockNcclConfig:
@@ -337,7 +337,8 @@ def test_mock_nccl_split_creation_one_call_per_role(monkeypatch: pytest.MonkeyPa
     )
     plan = cg.plan(layout)
     spec = layout.role("cp")
-    created = create_role_group(plan, "cp", NcclAdapter(), spec.options, spec.timeout_s, 5, "split")
+    created = create_role_group(plan, plan.role("cp"), NcclAdapter(), spec.options, spec.timeout_s, 5,
+                                "split", "cp")
     assert created.method == "split" and created.group is sentinel and created.owned == [sentinel]
     assert len(calls) == 1
     call = calls[0]

@@ -98,7 +98,7 @@ def test_default_group_raises_on_collectives() -> None:
 def test_one_new_group_call_per_role(mode: str, new_group_calls: list[dict[str, Any]]) -> None:
     """Local and auto creation make one new_group call per role on a rank, member-only."""
     started = time.perf_counter()
-    registry = GroupRegistry(_layout(), creation=mode).create()
+    registry = GroupRegistry(_layout(), creation_mode=mode).create()
     elapsed = time.perf_counter() - started
     try:
         assert len(new_group_calls) == len(ROLES)
@@ -118,7 +118,7 @@ def test_registry_vs_device_mesh(new_group_calls: list[dict[str, Any]]) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     started = time.perf_counter()
-    local = GroupRegistry(_layout(), creation="auto").create()
+    local = GroupRegistry(_layout(), creation_mode="auto").create()
     local_s = time.perf_counter() - started
     local_calls = len(new_group_calls)
     _check_roles(local)
@@ -126,7 +126,7 @@ def test_registry_vs_device_mesh(new_group_calls: list[dict[str, Any]]) -> None:
 
     new_group_calls.clear()
     started = time.perf_counter()
-    every = GroupRegistry(_layout(), creation="all_ranks").create()
+    every = GroupRegistry(_layout(), creation_mode="all_ranks").create()
     all_ranks_s = time.perf_counter() - started
     all_ranks_calls = len(new_group_calls)
     _check_roles(every)

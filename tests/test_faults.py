@@ -45,7 +45,7 @@ def _die_inside_new_group(rank: int, world_size: int) -> dict[str, Any]:
         dist.new_group = dying_new_group  # fault injection in this rank's process only
     started = time.monotonic()
     try:
-        cg.GroupRegistry(cg.Layout(dims={"dp_shard": 1, "cp": 4}), creation="all_ranks",
+        cg.GroupRegistry(cg.Layout(dims={"dp_shard": 1, "cp": 4}), creation_mode="all_ranks",
                          create_timeout_s=CREATE_TIMEOUT_S).create()
         return {"error": None}
     except cg.errors.CommGroupsError as error:

@@ -104,7 +104,7 @@ def _check(data: Any) -> None:
         return
     # what validates must plan
     plan = cg.plan(layout)
-    for role in plan.roles:
+    for role in plan.role_names:
         plan.groups(role)
 
 

@@ -19,7 +19,7 @@ from tests.strategies import layouts
 @given(layouts())
 def test_groups_partition_the_world(layout: cg.Layout) -> None:
     plan = cg.plan(layout)
-    for role in plan.roles:
+    for role in plan.role_names:
         info = plan.role(role)
         groups = plan.groups(role)
         flat = [r for g in groups for r in g]
@@ -39,10 +39,10 @@ def test_groups_match_device_mesh_rows(layout: cg.Layout) -> None:
     """A role over dims D groups the ranks that share every other coordinate (DeviceMesh's rule)."""
     plan = cg.plan(layout)
     grid = np.arange(plan.world_size).reshape(plan.dim_sizes)
-    for role in plan.roles:
+    for role in plan.role_names:
         info = plan.role(role)
-        assert info.dims is not None
-        axes = [plan.dim_names.index(d) for d in info.dims]
+        assert info.dim_names is not None
+        axes = [plan.dim_names.index(d) for d in info.dim_names]
         others = [i for i in range(grid.ndim) if i not in axes]
         rows = np.transpose(grid, others + axes).reshape(-1, info.group_size)
         assert [tuple(r) for r in rows.tolist()] == plan.groups(role)
@@ -83,8 +83,8 @@ def test_fingerprint_sees_options_backend_and_timeout() -> None:
 
 def test_seed_layout_plan() -> None:
     plan = cg.plan(cg.load_layout("examples/layouts/seed_cp4.toml"))
-    assert plan.roles == ("fsdp", "cp", "checkpoint-metadata")
-    for role in plan.roles:
+    assert plan.role_names == ("fsdp", "cp", "checkpoint-metadata")
+    for role in plan.role_names:
         assert plan.groups(role) == [(0, 1, 2, 3)]
         assert plan.role(role).spans_world
     assert plan.communicators_per_rank(2) == 3

@@ -24,7 +24,7 @@ def _check_layout(layout: cg.Layout, rank: int) -> dict[str, Any]:
     registry = cg.GroupRegistry(layout).create()
     seen: dict[str, Any] = {}
     groups = []
-    for role in registry.roles:
+    for role in registry.role_names:
         group = registry.group(role)
         groups.append(group)
         value = torch.tensor([float(rank + 1)])
@@ -51,7 +51,7 @@ def _check_layout(layout: cg.Layout, rank: int) -> dict[str, Any]:
         "rows": [dist.get_process_group_ranks(mesh.get_group(d)) for d in dims],
         "no_default": all(mesh.get_group(d).group_name != default.group_name for d in dims),
     }
-    if "fsdp" in registry.roles:
+    if "fsdp" in registry.role_names:
         fsdp_mesh = registry.device_mesh("fsdp")
         meshes["fsdp_is_role_group"] = fsdp_mesh.get_group() is registry.group("fsdp")
     seen["_distinct"] = len({id(g) for g in groups}) == len(groups)
@@ -61,7 +61,7 @@ def _check_layout(layout: cg.Layout, rank: int) -> dict[str, Any]:
     seen["_closed"] = [not _live(g) for g in groups]
     registry.close()  # idempotent
     try:
-        registry.group(registry.roles[0])
+        registry.group(registry.role_names[0])
         seen["_after_close"] = None
     except errors.RegistryClosedError as error:
         seen["_after_close"] = str(error)
@@ -210,6 +210,6 @@ def test_registry_usage_errors_without_a_world() -> None:
     with pytest.raises(errors.RegistryStateError, match="init_process_group"):
         registry.create()
     with pytest.raises(errors.LayoutError, match="creation"):
-        cg.GroupRegistry(cg.Layout(dims={"cp": 4}), creation="fastest")
+        cg.GroupRegistry(cg.Layout(dims={"cp": 4}), creation_mode="fastest")
     with pytest.raises(TypeError, match="Layout"):
         cg.GroupRegistry({"dims": {"cp": 4}})  # type: ignore[arg-type]

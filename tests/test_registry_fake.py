@@ -21,8 +21,8 @@ def test_4096_ranks_plan_and_groups(fake_world: Callable[..., None], rank: int) 
     plan = cg.plan(layout)
     default = dist.distributed_c10d._get_default_group()
     with cg.GroupRegistry(layout) as registry:
-        assert registry.roles == ("pp", "dp_shard", "cp", "tp", "fsdp", "checkpoint-metadata")
-        for role in registry.roles:
+        assert registry.role_names == ("pp", "dp_shard", "cp", "tp", "fsdp", "checkpoint-metadata")
+        for role in registry.role_names:
             group = registry.group(role)
             assert group.group_name != default.group_name
             assert dist.get_backend(group) == "fake"  # every role is simulated under fake
@@ -50,7 +50,7 @@ def test_no_role_is_ever_the_default_group(layout: cg.Layout, data: st.DataObjec
         default = dist.distributed_c10d._get_default_group()
         plan = cg.plan(layout)
         with cg.GroupRegistry(layout) as registry:
-            for role in registry.roles:
+            for role in registry.role_names:
                 group = registry.group(role)
                 assert group is not default and group.group_name != default.group_name
                 assert registry.ranks(role) == plan.group_of(role, rank)

@@ -24,19 +24,25 @@ def _timeouts(rank: int, world_size: int) -> dict[str, Any]:
     ])
     out: dict[str, Any] = {}
     with cg.GroupRegistry(layout) as registry:
-        out["created"] = {r: _backend_timeout(registry.group(r)).total_seconds() for r in registry.roles}
-        out["reported"] = {r: registry.timeout(r).total_seconds() for r in registry.roles}
-        registry.set_timeout("cp", 3)
+        out["created"] = {r: _backend_timeout(registry.group(r)).total_seconds() for r in registry.role_names}
+        out["reported"] = {r: registry.timeout(r).total_seconds() for r in registry.role_names}
+        registry.set_timeout(3, role="cp")
         out["after_set"] = {r: _backend_timeout(registry.group(r)).total_seconds()
-                            for r in registry.roles}
+                            for r in registry.role_names}
         out["reported_after"] = registry.timeout("cp").total_seconds()
         value = torch.ones(1)
         dist.all_reduce(value, group=registry.group("cp"))  # still works after the change
         out["sum"] = value.item()
         try:
-            registry.set_timeout("cp", 0)
+            registry.set_timeout(0, role="cp")
         except cg.errors.LayoutError as error:
             out["bad"] = str(error)
+        dp_shard = registry.device_mesh(["dp_shard", "cp"]).get_group("dp_shard")  # a mesh-dim group
+        registry.set_timeout(timedelta(seconds=42))  # every group, no barrier on any group
+        out["after_all"] = {r: _backend_timeout(registry.group(r)).total_seconds()
+                            for r in registry.role_names}
+        out["after_all"]["mesh-dp_shard"] = _backend_timeout(dp_shard).total_seconds()
+        out["reported_all"] = {r: registry.timeout(r).total_seconds() for r in registry.role_names}
     return out
 
 
@@ -48,3 +54,5 @@ def test_role_timeouts_reach_groups_and_can_change() -> None:
         assert out["reported_after"] == 3.0
         assert out["sum"] == 2.0
         assert "timeout_s" in out["bad"] and "fix" in out["bad"]
+        assert set(out["after_all"].values()) == {42.0}
+        assert set(out["reported_all"].values()) == {42.0}

@@ -157,7 +157,7 @@ def _resolve_roles(roles: Any) -> dict[str, dist.ProcessGroup]:
             "every rank before recording"
         )
     resolved = {}
-    for role in roles.roles:
+    for role in roles.role_names:
         try:
             resolved[role] = roles.group(role)
         except NotAMemberError:

@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 VARIANTS: tuple[str, ...] = ("registry", "registry all_ranks", "devicemesh", "new_group loop")
-"""``registry`` uses creation="auto" (the fastest safe path); ``registry all_ranks`` forces torch's
+"""``registry`` uses creation_mode="auto" (the fastest safe path); ``registry all_ranks`` forces torch's
 default contract, the same calls as the loop."""
 
 _COUNTED = ("new_group", "split_group")
@@ -130,9 +130,9 @@ def _destroy(groups: list[Any]) -> Callable[[], None]:
 
 
 def _create_registry(layout: Layout, creation: str, counter: CallCounter) -> Created:
-    registry = GroupRegistry(layout, creation=creation).create()
-    methods = sorted({registry.creation_method(role) for role in registry.roles})
-    return Created({role: registry.group(role) for role in registry.roles}, registry.close,
+    registry = GroupRegistry(layout, creation_mode=creation).create()
+    methods = sorted({registry.creation_method(role) for role in registry.role_names})
+    return Created({role: registry.group(role) for role in registry.role_names}, registry.close,
                    "+".join(methods), keep=registry)
 
 
@@ -293,7 +293,7 @@ def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
         "time: slowest rank's wall time per creation (median [p25-p75]); ratio: per-repetition "
         "variant / devicemesh, median [p25-p75]",
         "devicemesh = init_device_mesh + _flatten('fsdp') + a gloo new_group for checkpoint metadata",
-        "registry = creation='auto' (method: the paths it took); fake worlds simulate rank 0 in one "
+        "registry = creation_mode='auto' (method: the paths it took); fake worlds simulate rank 0 in one "
         "process (no data moves)",
         "gloo worlds keep each registry open until the end: re-creating a closed layout would reuse "
         "torch's member-only group names, which the registry refuses by falling back to all_ranks",

@@ -99,9 +99,9 @@ def _registry_groups(layout: Layout) -> JobGroups:
     try:
         mesh = fsdp_mesh(registry)
         cp_group = None
-        if "cp" in registry.roles and len(registry.ranks("cp")) > 1:
+        if "cp" in registry.role_names and len(registry.ranks("cp")) > 1:
             cp_group = registry.group("cp")
-        if CHECKPOINT_ROLE not in registry.roles:
+        if CHECKPOINT_ROLE not in registry.role_names:
             cg_dcp.checkpoint_group(registry)  # raises MissingRoleError naming the fix
     except BaseException:
         registry.close()
@@ -114,7 +114,7 @@ def _registry_groups(layout: Layout) -> JobGroups:
 
     roles = {
         name: _role_info(registry.group(name), registry.backend(name), "GroupRegistry")
-        for name in registry.roles
+        for name in registry.role_names
     }
     return JobGroups(
         mode="registry",
@@ -125,7 +125,7 @@ def _registry_groups(layout: Layout) -> JobGroups:
         save=lambda state, path: cg_dcp.save(state, checkpoint_id=path, registry=registry),
         load=lambda state, path: cg_dcp.load(state, checkpoint_id=path, registry=registry),
         roles=roles,
-        role_groups={name: registry.group(name) for name in registry.roles},
+        role_groups={name: registry.group(name) for name in registry.role_names},
         exchange_group=registry.group(CHECKPOINT_ROLE),
         registry=registry,
         close=registry.close,

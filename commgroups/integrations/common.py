@@ -24,10 +24,10 @@ def role_group(registry: GroupRegistry, role: str, purpose: str, example: str) -
     ``purpose`` says what the integration needs the role for; ``example`` is a layout snippet that adds
     it (both go into the message).
     """
-    if role not in registry.roles:
+    if role not in registry.role_names:
         raise MissingRoleError(
             f"{purpose} needs the role {role!r}, but the registry's layout declares only "
-            f"{', '.join(registry.roles) or 'no roles'}; fix: add it to the layout, e.g. "
+            f"{', '.join(registry.role_names) or 'no roles'}; fix: add it to the layout, e.g. "
             f"{example}, or pass role=<an existing role>"
         )
     return registry.group(role)
