@@ -34,7 +34,13 @@ if TYPE_CHECKING:
 
     from commgroups.registry import GroupRegistry
 
-__all__ = ["FSDP_ROLE", "async_wait_comms", "fsdp_mesh", "fully_shard_on_role"]
+__all__ = [
+    "FSDP_ROLE",
+    "async_wait_comms",
+    "fsdp_mesh",
+    "fully_shard_on_role",
+    "install_async_wait_comms",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +98,38 @@ def async_wait_comms() -> tuple[Any, Any] | None:
             return work if async_op else None
 
     return AsyncWaitAllGather(), AsyncWaitReduceScatter()
+
+
+def install_async_wait_comms(module: nn.Module) -> int:
+    """Give every FSDP module under ``module`` (``fully_shard`` already called) async-and-wait comms.
+
+    For FSDP modules sharded by someone else (torchtitan calls ``fully_shard`` itself): each
+    ``FSDPModule`` in ``module.modules()`` gets FSDP2's public ``set_custom_all_gather`` /
+    ``set_custom_reduce_scatter`` with :func:`async_wait_comms`, whatever mesh it shards over.
+
+    Returns:
+        How many FSDP modules got the comms (0 where this torch lacks the hooks; a warning says so).
+
+    Example::
+
+        trainer = config.build()          # torchtitan shards the model
+        for part in trainer.model_parts:
+            install_async_wait_comms(part)
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    targets = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    comms = async_wait_comms()
+    if not targets:
+        return 0
+    if comms is None or not hasattr(targets[0], "set_custom_all_gather"):
+        logger.warning("this torch has no FSDP2 custom-comm hooks: FSDP's collectives stay "
+                       "blocking; wrap training in commgroups.async_and_wait() instead")
+        return 0
+    for target in targets:
+        target.set_custom_all_gather(comms[0])
+        target.set_custom_reduce_scatter(comms[1])
+    return len(targets)
 
 
 def fully_shard_on_role(
