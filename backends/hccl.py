@@ -78,12 +78,7 @@ class HcclAdapter(BackendAdapter):
         )
 
         hccl_options = ProcessGroupHCCL.Options()
-        config: dict[str, Any] = dict(section.config)
-        if section.buffer_size_mb is not None:
-            config["hccl_buffer_size"] = section.buffer_size_mb
-        if section.op_expansion_mode is not None:
-            config["hccl_op_expansion_mode"] = section.op_expansion_mode
         # torch_npu reads hccl_config only when assigned whole; item assignment is silently lost.
-        hccl_options.hccl_config = config
+        hccl_options.hccl_config = section.hccl_config()
         hccl_options._timeout = timeout
         return hccl_options

@@ -48,7 +48,7 @@ class RoleCollectives:
     """
 
     def __init__(self, group: dist.ProcessGroup, *, role: str, safeguard: bool) -> None:
-        if group is None or not isinstance(group, dist.ProcessGroup):
+        if not isinstance(group, dist.ProcessGroup):
             raise TypeError(
                 f"RoleCollectives for role {role!r} needs a ProcessGroup, got "
                 f"{type(group).__name__}; fix: pass registry.group({role!r})"

@@ -339,9 +339,7 @@ def create_role_group(
     """
     if method == "local":
         mine = plan.group_of(role, rank)
-        if mine is None:
-            raise ValueError(f"role {role.name!r}: rank {rank} has no group; local creation needs "
-                             "a regular role (choose_method never picks local for it)")
+        assert mine is not None, "choose_method picks local for regular roles only"
         group = _new_group(mine, adapter, options, timeout_s, group_desc, local=True)
         return CreatedRole(group=group, method="local", adapter=adapter, owned=[group])
     if method == "split":
@@ -356,8 +354,7 @@ def create_role_group(
         )
         return CreatedRole(group=split, method="split", adapter=adapter,
                            owned=[split] if split is not None else [])
-    if method != "all_ranks":
-        raise ValueError(f"unknown creation method {method!r}; use all_ranks, local or split")
+    assert method == "all_ranks", method
     found: dist.ProcessGroup | None = None
     my_index = plan.group_index(role, rank)
     for index, ranks in enumerate(plan.groups(role)):

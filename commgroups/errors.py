@@ -1,7 +1,8 @@
 """Exceptions raised by commgroups.
 
 Every error about a layout is a :class:`LayoutError`. Layout errors are raised before any
-communicator exists, and their message names the offending field and how to fix it. Because every
+communicator exists, and their message names the offending field and how to fix it. Each subclass
+means what its name says; its docstring lists the inputs that raise it. Because every
 rank validates the same layout with the same code, every rank raises the same error; where ranks hold
 *different* layouts, :class:`LayoutMismatchError` is raised on every rank after they compare
 fingerprints, so nothing hangs.
@@ -13,11 +14,16 @@ __all__ = [
     "AgreementTimeoutError",
     "BackendUnavailableError",
     "CommGroupsError",
+    "DimOrderError",
+    "DimsOrRanksError",
     "DuplicateRoleError",
     "EmptyDimsError",
     "GroupCreationError",
     "InvalidNameError",
+    "InvalidOptionError",
+    "InvalidRanksError",
     "InvalidSizeError",
+    "InvalidViewError",
     "LayoutError",
     "LayoutFileError",
     "LayoutMismatchError",
@@ -28,7 +34,7 @@ __all__ = [
     "RoleTimeoutError",
     "UnknownBackendError",
     "UnknownDimError",
-    "UnknownOptionError",
+    "UnknownFieldError",
     "WorldSizeMismatchError",
 ]
 
@@ -38,9 +44,19 @@ class CommGroupsError(Exception):
 
 
 class LayoutError(CommGroupsError, ValueError):
-    """A layout or role spec is invalid; raised before any communicator is created.
+    """A layout, role spec or registry argument is invalid; raised before any communicator exists.
 
-    ``field`` is the dotted path of the offending field (``roles[1].dims``) when one applies.
+    Catch this to catch every problem with the input; the subclasses below name the kind of
+    problem, and ``field`` names where it is. ``LayoutError`` itself is raised for a required field
+    that is missing (a role without ``name``), a value of the wrong type or out of range outside
+    dims, ranks and options (``timeout_s = -1``), and the registry's own arguments
+    (``creation_mode``, ``create_timeout_s``, ``set_timeout``, ``device_mesh`` over roles that cannot
+    form a mesh).
+
+    Attributes:
+        field: dotted path of the offending field (``roles[1].dims``), or ``None``.
+        problems: ``(class, field, message)`` of every problem found; the exception's class and
+            ``field`` are those of the first.
     """
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
@@ -50,44 +66,102 @@ class LayoutError(CommGroupsError, ValueError):
         self.problems: list[tuple[type[LayoutError], str, str]] = [(type(self), field or "", message)]
 
 
-class UnknownDimError(LayoutError):
-    """A role names a dim that the layout does not have."""
+class LayoutFileError(LayoutError):
+    """A layout file cannot be read or parsed.
+
+    Raised by :func:`~commgroups.load_layout` / :func:`~commgroups.parse_layout` for a missing or
+    unreadable file, a suffix other than .toml/.yaml/.yml/.json, bad syntax, or a file whose top
+    level is not a mapping.
+    """
 
 
-class DuplicateRoleError(LayoutError):
-    """Two roles share a name."""
-
-
-class InvalidSizeError(LayoutError):
-    """A dim size is not a whole number >= 1."""
-
-
-class EmptyDimsError(LayoutError):
-    """A layout has no dims, or a role lists none."""
-
-
-class InvalidNameError(LayoutError):
-    """A dim or role name is empty, reserved, or has characters that cannot appear in a group name."""
-
-
-class UnknownBackendError(LayoutError):
-    """A role asks for a backend commgroups does not know."""
-
-
-class UnknownOptionError(LayoutError):
-    """A role sets an option its backend does not have, or options for another backend."""
+class LayoutMismatchError(LayoutError):
+    """Ranks built different layouts; raised on every rank, naming the ranks and fields that differ."""
 
 
 class WorldSizeMismatchError(LayoutError):
     """The layout's world size (product of dims) differs from the running job's world size."""
 
 
-class LayoutFileError(LayoutError):
-    """A layout file cannot be read or parsed (missing, unknown suffix, bad syntax)."""
+class InvalidNameError(LayoutError):
+    """A dim or role name is not allowed.
+
+    Raised for ``dims = {"1cp": 2}``, the reserved dim name ``"world"``, a view named ``"dims"``,
+    or a role named ``"bad name"``: names start with a letter and use letters, digits, ``_`` or
+    ``-``.
+    """
 
 
-class LayoutMismatchError(LayoutError):
-    """Ranks built different layouts; raised on every rank, naming the ranks that differ."""
+class InvalidSizeError(LayoutError):
+    """A dim size (in ``dims`` or a view) is not a whole number >= 1 (``cp = 0``, ``cp = "4"``)."""
+
+
+class EmptyDimsError(LayoutError):
+    """A layout or a view has no dims (``dims = {}``), or a role lists none (``dims = []``)."""
+
+
+class UnknownDimError(LayoutError):
+    """A name that must be a layout dim is not one.
+
+    Raised for a role whose ``dims`` names a dim the layout lacks, and by
+    ``registry.device_mesh`` for an axis name that is neither a dim nor a role.
+    """
+
+
+class DimOrderError(LayoutError):
+    """Dims are not listed once each in the order of one factorization (``dims`` or one view).
+
+    Raised for a role with ``dims = ["a", "a"]`` or ``dims = ["b", "a"]`` when the layout's dims are
+    ``{a, b}``, for a role that mixes dims of ``dims`` and a view (no order holds them), and by
+    ``registry.device_mesh`` for axes that overlap or are out of layout order.
+    """
+
+
+class InvalidViewError(LayoutError):
+    """A layout view is not another factorization of the same ranks.
+
+    Raised when a view's sizes multiply to another world size than ``dims``, or a dim name it shares
+    with ``dims`` (or another view) groups other ranks there. A view's bad names and sizes raise
+    :class:`InvalidNameError` / :class:`InvalidSizeError`, an empty view :class:`EmptyDimsError`.
+    """
+
+
+class DimsOrRanksError(LayoutError):
+    """A role sets both ``dims`` and ``ranks``, or neither; it needs exactly one."""
+
+
+class InvalidRanksError(LayoutError):
+    """A role's explicit rank groups (``ranks``) are not valid.
+
+    Raised for an empty list or an empty group, a negative rank, a rank outside the world size,
+    a rank in two groups of the same role, or a rank that is not an integer.
+    """
+
+
+class DuplicateRoleError(LayoutError):
+    """Two roles share a name."""
+
+
+class UnknownBackendError(LayoutError):
+    """A role asks for a backend commgroups does not know (``backend = "mpi"``)."""
+
+
+class UnknownFieldError(LayoutError):
+    """A spec has a field it does not know (a typo such as ``timeout`` for ``timeout_s``).
+
+    Raised for unknown keys at any level: the layout, a role, ``options`` (``options.mpi``) or an
+    option section (``options.nccl.bogus``). The message lists the known fields.
+    """
+
+
+class InvalidOptionError(LayoutError):
+    """A known backend option has a value or combination that is not valid.
+
+    Raised for an option out of range or of the wrong type (``cga_cluster_size = 9``),
+    ``min_ctas > max_ctas``, an ``options.hccl.config`` key that has a typed field
+    (``hccl_buffer_size``), or an option section the role's backend does not use (``options.nccl``
+    on a gloo role).
+    """
 
 
 class AgreementTimeoutError(CommGroupsError, TimeoutError):

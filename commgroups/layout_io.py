@@ -43,7 +43,28 @@ def _parse(text: str, suffix: str, source: str) -> Any:
 
 
 def parse_layout(text: str, suffix: str, source: str = "<layout>") -> Layout:
-    """Parse layout text in the format of ``suffix`` (.toml, .yaml, .yml or .json)."""
+    """Parse layout text in the format of ``suffix`` into a validated :class:`~commgroups.Layout`.
+
+    Args:
+        text (str): the layout: a table/mapping with ``dims`` and optionally ``roles``.
+        suffix (str): the format, as a file suffix: ``.toml``, ``.yaml``, ``.yml`` or ``.json``.
+        source (str): what to call the text in error messages (a path, a URL).
+
+    Returns:
+        Layout: the validated layout.
+
+    Raises:
+        LayoutFileError: an unknown suffix, bad syntax, YAML without PyYAML, or a top level that is
+            not a mapping.
+        LayoutError: the layout itself is invalid (the subclass names the problem, see
+            :class:`~commgroups.Layout`); the message starts with ``source``.
+
+    Example::
+
+        >>> layout = parse_layout('{"dims": {"dp_shard": 2, "cp": 2}}', ".json")
+        >>> layout.world_size, layout.role_names
+        (4, ('dp_shard', 'cp', 'fsdp', 'checkpoint-metadata'))
+    """
     if suffix not in SUFFIXES:
         raise LayoutFileError(
             f"{source}: unknown layout format {suffix!r}; fix: use one of {', '.join(SUFFIXES)}"
@@ -62,7 +83,25 @@ def parse_layout(text: str, suffix: str, source: str = "<layout>") -> Layout:
 
 
 def load_layout(path: str | Path) -> Layout:
-    """Read and validate a layout file; every failure is a LayoutError naming the field and fix."""
+    """Read and validate a layout file; every failure is a LayoutError naming the field and fix.
+
+    Args:
+        path (str | Path): a ``.toml``, ``.yaml``, ``.yml`` or ``.json`` file; the suffix picks
+            the format.
+
+    Returns:
+        Layout: the validated layout.
+
+    Raises:
+        LayoutFileError: the file cannot be read, or see :func:`parse_layout`.
+        LayoutError: the layout itself is invalid, see :func:`parse_layout`.
+
+    Example::
+
+        >>> layout = load_layout("examples/layouts/seed_cp4.toml")  # from the repository root
+        >>> layout.role_names
+        ('fsdp', 'cp', 'checkpoint-metadata')
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -147,7 +147,6 @@ def run_local_world(
             reports[report.rank] = report
             if not report.ok and grace_s is not None:
                 deadline = min(deadline, time.monotonic() + grace_s)
-        relay()
     finally:
         for proc in procs:
             proc.join(timeout=10 if len(reports) == world_size else 0.5)
@@ -155,4 +154,7 @@ def run_local_world(
                 proc.kill()
                 proc.join(timeout=5)
         del server
+    # After the joins: a rank's queue feeder flushes when the process exits, so a message posted
+    # just before its result cannot arrive after the last relay (it did, under load).
+    relay()
     return reports

@@ -18,7 +18,13 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from commgroups.plan import Plan
 
-__all__ = ["axes_in_order", "build_mesh", "mesh_block", "register_flattening"]
+__all__ = [
+    "axes_in_order",
+    "build_mesh",
+    "forget_flattenings",
+    "mesh_block",
+    "register_flattening",
+]
 
 Axis = Sequence[str]
 """One mesh axis: the layout dims it spans (one dim, or a role's dims flattened row-major)."""
@@ -111,3 +117,16 @@ def register_flattening(mesh: DeviceMesh, dim_names: Sequence[str], key: str,
     mesh._pg_registry[group.group_name] = group
     mapping[key] = flat
     return True
+
+
+def forget_flattenings(mesh: DeviceMesh) -> None:
+    """Drop ``mesh``'s flatten mapping, breaking the root <-> flattened-mesh reference cycle.
+
+    Without it the meshes (and through them the destroyed groups' gloo sockets) live until the
+    garbage collector's next cycle pass: 100 create/close cycles leaked ~3 fds each.
+
+    PRIVATE-TORCH: DeviceMesh._flatten_mapping (torch 2.13).
+    """
+    mapping = getattr(mesh, "_flatten_mapping", None)
+    if isinstance(mapping, dict):
+        mapping.clear()

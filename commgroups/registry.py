@@ -32,6 +32,7 @@ from commgroups.creation import (
 from commgroups.errors import (
     BackendUnavailableError,
     CommGroupsError,
+    DimOrderError,
     GroupCreationError,
     LayoutError,
     NotAMemberError,
@@ -40,8 +41,8 @@ from commgroups.errors import (
     UnknownDimError,
     WorldSizeMismatchError,
 )
-from commgroups.meshes import axes_in_order, build_mesh, register_flattening
-from commgroups.plan import Plan, RolePlan
+from commgroups.meshes import axes_in_order, build_mesh, forget_flattenings, register_flattening
+from commgroups.plan import RolePlan, plan
 from commgroups.specs import Layout, RoleSpec
 from commgroups.text_table import format_ranks, format_table
 
@@ -74,6 +75,12 @@ class GroupRegistry:
         cp = registry.group("cp")         # never the default group
         mesh = registry.device_mesh(["dp_shard", "cp"])
         registry.close()                  # destroys every group it made
+
+    Example: on 4 ranks with ``Layout(dims={"dp_shard": 2, "cp": 2})`` (built-in roles dp_shard,
+    cp, fsdp, checkpoint-metadata), ``registry.ranks("cp")`` is ``(0, 1)`` on ranks 0 and 1 and
+    ``(2, 3)`` on ranks 2 and 3; ``registry.ranks("dp_shard")`` is ``(0, 2)`` on ranks 0 and 2 and
+    ``(1, 3)`` on ranks 1 and 3; ``registry.ranks("fsdp")`` is ``(0, 1, 2, 3)`` everywhere, on a
+    dedicated group that is not the default group.
 
     Args:
         layout: the validated layout.
@@ -108,7 +115,7 @@ class GroupRegistry:
                 field="create_timeout_s",
             )
         self.layout = layout
-        self.plan = Plan(layout)
+        self.plan = plan(layout)
         self.creation_mode = creation_mode
         self.create_timeout_s = create_timeout_s
         self._rank = -1
@@ -275,7 +282,23 @@ class GroupRegistry:
         return self.layout.role(role)
 
     def group(self, role: str) -> dist.ProcessGroup:
-        """This rank's dedicated ProcessGroup for ``role`` (never the default group)."""
+        """This rank's dedicated ProcessGroup for ``role`` (never the default group).
+
+        Args:
+            role: a role of the layout.
+
+        Returns:
+            The group of ``role`` that holds this rank, made by :meth:`create`.
+
+        Raises:
+            KeyError: ``role`` is not in the layout (the message lists the roles).
+            NotAMemberError: ``role`` has explicit rank groups and none holds this rank.
+            RegistryStateError: :meth:`create` has not run yet (RegistryClosedError after close).
+
+        Example: ``Layout(dims={"dp_shard": 2, "cp": 2})`` on 4 ranks:
+        ``dist.get_process_group_ranks(registry.group("cp"))`` is ``[0, 1]`` on ranks 0 and 1,
+        ``[2, 3]`` on ranks 2 and 3.
+        """
         self.spec(role)
         self._check_usable()
         group = self._created[role].group
@@ -287,7 +310,11 @@ class GroupRegistry:
         return group
 
     def ranks(self, role: str) -> tuple[int, ...]:
-        """Global ranks of this rank's group for ``role``."""
+        """Global ranks of this rank's group for ``role``, ascending (same errors as :meth:`group`).
+
+        Example: ``Layout(dims={"dp_shard": 2, "cp": 2})``: ``registry.ranks("dp_shard")`` is
+        ``(0, 2)`` on ranks 0 and 2, ``(1, 3)`` on ranks 1 and 3.
+        """
         self.spec(role)
         self._check_usable()
         ranks = self.plan.group_of(role, self._rank)
@@ -383,7 +410,26 @@ class GroupRegistry:
         collective: make it on every rank in the same order). A role is one mesh axis on the
         role's own group, its dims flattened row-major: this is how fsdp over dp_shard x cp is
         meshed, never with ``_flatten()``, and how HSDP gets ``device_mesh(["dp_replicate",
-        "fsdp"])``. Names must cover disjoint dims in layout order.
+        "fsdp"])``. Names must cover disjoint dims in layout order; dims may come from the layout's
+        ``dims`` or from a view. Meshes are cached: the same names give the same object (torch
+        compares meshes by layout, third-party code sometimes by identity). Every run of axes that
+        a role spans is pre-registered as that role's flattening (see
+        :func:`commgroups.meshes.register_flattening`).
+
+        Args:
+            dims_or_role: a dim or role name, or a sequence of them (outermost first).
+
+        Returns:
+            A DeviceMesh whose dim ``i`` is named ``names[i]`` and runs on the registry's group.
+
+        Raises:
+            UnknownDimError: a name is neither a dim nor a role.
+            DimOrderError: the names overlap or are out of layout order.
+
+        Example: ``Layout(dims={"dp_shard": 2, "cp": 2})`` on 4 ranks:
+        ``registry.device_mesh(["dp_shard", "cp"])`` is the mesh ``[[0, 1], [2, 3]]`` on every rank,
+        its ``cp`` groups ``(0, 1)`` / ``(2, 3)`` and ``dp_shard`` groups ``(0, 2)`` / ``(1, 3)``;
+        ``registry.device_mesh("fsdp")`` is the 1-D mesh ``[0, 1, 2, 3]`` on the fsdp role's group.
         """
         self._check_usable()
         names = (dims_or_role,) if isinstance(dims_or_role, str) else tuple(dims_or_role)
@@ -452,7 +498,7 @@ class GroupRegistry:
 
     def _check_mesh_axes(self, names: tuple[str, ...], axes: list[tuple[str, ...]]) -> None:
         if not axes_in_order(self.plan, axes):
-            raise UnknownDimError(
+            raise DimOrderError(
                 f"device_mesh: {list(names)} span dims {[list(a) for a in axes]}; they must be "
                 "distinct and in layout order (outermost first; dims "
                 f"{', '.join(self.layout.dims)}); fix: reorder or drop overlapping names",
@@ -485,7 +531,7 @@ class GroupRegistry:
         """A readable table: each role's dims, backend, size, groups, this rank's ranks, timeout."""
         header = ("role", "dims", "backend", "size", "groups", "creation", "timeout", "safeguard",
                   "this rank's group")
-        rows = [header]
+        rows = []
         for name in self.role_names:
             spec = self.spec(name)
             info = self.plan.role(name)
@@ -501,7 +547,7 @@ class GroupRegistry:
                 timeout = "default" if spec.timeout_s is None else f"{spec.timeout_s:g}s"
             rows.append((name, dims, backend, str(info.group_size), str(info.num_groups), method,
                          timeout, "on" if spec.safeguard else "off", group_text))
-        lines = format_table(header, rows[1:])
+        lines = format_table(header, rows)
         title = (f"GroupRegistry: world {self.layout.world_size} "
                  f"({', '.join(f'{k}={v}' for k, v in self.layout.dims.items())}), "
                  f"fingerprint {self.plan.fingerprint[:12]}, state {self._state}")
@@ -518,6 +564,8 @@ class GroupRegistry:
             return
         self._destroy_groups([*self._created.values(), *self._dim_groups.values()])
         self._collectives.clear()
+        for mesh in self._meshes.values():
+            forget_flattenings(mesh)
         self._meshes.clear()
         self._created.clear()
         self._dim_groups.clear()

@@ -25,13 +25,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 from typing_extensions import Self
 
-from commgroups.validation_errors import layout_error_from
+from commgroups import errors
+from commgroups.validation_errors import layout_error_from, problem
 
 __all__ = [
-    "BACKENDS",
     "CHECKPOINT_ROLE",
     "WORLD",
     "BackendName",
@@ -43,8 +42,8 @@ __all__ = [
     "default_roles",
 ]
 
+# The one list of backend names; the Literal makes mypy and pydantic both reject others.
 BackendName = Literal["device", "nccl", "rccl", "hccl", "gloo", "fake"]
-BACKENDS: tuple[str, ...] = ("device", "nccl", "rccl", "hccl", "gloo", "fake")
 WORLD = "world"
 CHECKPOINT_ROLE = "checkpoint-metadata"
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_\-]*$"
@@ -77,7 +76,29 @@ class SpecModel(BaseModel):
 
 
 class NcclOptions(SpecModel):
-    """Options for an NCCL or RCCL communicator (``ProcessGroupNCCL.Options`` and its ``config``)."""
+    """Options for an NCCL or RCCL communicator (``ProcessGroupNCCL.Options`` and its ``config``).
+
+    Every field is optional; an unset field leaves NCCL's own default. Used by roles whose backend is
+    ``nccl``, ``rccl`` or ``device`` (when it resolves to NCCL or RCCL).
+
+    Args:
+        high_priority_stream (bool): run the group's internal stream at high priority.
+        cga_cluster_size (int, optional): NCCL CGA cluster size, 0..8.
+        min_ctas (int, optional): minimum CTAs per kernel, 1..64, at most ``max_ctas``.
+        max_ctas (int, optional): maximum CTAs per kernel, 1..64.
+        net_name (str, optional): NCCL network plugin name, e.g. ``"IB"``.
+        split_share (bool, optional): share the parent communicator's resources (split creation).
+        blocking (bool, optional): NCCL blocking mode for communicator calls.
+
+    Raises:
+        InvalidOptionError: a value out of range or of the wrong type, or ``min_ctas > max_ctas``.
+        UnknownFieldError: a field not listed above.
+
+    Example::
+
+        >>> NcclOptions(high_priority_stream=True, min_ctas=4, max_ctas=16).max_ctas
+        16
+    """
 
     high_priority_stream: bool = Field(
         default=False, description="Run the group's internal stream at high priority."
@@ -97,19 +118,39 @@ class NcclOptions(SpecModel):
     @model_validator(mode="after")
     def _ctas_ordered(self) -> Self:
         if self.min_ctas is not None and self.max_ctas is not None and self.min_ctas > self.max_ctas:
-            raise PydanticCustomError(
-                "invalid_option",
+            raise problem(
+                errors.InvalidOptionError,
                 "min_ctas ({min}) is above max_ctas ({max}); fix: make min_ctas <= max_ctas",
-                {"min": self.min_ctas, "max": self.max_ctas, "field": "min_ctas"},
+                "min_ctas", min=self.min_ctas, max=self.max_ctas,
             )
         return self
 
 
-HCCL_RESERVED_KEYS = ("hccl_buffer_size", "hccl_op_expansion_mode")
+# hccl_config keys that HcclOptions sets from a typed field: hccl_config key -> field.
+_HCCL_TYPED_KEYS = {"hccl_buffer_size": "buffer_size_mb", "hccl_op_expansion_mode": "op_expansion_mode"}
 
 
 class HcclOptions(SpecModel):
-    """Options for an Ascend HCCL communicator (``ProcessGroupHCCL.Options.hccl_config``)."""
+    """Options for an Ascend HCCL communicator (``ProcessGroupHCCL.Options.hccl_config``).
+
+    Used by roles whose backend is ``hccl`` or ``device`` (when it resolves to HCCL).
+
+    Args:
+        buffer_size_mb (int, optional): ``hccl_buffer_size`` in MB, >= 1 (HCCL's default is 200).
+        op_expansion_mode (str, optional): ``hccl_op_expansion_mode``, e.g. ``"AIV"``.
+        config (dict[str, int | str | bool]): other ``hccl_config`` keys, passed through as they
+            are; not the two keys above, which have typed fields.
+
+    Raises:
+        InvalidOptionError: ``buffer_size_mb < 1``, or ``config`` sets ``hccl_buffer_size`` or
+            ``hccl_op_expansion_mode``.
+        UnknownFieldError: a field not listed above.
+
+    Example::
+
+        >>> HcclOptions(buffer_size_mb=400).hccl_config()
+        {'hccl_buffer_size': 400}
+    """
 
     buffer_size_mb: int | None = Field(
         default=None, ge=1, description="hccl_buffer_size in MB (HCCL's default is 200 MB)."
@@ -124,15 +165,39 @@ class HcclOptions(SpecModel):
     @field_validator("config")
     @classmethod
     def _no_reserved_keys(cls, value: dict[str, int | str | bool]) -> dict[str, int | str | bool]:
-        for key, field in (("hccl_buffer_size", "buffer_size_mb"),
-                           ("hccl_op_expansion_mode", "op_expansion_mode")):
+        for key, typed in _HCCL_TYPED_KEYS.items():
             if key in value:
-                raise PydanticCustomError(
-                    "invalid_option",
+                raise problem(
+                    errors.InvalidOptionError,
                     "'{key}' has a typed field; fix: set {typed} instead of config.{key}",
-                    {"key": key, "typed": field, "field": key},
+                    key, key=key, typed=typed,
                 )
         return value
+
+    def hccl_config(self) -> dict[str, int | str | bool]:
+        """The whole ``hccl_config`` dict: ``config`` plus the typed fields that are set.
+
+        Returns:
+            A new dict, to assign whole to ``ProcessGroupHCCL.Options.hccl_config``.
+
+        Example::
+
+            >>> HcclOptions(buffer_size_mb=400, config={"hccl_deterministic": True}).hccl_config()
+            {'hccl_deterministic': True, 'hccl_buffer_size': 400}
+        """
+        config = dict(self.config)
+        for key, typed in _HCCL_TYPED_KEYS.items():
+            value = getattr(self, typed)
+            if value is not None:
+                config[key] = value
+        return config
+
+
+# Which backends read each RoleOptions section (the device backend resolves to one of them).
+_SECTION_BACKENDS: dict[str, tuple[BackendName, ...]] = {
+    "nccl": ("nccl", "rccl", "device"),
+    "hccl": ("hccl", "device"),
+}
 
 
 class RoleOptions(SpecModel):
@@ -140,23 +205,63 @@ class RoleOptions(SpecModel):
 
     Keeping a section per backend lets one layout file serve CUDA, ROCm and Ascend machines with the
     portable ``device`` backend.
+
+    Args:
+        nccl (NcclOptions, optional): used by nccl and rccl groups (and device on CUDA/ROCm).
+        hccl (HcclOptions, optional): used by hccl groups (and device on Ascend).
+
+    Raises:
+        UnknownFieldError: a section other than ``nccl`` or ``hccl``.
+
+    Example::
+
+        >>> options = RoleOptions(nccl={"high_priority_stream": True})
+        >>> options.nccl.high_priority_stream, options.hccl
+        (True, None)
     """
 
     nccl: NcclOptions | None = Field(default=None, description="Used by nccl and rccl groups.")
     hccl: HcclOptions | None = Field(default=None, description="Used by hccl groups.")
 
-    def is_empty(self) -> bool:
-        """True when no section is set."""
-        return self.nccl is None and self.hccl is None
-
 
 class RoleSpec(SpecModel):
     """One communicator role: which ranks share a group, on which backend, with which options.
 
-    ``dims`` lists layout dims in layout order (the role gets one group per combination of the other
-    dims), or is ``"world"``. ``ranks`` instead lists explicit rank groups for roles that are not a
-    product of dims (an embedding group over the first and last pipeline stage); ranks listed in no
-    group get no group for that role.
+    A role sets exactly one of ``dims`` and ``ranks``. With ``dims`` the role gets one group per
+    combination of the other dims (the ranks that differ only in these dims share a group, as in a
+    DeviceMesh); with ``ranks`` it gets exactly the listed groups, for roles that are not a product
+    of dims (an embedding group over the first and last pipeline stage), and a rank listed in no
+    group gets no group for that role. Whether the dims exist in the layout is checked by
+    :class:`Layout`.
+
+    Args:
+        name (str): role name, e.g. ``"cp"`` or ``"fsdp"``: a letter, then letters, digits, ``_``
+            or ``-``.
+        dims (list[str] | "world", optional): layout dims the role spans, each once, in layout
+            order; or ``"world"`` for one group of every rank.
+        ranks (list[list[int]], optional): explicit rank groups, disjoint; stored sorted.
+        backend (str): ``"device"`` (NCCL on CUDA, RCCL on ROCm, HCCL on Ascend, else gloo) or one of
+            ``nccl``, ``rccl``, ``hccl``, ``gloo``, ``fake``.
+        timeout_s (float, optional): collective timeout in seconds; ``None``: the backend default.
+        options (RoleOptions): backend options; only sections the backend reads are allowed.
+        safeguard (bool): issue this role's collectives ``async_op=True`` and wait at once.
+
+    Raises:
+        InvalidNameError: ``name`` is not allowed.
+        EmptyDimsError: ``dims=[]``.
+        DimOrderError: a dim listed twice (and, checked by Layout, dims out of layout order).
+        DimsOrRanksError: both ``dims`` and ``ranks``, or neither.
+        InvalidRanksError: an empty ``ranks`` or group, a negative rank, a rank in two groups.
+        UnknownBackendError: ``backend`` is not one of the names above.
+        InvalidOptionError: an options section the backend does not read, or a bad option value.
+        UnknownFieldError: a field not listed above.
+
+    Example::
+
+        >>> RoleSpec(name="cp", dims=["cp"], timeout_s=60).backend
+        'device'
+        >>> RoleSpec(name="embed", ranks=[[3, 0]], backend="gloo").ranks
+        [[0, 3]]
     """
 
     name: str = Field(pattern=NAME_PATTERN, description="Role name, e.g. 'cp' or 'fsdp'.")
@@ -183,17 +288,17 @@ class RoleSpec(SpecModel):
     def _dims_listed_once(cls, value: list[str] | str | None) -> list[str] | str | None:
         if isinstance(value, list):
             if not value:
-                raise PydanticCustomError(
-                    "empty_dims",
+                raise problem(
+                    errors.EmptyDimsError,
                     "a role needs at least one dim; fix: list layout dims, or use dims = \"world\"",
                 )
             seen: set[str] = set()
             for index, dim in enumerate(value):
                 if dim in seen:
-                    raise PydanticCustomError(
-                        "unknown_dim",
+                    raise problem(
+                        errors.DimOrderError,
                         "dim '{dim}' is listed twice; fix: list each dim once",
-                        {"dim": dim, "field": f"[{index}]"},
+                        f"[{index}]", dim=dim,
                     )
                 seen.add(dim)
         return value
@@ -204,30 +309,31 @@ class RoleSpec(SpecModel):
         if value is None:
             return None
         if not value:
-            raise PydanticCustomError(
-                "empty_dims", "ranks needs at least one group; fix: list rank groups or use dims"
+            raise problem(
+                errors.InvalidRanksError,
+                "ranks needs at least one group; fix: list rank groups or use dims",
             )
         owner: dict[int, int] = {}
         for g, group in enumerate(value):
             if not group:
-                raise PydanticCustomError(
-                    "empty_dims",
+                raise problem(
+                    errors.InvalidRanksError,
                     "rank group {g} is empty; fix: give every group at least one rank",
-                    {"g": g, "field": f"[{g}]"},
+                    f"[{g}]", g=g,
                 )
             for rank in group:
                 if rank < 0:
-                    raise PydanticCustomError(
-                        "invalid_size",
+                    raise problem(
+                        errors.InvalidRanksError,
                         "rank {rank} is negative; fix: use global ranks >= 0",
-                        {"rank": rank, "field": f"[{g}]"},
+                        f"[{g}]", rank=rank,
                     )
                 if rank in owner:
-                    raise PydanticCustomError(
-                        "invalid_size",
+                    raise problem(
+                        errors.InvalidRanksError,
                         "rank {rank} is in group {a} and group {b}; fix: a rank may join one group "
                         "per role, so make another role for the second group",
-                        {"rank": rank, "a": owner[rank], "b": g, "field": f"[{g}]"},
+                        f"[{g}]", rank=rank, a=owner[rank], b=g,
                     )
                 owner[rank] = g
         return [sorted(group) for group in value]
@@ -235,37 +341,24 @@ class RoleSpec(SpecModel):
     @model_validator(mode="after")
     def _shape_and_options_fit(self) -> Self:
         if (self.dims is None) == (self.ranks is None):
-            raise PydanticCustomError(
-                "empty_dims",
+            raise problem(
+                errors.DimsOrRanksError,
                 "role '{name}' needs exactly one of dims or ranks; fix: set dims (layout dims or "
                 "\"world\") or ranks (explicit rank groups), not both",
-                {"name": self.name, "field": "dims"},
+                "dims", name=self.name,
             )
-        allowed = {
-            "device": ("nccl", "hccl"),
-            "nccl": ("nccl",),
-            "rccl": ("nccl",),
-            "hccl": ("hccl",),
-            "gloo": (),
-            "fake": (),
-        }[self.backend]
-        for section in ("nccl", "hccl"):
+        allowed = [s for s, backends in _SECTION_BACKENDS.items() if self.backend in backends]
+        for section, backends in _SECTION_BACKENDS.items():
             if getattr(self.options, section) is not None and section not in allowed:
                 fix = (
                     f"use options.{allowed[0]}" if allowed else "remove options"
-                ) + f" or change backend (options.{section} applies to "
-                fix += "nccl, rccl and device)" if section == "nccl" else "hccl and device)"
-                raise PydanticCustomError(
-                    "unknown_option",
+                ) + f" or change backend (options.{section} applies to {', '.join(backends)})"
+                raise problem(
+                    errors.InvalidOptionError,
                     "options.{section} does not apply to backend '{backend}'; fix: {fix}",
-                    {"section": section, "backend": self.backend, "fix": fix,
-                     "field": f"options.{section}"},
+                    f"options.{section}", section=section, backend=self.backend, fix=fix,
                 )
         return self
-
-    def spans_world(self) -> bool:
-        """True when the role's single group is the whole world."""
-        return self.dims == WORLD
 
 
 def _dim_shapes(dims: Mapping[str, int]) -> dict[str, tuple[int, int]]:
@@ -283,7 +376,24 @@ def default_roles(dims: Mapping[str, int]) -> list[RoleSpec]:
 
     One role per dim of size > 1 (named after the dim), ``fsdp`` over the data-parallel shard dims and
     cp (dp, dp_shard, cp: FSDP shards over dp_shard x cp; dp_replicate stays its own role for HSDP),
-    and ``checkpoint-metadata`` over the world on gloo.
+    and ``checkpoint-metadata`` over the world on gloo. A :class:`Layout` without ``roles`` gets these.
+
+    Args:
+        dims (Mapping[str, int]): dim name -> size, outermost first.
+
+    Returns:
+        list[RoleSpec]: the roles, in creation order.
+
+    Raises:
+        InvalidNameError: a dim name of size > 1 is not a valid role name.
+
+    Example::
+
+        >>> roles = default_roles({"dp_replicate": 2, "dp_shard": 2, "tp": 1})
+        >>> [(role.name, role.dims) for role in roles][2:]
+        [('fsdp', ['dp_shard']), ('checkpoint-metadata', 'world')]
+        >>> [role.name for role in roles]  # no role for tp: size 1
+        ['dp_replicate', 'dp_shard', 'fsdp', 'checkpoint-metadata']
     """
     roles = [RoleSpec(name=dim, dims=[dim]) for dim, size in dims.items() if size > 1]
     fsdp_dims = [dim for dim in dims if dim in FSDP_DIMS]
@@ -297,8 +407,49 @@ class Layout(SpecModel):
     """The job's mesh dims and communicator roles; the single input of planning and creation.
 
     ``dims`` is ordered, outermost first, like ``init_device_mesh``'s shape: rank ``r`` has
-    coordinates ``numpy.unravel_index(r, sizes)``. When ``roles`` is omitted, :func:`default_roles`
-    supplies them.
+    coordinates ``numpy.unravel_index(r, sizes)``, and a role over some dims groups the ranks that
+    share every other coordinate. Every rank must build the same layout (the registry compares
+    fingerprints before creating anything). Layouts compare equal only with the same dim order.
+
+    Args:
+        dims (dict[str, int]): dim name -> size (an integer >= 1), outermost first; the world size
+            is the product of the sizes.
+        roles (list[RoleSpec], optional): the communicator roles, in creation order; omitted: the
+            built-in roles of :func:`default_roles`.
+        views (dict[str, dict[str, int]], optional): other row-major factorizations of the same
+            ranks (view name -> dims, outermost first), e.g. torchtitan's MoE view
+            ``{pp, dp_replicate, efsdp, ep}``; a role takes its dims from ``dims`` or one view.
+
+    Raises:
+        EmptyDimsError: ``dims`` or a view is empty (or a role's ``dims`` is).
+        InvalidNameError: a dim or view name is not allowed, or is reserved (``"world"``,
+            ``"dims"``).
+        InvalidSizeError: a dim size is not an integer >= 1.
+        InvalidViewError: a view covers another number of ranks, or shares a dim name with
+            another meaning.
+        UnknownDimError: a role uses a dim that neither ``dims`` nor a view has.
+        DimOrderError: a role lists a dim twice, out of layout order, or mixes factorizations.
+        DuplicateRoleError: two roles share a name.
+        InvalidRanksError: a role's explicit ranks are outside the world (or invalid, see RoleSpec).
+        LayoutError: any other problem of a role (see :class:`RoleSpec`); every problem is listed
+            in the message and the class is the first one's.
+
+    Example::
+
+        >>> layout = Layout(dims={"dp_shard": 2, "cp": 2})
+        >>> layout.role_names
+        ('dp_shard', 'cp', 'fsdp', 'checkpoint-metadata')
+        >>> from commgroups.plan import plan
+        >>> p = plan(layout)
+        >>> for rank in range(layout.world_size):
+        ...     print(rank, {role: p.group_of(role, rank) for role in ("dp_shard", "cp", "fsdp")})
+        0 {'dp_shard': (0, 2), 'cp': (0, 1), 'fsdp': (0, 1, 2, 3)}
+        1 {'dp_shard': (1, 3), 'cp': (0, 1), 'fsdp': (0, 1, 2, 3)}
+        2 {'dp_shard': (0, 2), 'cp': (2, 3), 'fsdp': (0, 1, 2, 3)}
+        3 {'dp_shard': (1, 3), 'cp': (2, 3), 'fsdp': (0, 1, 2, 3)}
+
+        Rank 2 has coordinates (dp_shard=1, cp=0): its cp group is the ranks with dp_shard=1, its
+        dp_shard group the ranks with cp=0; checkpoint-metadata is one gloo group of all four.
     """
 
     dims: dict[str, StrictSize] = Field(description="Dim name -> size, outermost first.")
@@ -317,24 +468,24 @@ class Layout(SpecModel):
     @classmethod
     def _dims_valid(cls, value: dict[str, int]) -> dict[str, int]:
         if not value:
-            raise PydanticCustomError(
-                "empty_dims",
+            raise problem(
+                errors.EmptyDimsError,
                 "a layout needs at least one dim; fix: e.g. dims = {{ dp_shard = 2, cp = 4 }}",
             )
         for name, size in value.items():
             if name == WORLD or not re.match(NAME_PATTERN, name):
-                raise PydanticCustomError(
-                    "invalid_name",
+                raise problem(
+                    errors.InvalidNameError,
                     "dim name '{name}' is not allowed; fix: start with a letter, use letters, "
                     "digits, '_' or '-', and do not use the reserved name 'world'",
-                    {"name": name, "field": name},
+                    name, name=name,
                 )
             if size < 1:
-                raise PydanticCustomError(
-                    "invalid_size",
+                raise problem(
+                    errors.InvalidSizeError,
                     "dim '{name}' has size {size}; fix: every size must be >= 1 "
                     "(use 1 for an unused dim)",
-                    {"name": name, "size": size, "field": name},
+                    name, name=name, size=size,
                 )
         return value
 
@@ -355,48 +506,49 @@ class Layout(SpecModel):
         for view, dims in self.views.items():
             field = f"views.{view}"
             if view == "dims" or not re.match(NAME_PATTERN, view):
-                raise PydanticCustomError(
-                    "invalid_name",
+                raise problem(
+                    errors.InvalidNameError,
                     "view name '{view}' is not allowed; fix: start with a letter, use letters, "
                     "digits, '_' or '-', and do not use the reserved name 'dims'",
-                    {"view": view, "field": field},
+                    field, view=view,
                 )
             if not dims:
-                raise PydanticCustomError(
-                    "empty_dims", "view '{view}' has no dims; fix: list its dims with their sizes",
-                    {"view": view, "field": field},
+                raise problem(
+                    errors.EmptyDimsError,
+                    "view '{view}' has no dims; fix: list its dims with their sizes",
+                    field, view=view,
                 )
             for name, size in dims.items():
                 if name == WORLD or not re.match(NAME_PATTERN, name):
-                    raise PydanticCustomError(
-                        "invalid_name",
+                    raise problem(
+                        errors.InvalidNameError,
                         "dim name '{name}' in view '{view}' is not allowed; fix: start with a "
                         "letter, use letters, digits, '_' or '-', and not 'world'",
-                        {"name": name, "view": view, "field": f"{field}.{name}"},
+                        f"{field}.{name}", name=name, view=view,
                     )
                 if size < 1:
-                    raise PydanticCustomError(
-                        "invalid_size",
+                    raise problem(
+                        errors.InvalidSizeError,
                         "dim '{name}' of view '{view}' has size {size}; fix: sizes must be >= 1",
-                        {"name": name, "view": view, "size": size, "field": f"{field}.{name}"},
+                        f"{field}.{name}", name=name, view=view, size=size,
                     )
             product = math.prod(dims.values())
             if product != self.world_size:
-                raise PydanticCustomError(
-                    "invalid_size",
+                raise problem(
+                    errors.InvalidViewError,
                     "view '{view}' covers {product} ranks but dims cover {world}; fix: make the "
                     "product of the view's sizes equal {world}",
-                    {"view": view, "product": product, "world": self.world_size, "field": field},
+                    field, view=view, product=product, world=self.world_size,
                 )
             for name, shape in _dim_shapes(dims).items():
                 if name in shapes and shapes[name] != shape:
-                    raise PydanticCustomError(
-                        "invalid_size",
+                    raise problem(
+                        errors.InvalidViewError,
                         "dim '{name}' in view '{view}' groups other ranks than '{name}' in "
                         "{other} (size, stride {mine} vs {theirs}); fix: rename it in the view, or "
                         "make the sizes around it match so it means the same ranks",
-                        {"name": name, "view": view, "other": owner[name], "mine": shape,
-                         "theirs": shapes[name], "field": f"{field}.{name}"},
+                        f"{field}.{name}", name=name, view=view, other=owner[name], mine=shape,
+                        theirs=shapes[name],
                     )
                 shapes.setdefault(name, shape)
                 owner.setdefault(name, field)
@@ -411,28 +563,27 @@ class Layout(SpecModel):
         known = list(dict.fromkeys(d for f in factorizations.values() for d in f))
         for d, dim in enumerate(dims):
             if dim not in known:
-                raise PydanticCustomError(
-                    "unknown_dim",
+                raise problem(
+                    errors.UnknownDimError,
                     "role '{role}' uses dim '{dim}' that the layout lacks; fix: use one of "
                     "{known} or add '{dim}' to dims",
-                    {"role": role, "dim": dim, "known": ", ".join(known),
-                     "field": f"roles[{index}].dims[{d}]"},
+                    f"roles[{index}].dims[{d}]", role=role, dim=dim, known=", ".join(known),
                 )
         home = next((f for f in factorizations.values() if set(dims) <= set(f)), None)
         if home is None:
-            raise PydanticCustomError(
-                "unknown_dim",
+            raise problem(
+                errors.DimOrderError,
                 "role '{role}' mixes dims {dims} that no single factorization (dims or one view) "
                 "holds; fix: take the role's dims from dims or from one view",
-                {"role": role, "dims": dims, "field": f"roles[{index}].dims"},
+                f"roles[{index}].dims", role=role, dims=dims,
             )
         ordered = [dim for dim in home if dim in dims]
         if ordered != dims:
-            raise PydanticCustomError(
-                "unknown_dim",
+            raise problem(
+                errors.DimOrderError,
                 "role '{role}' lists dims {got} out of layout order; fix: use {want} "
                 "(outermost first, as in dims)",
-                {"role": role, "got": dims, "want": ordered, "field": f"roles[{index}].dims"},
+                f"roles[{index}].dims", role=role, got=dims, want=ordered,
             )
 
     @model_validator(mode="after")
@@ -440,12 +591,11 @@ class Layout(SpecModel):
         seen: dict[str, int] = {}
         for index, role in enumerate(self.roles):
             if role.name in seen:
-                raise PydanticCustomError(
-                    "duplicate_role",
+                raise problem(
+                    errors.DuplicateRoleError,
                     "role '{name}' is declared twice (roles[{first}] and roles[{index}]); "
                     "fix: give each role a unique name",
-                    {"name": role.name, "first": seen[role.name], "index": index,
-                     "field": f"roles[{index}].name"},
+                    f"roles[{index}].name", name=role.name, first=seen[role.name], index=index,
                 )
             seen[role.name] = index
             if isinstance(role.dims, list):
@@ -455,12 +605,12 @@ class Layout(SpecModel):
                 for g, group in enumerate(role.ranks):
                     for rank in group:
                         if rank >= world:
-                            raise PydanticCustomError(
-                                "invalid_size",
+                            raise problem(
+                                errors.InvalidRanksError,
                                 "role '{role}' lists rank {rank}, outside world size {world}; "
                                 "fix: use ranks 0..{last}",
-                                {"role": role.name, "rank": rank, "world": world,
-                                 "last": world - 1, "field": f"roles[{index}].ranks[{g}]"},
+                                f"roles[{index}].ranks[{g}]", role=role.name, rank=rank,
+                                world=world, last=world - 1,
                             )
         return self
 
@@ -486,14 +636,24 @@ class Layout(SpecModel):
         return tuple(role.name for role in self.roles)
 
     def role(self, name: str) -> RoleSpec:
-        """The spec of role ``name``; KeyError listing the known roles otherwise."""
+        """The spec of role ``name``.
+
+        Raises:
+            KeyError: no role is called ``name``; the message lists the known roles.
+        """
         for role in self.roles:
             if role.name == name:
                 return role
         raise KeyError(f"unknown role {name!r}; known roles: {', '.join(self.role_names)}")
 
     def with_dims(self, **sizes: int) -> Layout:
-        """A copy with some dim sizes changed (roles kept), validated again."""
+        """A copy with some dim sizes changed (dim order and roles kept), validated again.
+
+        Example::
+
+            >>> Layout(dims={"dp_shard": 2, "cp": 2}).with_dims(dp_shard=4).world_size
+            8
+        """
         data = self.model_dump()
         data["dims"] = {**self.dims, **sizes}
         return Layout.model_validate(data)

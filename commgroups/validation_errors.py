@@ -1,35 +1,79 @@
-"""Turn pydantic's ValidationError into the LayoutError family, with the field and a fix named."""
+"""Turn pydantic's ValidationError into the LayoutError family, with the field and a fix named.
+
+Validators raise :func:`problem` (a ``PydanticCustomError`` whose type is the name of the
+:class:`~commgroups.errors.LayoutError` subclass to raise), so the class is chosen where the problem
+is found and nothing here maps names to classes. Nested specs are found from the model's own field
+annotations, so this module imports no spec.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticCustomError
 
 from commgroups import errors
 
-# Our validators raise PydanticCustomError with these types; each maps to one LayoutError subclass.
-_CUSTOM_TYPES: dict[str, type[errors.LayoutError]] = {
-    "unknown_dim": errors.UnknownDimError,
-    "duplicate_role": errors.DuplicateRoleError,
-    "invalid_size": errors.InvalidSizeError,
-    "empty_dims": errors.EmptyDimsError,
-    "invalid_name": errors.InvalidNameError,
-    "unknown_backend": errors.UnknownBackendError,
-    "unknown_option": errors.UnknownOptionError,
-    "invalid_option": errors.UnknownOptionError,
-}
+__all__ = ["Problem", "layout_error_from", "problem"]
+
+Problem = tuple[type[errors.LayoutError], str, str]
+
+# Tags pydantic puts in ``loc`` for the member of a union that failed; they are not fields.
+_UNION_TAGS = ("str", "int", "bool", "float")
 
 
-def _field_path(loc: tuple[int | str, ...], extra: str | None) -> str:
+def problem(
+    error: type[errors.LayoutError], message: str, field: str | None = None, **context: Any
+) -> PydanticCustomError:
+    """A validator's error that becomes ``error`` (field and fix in ``message``) when raised.
+
+    Args:
+        error: the LayoutError subclass the caller will receive.
+        message: the message, with ``{name}`` placeholders filled from ``context``.
+        field: the offending field relative to the validated field (``"[1]"``, ``"min_ctas"``).
+        **context: values for the placeholders.
+
+    Returns:
+        The ``PydanticCustomError`` to raise inside a pydantic validator.
+    """
+    if field is not None:
+        context["field"] = field
+    return PydanticCustomError(error.__name__, message, context)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The spec model inside a field annotation (``NcclOptions | None``, ``list[RoleSpec]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _models_along(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[type[BaseModel]]:
+    """The model that holds each part of ``loc`` (``model`` itself for parts outside any field)."""
+    holders = []
+    current = model
+    for part in loc:
+        holders.append(current)
+        if isinstance(part, str) and part in current.model_fields:
+            current = _model_in(current.model_fields[part].annotation) or current
+    return holders
+
+
+def _field_path(model: type[BaseModel], loc: tuple[int | str, ...], extra: str | None) -> str:
     path = ""
+    model_names = {m.__name__ for m in _nested_models(model)}
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
         else:
             # pydantic names union members and the "function-after" steps in loc; they are noise.
             if part.startswith(("function-", "list[", "literal[", "dict[")) or part in (
-                "str", "int", "bool", "float", "NcclOptions", "HcclOptions", "RoleSpec",
+                *_UNION_TAGS, *model_names,
             ):
                 continue
             path += f".{part}" if path else part
@@ -43,24 +87,35 @@ def _field_path(loc: tuple[int | str, ...], extra: str | None) -> str:
     return path or "<layout>"
 
 
-def _known_fields(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
-    """The field names of the model at ``loc``'s parent, for 'unknown field' messages."""
-    from commgroups import specs
-
-    nested: dict[str, type[BaseModel]] = {
-        "roles": specs.RoleSpec,
-        "options": specs.RoleOptions,
-        "nccl": specs.NcclOptions,
-        "hccl": specs.HcclOptions,
-    }
-    current = model
-    for part in loc[:-1]:
-        if isinstance(part, str) and part in nested:
-            current = nested[part]
-    return list(current.model_fields)
+def _nested_models(model: type[BaseModel]) -> set[type[BaseModel]]:
+    """Every spec model reachable from ``model``'s fields, ``model`` included."""
+    found = {model}
+    for info in model.model_fields.values():
+        nested = _model_in(info.annotation)
+        if nested is not None and nested not in found:
+            found |= _nested_models(nested)
+    return found
 
 
-Problem = tuple[type[errors.LayoutError], str, str]
+def _is_size(model: type[BaseModel], loc: tuple[int | str, ...]) -> bool:
+    """True when ``loc`` is an integer value of nested mappings: a size in Layout.dims or a view.
+
+    RoleSpec.dims (a list) is not one, so a role's bad dims are not called sizes.
+    """
+    info = model.model_fields.get(str(loc[0])) if loc else None
+    annotation = info.annotation if info is not None else None
+    for _ in loc[1:]:
+        if get_origin(annotation) is not dict:
+            return False
+        annotation = get_args(annotation)[1]
+    if get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    return len(loc) >= 2 and annotation is int
+
+
+def _under(field: str, name: str) -> bool:
+    """True when the dotted ``field`` (``roles[0].options.nccl``) passes through ``name``."""
+    return any(part.split("[")[0] == name for part in field.split("."))
 
 
 def _classify(model: type[BaseModel], item: dict[str, Any]) -> list[Problem]:
@@ -70,12 +125,28 @@ def _classify(model: type[BaseModel], item: dict[str, Any]) -> list[Problem]:
     nested = ctx.get("error")
     if kind == "value_error" and isinstance(nested, errors.LayoutError):
         # A nested spec validated through its own __init__ already classified its problems.
-        prefix = _field_path(loc, None)
-        return [
+        prefix = _field_path(model, loc, None)
+        found = [
             (cls, f"{prefix}{'' if sub.startswith('[') else '.'}{sub}", msg)
-            for cls, sub, msg in getattr(nested, "problems", [(type(nested), "", str(nested))])
+            for cls, sub, msg in nested.problems
         ]
-    return [_classify_one(model, item, kind, loc, ctx)]
+    else:
+        found = [_classify_one(model, item, kind, loc, ctx)]
+    return [(_by_place(cls, field), field, msg) for cls, field, msg in found]
+
+
+def _by_place(cls: type[errors.LayoutError], field: str) -> type[errors.LayoutError]:
+    """A generic problem (bad type, out of range) inside ranks or options gets their class.
+
+    Done on the full path: a nested spec classifies its own problems without knowing where it sits.
+    """
+    if cls is not errors.LayoutError:
+        return cls
+    if _under(field, "ranks"):
+        return errors.InvalidRanksError
+    if _under(field, "options"):
+        return errors.InvalidOptionError
+    return cls
 
 
 def _classify_one(
@@ -85,15 +156,16 @@ def _classify_one(
     loc: tuple[int | str, ...],
     ctx: dict[str, Any],
 ) -> Problem:
-    field = _field_path(loc, ctx.get("field") if isinstance(ctx.get("field"), str) else None)
+    field = _field_path(model, loc, ctx.get("field") if isinstance(ctx.get("field"), str) else None)
     message: str = item["msg"]
-    if kind in _CUSTOM_TYPES:
-        return _CUSTOM_TYPES[kind], field, message
+    ours = getattr(errors, kind, None)
+    if isinstance(ours, type) and issubclass(ours, errors.LayoutError):
+        return ours, field, message
     last = loc[-1] if loc else ""
     if kind == "extra_forbidden":
-        known = ", ".join(_known_fields(model, loc))
+        known = ", ".join(_models_along(model, loc)[-1].model_fields)
         return (
-            errors.UnknownOptionError,
+            errors.UnknownFieldError,
             field,
             f"unknown field '{last}'; fix: remove it or use one of: {known}",
         )
@@ -101,23 +173,10 @@ def _classify_one(
         return (
             errors.UnknownBackendError,
             field,
-            f"unknown backend {item.get('input')!r}; fix: use one of device, nccl, rccl, hccl, "
-            "gloo, fake",
+            f"unknown backend {item.get('input')!r}; fix: use one of {ctx.get('expected')}",
         )
     if kind == "missing":
         return errors.LayoutError, field, f"field '{last}' is required; fix: add it"
-    in_dims = bool(loc) and loc[0] == "dims"
-    if in_dims and len(loc) >= 2:
-        return (
-            errors.InvalidSizeError,
-            field,
-            f"dim size must be a whole number >= 1, got {item.get('input')!r}; "
-            "fix: write the size as an integer such as 4",
-        )
-    if kind.startswith("greater_than") or kind.startswith("less_than"):
-        return errors.UnknownOptionError if "options" in field else errors.LayoutError, field, (
-            f"{message}, got {item.get('input')!r}; fix: choose a value in range"
-        )
     if kind == "string_pattern_mismatch":
         return (
             errors.InvalidNameError,
@@ -125,14 +184,32 @@ def _classify_one(
             f"name {item.get('input')!r} is not allowed; fix: start with a letter and use "
             "letters, digits, '_' or '-'",
         )
-    if "options" in field:
-        return errors.UnknownOptionError, field, f"{message}; fix: give a value of that type"
+    if _is_size(model, loc):
+        return (
+            errors.InvalidSizeError,
+            field,
+            f"dim size must be a whole number >= 1, got {item.get('input')!r}; "
+            "fix: write the size as an integer such as 4",
+        )
+    if kind.startswith(("greater_than", "less_than")):
+        return errors.LayoutError, field, (
+            f"{message}, got {item.get('input')!r}; fix: choose a value in range"
+        )
     return errors.LayoutError, field, f"{message}; fix: give a value of that type"
 
 
 def layout_error_from(error: ValidationError, model: type[BaseModel]) -> errors.LayoutError:
-    """The LayoutError for ``error``: the first problem's class, every problem in the message."""
-    problems = [p for item in error.errors() for p in _classify(model, dict(item))]
+    """The LayoutError for ``error``: the first problem's class, every problem in the message.
+
+    Args:
+        error: what pydantic raised while validating ``model``.
+        model: the spec model that was validated (its fields name the known fields).
+
+    Returns:
+        An instance of the first problem's LayoutError subclass, with ``field`` and ``problems``.
+    """
+    # dict.fromkeys: a union (dims: list or "world") reports one problem per member it tried.
+    problems = list(dict.fromkeys(p for item in error.errors() for p in _classify(model, dict(item))))
     cls, field, _ = problems[0]
     lines = [f"{f}: {m}" for _, f, m in problems]
     heading = f"invalid {model.__name__}: " if len(lines) == 1 else f"invalid {model.__name__}:\n  "

@@ -14,7 +14,11 @@ from torch import nn
 from commgroups import GroupRegistry, Layout, RoleSpec
 from commgroups.demo.config import seed_layout
 from commgroups.integrations import MissingRoleError
-from commgroups.integrations.fsdp import fsdp_mesh, fully_shard_on_role
+from commgroups.integrations.fsdp import (
+    fsdp_mesh,
+    fully_shard_on_role,
+    install_async_and_wait_comms,
+)
 from tests.test_integration_dcp import C10dRecorder
 from tests.worlds import run_world
 
@@ -22,7 +26,8 @@ WORLD = 4
 STEPS = 3
 
 
-def _train(shard: Callable[[nn.Module], Any], rank: int) -> tuple[list[float], Any]:
+def _train(shard: Callable[[nn.Module], Any], rank: int,
+           after: Callable[[nn.Module], Any] | None = None) -> tuple[list[float], Any]:
     from commgroups.demo.model import ModelConfig, TinyTransformer
     from commgroups.demo.train import batch_tokens
 
@@ -31,6 +36,8 @@ def _train(shard: Callable[[nn.Module], Any], rank: int) -> tuple[list[float], A
     for block in model.blocks:
         shard(block)
     shard(model)
+    if after is not None:
+        after(model)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     rec = C10dRecorder()
@@ -54,6 +61,11 @@ def _fsdp_world(rank: int, world: int) -> dict[str, Any]:
     with GroupRegistry(seed_layout(world)) as registry:
         fsdp = registry.group("fsdp").group_name
         reg_losses, (reg_ops, reg_group) = _train(lambda m: fully_shard_on_role(m, registry), rank)
+        # sharded by someone else (as torchtitan does), the comms installed afterwards
+        installed: list[int] = []
+        late_losses, (late_ops, _) = _train(
+            lambda m: fully_shard(m, mesh=registry.device_mesh("fsdp")), rank,
+            after=lambda m: installed.append(install_async_and_wait_comms(m)))
         try:
             fully_shard_on_role(nn.Linear(2, 2), registry, mesh=fsdp_mesh(registry))
             mesh_error = None
@@ -66,7 +78,8 @@ def _fsdp_world(rank: int, world: int) -> dict[str, Any]:
     plain_losses, (plain_ops, plain_group) = _train(lambda m: fully_shard(m, mesh=plain), rank)
     return {"default": default, "fsdp": fsdp, "reg_losses": reg_losses, "reg_ops": reg_ops,
             "reg_group": reg_group, "plain_losses": plain_losses, "plain_ops": plain_ops,
-            "plain_group": plain_group, "mesh_error": mesh_error}
+            "plain_group": plain_group, "mesh_error": mesh_error, "late_losses": late_losses,
+            "late_ops": late_ops, "installed": installed}
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +105,14 @@ def test_fsdp_runs_on_the_role_group_not_the_default(fsdp_results: list[dict[str
         # what commgroups avoids: a world-sized plain mesh dim *is* the default group
         assert out["plain_group"] == out["default"]
         assert {op.group_name for op in out["plain_ops"]} == {out["default"]}
+
+
+def test_comms_installed_after_someone_else_sharded(fsdp_results: list[dict[str, Any]]) -> None:
+    for out in fsdp_results:
+        assert out["installed"] == [3]  # two blocks and the root
+        assert out["late_losses"] == out["plain_losses"]
+        assert out["late_ops"] and all(op.async_op for op in out["late_ops"]), out["late_ops"]
+        assert {op.group_name for op in out["late_ops"]} == {out["fsdp"]}
 
 
 def test_mesh_argument_is_refused(fsdp_results: list[dict[str, Any]]) -> None:

@@ -84,6 +84,16 @@ def _spmd_world(rank: int, world: int) -> dict[str, Any]:
         finally:
             spmd.set_dist(None)
 
+        # dist-only: the caller owns the current mesh (a registry mesh here, as torchtitan does)
+        with spmd.set_current_mesh(registry.device_mesh("cp")):
+            with activate(registry, None) as none_mesh:
+                out["dist_only"] = (none_mesh, type(current_dist()).__name__)
+                rec = C10dRecorder()
+                with rec:
+                    spmd.all_gather(x, "cp", src=spmd.V, dst=spmd.R)
+                out["dist_only_ops"] = rec.ops
+            out["dist_only_after"] = current_dist() is dist
+
         # context parallel through activate gives the single-rank transformer's logits and grads
         torch.manual_seed(0)
         model = TinyTransformer(ModelConfig(max_seq=16))
@@ -128,6 +138,14 @@ def test_collectives_under_activate_use_the_registry_group_and_none_blocks(
         # raw all_gather, its backward's reduce_scatter, and the functional ones
         assert len(ops) >= 4, ops
         assert {op.group_name for op in ops} == {out["cp"]}
+        assert all(op.async_op is True for op in ops), ops
+
+
+def test_dist_only_keeps_the_callers_mesh_and_waits(spmd_results: list[dict[str, Any]]) -> None:
+    for out in spmd_results:
+        assert out["dist_only"] == (None, "AsyncWaitDist") and out["dist_only_after"]
+        ops = out["dist_only_ops"]
+        assert ops and {op.group_name for op in ops} == {out["cp"]}
         assert all(op.async_op is True for op in ops), ops
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 
@@ -120,12 +119,9 @@ def test_one_rank_of_a_million_rank_layout() -> None:
     assert all(plan.coords(r)["pp"] == coords["pp"] and plan.coords(r)["tp"] == coords["tp"]
                for r in fsdp[:: 97])
     assert plan.group_index("pp", rank) == rank % plan.role("pp").num_groups
-    assert math.prod(plan.dim_sizes) == plan.world_size
 
 
 def test_plan_imports_nothing_from_torch_distributed() -> None:
-    code = ("import sys; import commgroups.plan, commgroups.specs, commgroups.layout_io; "
-            "print(any(m.startswith('torch') for m in sys.modules))")
     # commgroups/__init__ imports the registry (and torch); import the pure modules in isolation
     code = ("import importlib.util, sys, types;"
             "pkg = types.ModuleType('commgroups'); pkg.__path__ = ['commgroups']; "

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import doctest
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 import commgroups as cg
-from commgroups import errors
+from commgroups import errors, layout_io, specs
 
 
 def test_default_roles_follow_torchtitan() -> None:
@@ -52,42 +54,42 @@ BAD: list[tuple[dict[str, Any], type[errors.LayoutError], str]] = [
     ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": ["cpp"]}]},
      errors.UnknownDimError, "roles[0].dims[0]"),
     ({"dims": {"a": 2, "b": 2}, "roles": [{"name": "x", "dims": ["b", "a"]}]},
-     errors.UnknownDimError, "roles[0].dims"),
+     errors.DimOrderError, "roles[0].dims"),
     ({"dims": {"a": 2}, "roles": [{"name": "x", "dims": ["a", "a"]}]},
-     errors.UnknownDimError, "roles[0].dims[1]"),
+     errors.DimOrderError, "roles[0].dims[1]"),
     ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": ["cp"]}, {"name": "cp", "dims": "world"}]},
      errors.DuplicateRoleError, "roles[1].name"),
     ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": []}]}, errors.EmptyDimsError, "roles[0].dims"),
-    ({"dims": {"cp": 4}, "roles": [{"name": "cp"}]}, errors.EmptyDimsError, "roles[0].dims"),
+    ({"dims": {"cp": 4}, "roles": [{"name": "cp"}]}, errors.DimsOrRanksError, "roles[0].dims"),
     ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": ["cp"], "backend": "mpi"}]},
      errors.UnknownBackendError, "roles[0].backend"),
     ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": ["cp"], "timeout": 5}]},
-     errors.UnknownOptionError, "roles[0].timeout"),
+     errors.UnknownFieldError, "roles[0].timeout"),
     ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": ["cp"], "options": {"nccl": {"bogus": 1}}}]},
-     errors.UnknownOptionError, "roles[0].options.nccl.bogus"),
+     errors.UnknownFieldError, "roles[0].options.nccl.bogus"),
     ({"dims": {"cp": 4}, "roles": [{"name": "cp", "dims": ["cp"], "options": {"mpi": {}}}]},
-     errors.UnknownOptionError, "roles[0].options.mpi"),
+     errors.UnknownFieldError, "roles[0].options.mpi"),
     ({"dims": {"cp": 4}, "roles": [{"name": "c", "dims": ["cp"], "backend": "gloo",
                                     "options": {"nccl": {}}}]},
-     errors.UnknownOptionError, "roles[0].options.nccl"),
+     errors.InvalidOptionError, "roles[0].options.nccl"),
     ({"dims": {"cp": 4}, "roles": [{"name": "c", "dims": ["cp"], "backend": "nccl",
                                     "options": {"hccl": {"buffer_size_mb": 100}}}]},
-     errors.UnknownOptionError, "roles[0].options.hccl"),
+     errors.InvalidOptionError, "roles[0].options.hccl"),
     ({"dims": {"cp": 4}, "roles": [{"name": "c", "dims": ["cp"], "backend": "hccl",
                                     "options": {"hccl": {"config": {"hccl_buffer_size": 1}}}}]},
-     errors.UnknownOptionError, "roles[0].options.hccl.config.hccl_buffer_size"),
+     errors.InvalidOptionError, "roles[0].options.hccl.config.hccl_buffer_size"),
     ({"dims": {"cp": 4}, "roles": [{"name": "c", "dims": ["cp"],
                                     "options": {"nccl": {"min_ctas": 8, "max_ctas": 2}}}]},
-     errors.UnknownOptionError, "roles[0].options.nccl.min_ctas"),
+     errors.InvalidOptionError, "roles[0].options.nccl.min_ctas"),
     ({"dims": {"cp": 4}, "roles": [{"name": "c", "dims": ["cp"], "ranks": [[0]]}]},
-     errors.EmptyDimsError, "roles[0].dims"),
+     errors.DimsOrRanksError, "roles[0].dims"),
     ({"dims": {"cp": 4}, "roles": [{"name": "c", "ranks": [[0, 1], [1, 2]]}]},
-     errors.InvalidSizeError, "roles[0].ranks[1]"),
+     errors.InvalidRanksError, "roles[0].ranks[1]"),
     ({"dims": {"cp": 4}, "roles": [{"name": "c", "ranks": [[0, 7]]}]},
-     errors.InvalidSizeError, "roles[0].ranks[0]"),
+     errors.InvalidRanksError, "roles[0].ranks[0]"),
     ({"dims": {"cp": 4}, "roles": [{"name": "bad name", "dims": ["cp"]}]},
      errors.InvalidNameError, "roles[0].name"),
-    ({"dims": {"cp": 4}, "extra": 1}, errors.UnknownOptionError, "extra"),
+    ({"dims": {"cp": 4}, "extra": 1}, errors.UnknownFieldError, "extra"),
 ]
 
 
@@ -127,3 +129,10 @@ def test_specs_are_immutable() -> None:
     spec = cg.RoleSpec(name="cp", dims=["cp"])
     with pytest.raises(Exception):  # noqa: B017  pydantic's frozen-instance error
         spec.name = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("module", [specs, layout_io], ids=lambda m: m.__name__)
+def test_docstring_examples_hold(module: ModuleType) -> None:
+    """The Example sections (what rank 0..3 get, default roles, ...) are run, so they stay true."""
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -53,14 +53,14 @@ def render(plan: Plan, summary: dict[str, Any], max_groups: int) -> str:
         "",
     ]
     header = ("role", "dims", "backend", "group size", "groups", "regular")
-    rows = [header]
+    rows = []
     for role in summary["roles"]:
         dims_text = "explicit" if role["dims"] is None else (
             "world" if plan.layout.role(role["name"]).dims == "world" else " x ".join(role["dims"])
         )
         rows.append((role["name"], dims_text, role["backend"], str(role["group_size"]),
                      str(role["num_groups"]), "yes" if role["regular"] else "no"))
-    lines += format_table(header, rows[1:])
+    lines += format_table(header, rows)
     rank = summary["rank"]
     coords = ", ".join(f"{k}={v}" for k, v in summary["coords"].items())
     lines += ["", f"rank {rank} ({coords}): {summary['communicators_per_rank']} communicators"]

@@ -34,12 +34,12 @@ def render(result: dict[str, Any]) -> str:
     lines = [title, f"world {result['world_size']} ({dims}), {result['steps']} steps, "
              f"{result['elapsed_s']:.1f}s", ""]
     header = ("role", "ranks (rank 0)", "backend", "default group?", "from")
-    rows = [header] + [
+    rows = [
         (name, _ranks(info["ranks"]), info["backend"], "YES" if info["is_default_group"] else "no",
          info["source"])
         for name, info in result["roles"].items()
     ]
-    lines += format_table(header, rows[1:])
+    lines += format_table(header, rows)
     aliases = result["aliases_of_default_group"]
     lines.append(f"roles that alias the default group: {aliases}"
                  + (f" ({', '.join(result['aliased_roles'])})" if aliases else ""))

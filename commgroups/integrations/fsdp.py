@@ -39,7 +39,7 @@ __all__ = [
     "async_wait_comms",
     "fsdp_mesh",
     "fully_shard_on_role",
-    "install_async_wait_comms",
+    "install_async_and_wait_comms",
 ]
 
 logger = logging.getLogger(__name__)
@@ -100,38 +100,6 @@ def async_wait_comms() -> tuple[Any, Any] | None:
     return AsyncWaitAllGather(), AsyncWaitReduceScatter()
 
 
-def install_async_wait_comms(module: nn.Module) -> int:
-    """Give every FSDP module under ``module`` (``fully_shard`` already called) async-and-wait comms.
-
-    For FSDP modules sharded by someone else (torchtitan calls ``fully_shard`` itself): each
-    ``FSDPModule`` in ``module.modules()`` gets FSDP2's public ``set_custom_all_gather`` /
-    ``set_custom_reduce_scatter`` with :func:`async_wait_comms`, whatever mesh it shards over.
-
-    Returns:
-        How many FSDP modules got the comms (0 where this torch lacks the hooks; a warning says so).
-
-    Example::
-
-        trainer = config.build()          # torchtitan shards the model
-        for part in trainer.model_parts:
-            install_async_wait_comms(part)
-    """
-    from torch.distributed.fsdp import FSDPModule
-
-    targets = [m for m in module.modules() if isinstance(m, FSDPModule)]
-    comms = async_wait_comms()
-    if not targets:
-        return 0
-    if comms is None or not hasattr(targets[0], "set_custom_all_gather"):
-        logger.warning("this torch has no FSDP2 custom-comm hooks: FSDP's collectives stay "
-                       "blocking; wrap training in commgroups.async_and_wait() instead")
-        return 0
-    for target in targets:
-        target.set_custom_all_gather(comms[0])
-        target.set_custom_reduce_scatter(comms[1])
-    return len(targets)
-
-
 def fully_shard_on_role(
     module: ModuleT,
     registry: GroupRegistry,
@@ -157,13 +125,42 @@ def fully_shard_on_role(
         )
     fully_shard(module, mesh=fsdp_mesh(registry, role, replicate), **kwargs)
     if registry.spec(role).safeguard if safeguard is None else safeguard:
-        comms = async_wait_comms()
-        if comms is None or not hasattr(module, "set_custom_all_gather"):
-            logger.warning(
-                "this torch has no FSDP2 custom-comm hooks: FSDP's collectives on role %s stay "
-                "blocking; wrap training in commgroups.async_and_wait() instead", role,
-            )
-        else:
-            module.set_custom_all_gather(comms[0])  # type: ignore[operator]
-            module.set_custom_reduce_scatter(comms[1])  # type: ignore[operator]
+        install_async_and_wait_comms(module, recurse=False)
     return module
+
+
+def install_async_and_wait_comms(module: nn.Module, *, recurse: bool = True) -> int:
+    """Give FSDP2 modules someone else sharded the async-and-wait all-gather and reduce-scatter.
+
+    For frameworks that call ``fully_shard`` themselves (torchtitan): after they have sharded the
+    model, this sets FSDP2's public ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` on
+    every FSDP module of ``module`` (itself included) to :func:`async_wait_comms`' comms, so each
+    FSDP collective is issued ``async_op=True`` and waited at once on the group it already uses.
+
+    Args:
+        module: a model (or submodule) that ``fully_shard`` was applied to, somewhere inside.
+        recurse: also the FSDP modules below ``module`` (default); False: ``module`` only.
+
+    Returns:
+        How many FSDP modules got the comms (0 where this torch lacks the hooks: logged as a
+        warning, the collectives then stay as FSDP2 issues them).
+
+    Example::
+
+        trainer = Trainer(config)                        # fully_shard called inside
+        install_async_and_wait_comms(trainer.model_parts[0])
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    targets = [m for m in (module.modules() if recurse else [module]) if isinstance(m, FSDPModule)]
+    comms = async_wait_comms()
+    if comms is None or not all(hasattr(m, "set_custom_all_gather") for m in targets):
+        logger.warning(
+            "this torch has no FSDP2 custom-comm hooks: FSDP's collectives stay as FSDP2 issues "
+            "them; wrap training in commgroups.async_and_wait() instead"
+        )
+        return 0
+    for target in targets:
+        target.set_custom_all_gather(comms[0])
+        target.set_custom_reduce_scatter(comms[1])
+    return len(targets)

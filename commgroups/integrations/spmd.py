@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -62,31 +62,44 @@ def current_dist() -> Any:
 @contextmanager
 def activate(
     registry: GroupRegistry,
-    mesh_dims: str | Sequence[str],
+    mesh_dims: str | Sequence[str] | None,
     *,
-    async_wait: bool = True,
-) -> Iterator[DeviceMesh]:
+    async_and_wait: bool = True,
+) -> Iterator[DeviceMesh | None]:
     """Make spmd_types use the registry: its current mesh and (by default) an async-and-wait dist.
 
     Args:
         registry: a created GroupRegistry.
         mesh_dims: what to mesh, as ``registry.device_mesh`` takes it: layout dims in layout order
-            (each becomes a named axis on that dim's dedicated group) or one role name.
-        async_wait: replace spmd_types' dist module with ``AsyncWaitDist()`` (issue async, wait at
-            once). Leave on; off only mirrors the plain-DeviceMesh behaviour for comparisons.
+            (each becomes a named axis on that dim's dedicated group) or one role name. None:
+            dist-only, for callers that own spmd_types' current mesh themselves (torchtitan sets
+            it from registry meshes it was handed): only the dist module changes.
+        async_and_wait: replace spmd_types' dist module with ``AsyncWaitDist()`` (issue async,
+            wait at once). Leave on; off only mirrors the plain-DeviceMesh behaviour for
+            comparisons.
 
-    Yields the DeviceMesh that spmd_types now resolves axis names through.
+    Yields:
+        The DeviceMesh spmd_types now resolves axis names through (None when dist-only).
+
+    Example::
+
+        with activate(registry, ["cp"]):          # axis "cp" is registry.group("cp")
+            out = spmd_types.all_gather(x, "cp", src=V, dst=R)
+        with activate(registry, None):            # the caller's mesh, async-and-wait dist
+            trainer.train()
     """
     spmd_types = _import_spmd_types()
-    dims = [mesh_dims] if isinstance(mesh_dims, str) else list(mesh_dims)
-    mesh = registry.device_mesh(dims[0] if len(dims) == 1 else dims)
+    mesh: DeviceMesh | None = None
+    if mesh_dims is not None:
+        dims = [mesh_dims] if isinstance(mesh_dims, str) else list(mesh_dims)
+        mesh = registry.device_mesh(dims[0] if len(dims) == 1 else dims)
     replacement: Any = None
-    if async_wait:
+    if async_and_wait:
         from commgroups.async_wait import AsyncWaitDist
 
         replacement = AsyncWaitDist()
     previous = current_dist()
-    with spmd_types.set_current_mesh(mesh):
+    with spmd_types.set_current_mesh(mesh) if mesh is not None else nullcontext():
         if replacement is not None:
             spmd_types.set_dist(replacement)
         logger.debug("spmd_types: mesh %s, dist %s", mesh, type(current_dist()).__name__)

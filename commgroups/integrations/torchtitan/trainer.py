@@ -34,7 +34,7 @@ from torchtitan.trainer import Trainer
 
 from commgroups.agreement import store_barrier
 from commgroups.async_wait import AsyncWaitDist
-from commgroups.integrations.fsdp import install_async_wait_comms
+from commgroups.integrations.fsdp import install_async_and_wait_comms
 from commgroups.integrations.torchtitan.checkpoint import RegistryCheckpointManager
 from commgroups.integrations.torchtitan.layout import TitanDegrees, resolve_layout
 from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
@@ -122,7 +122,7 @@ class RegistryTrainer(Trainer):
     def _install_safeguards(self) -> None:
         roles = self.registry.layout.roles
         if any(r.safeguard for r in roles if r.name in ("fsdp", "efsdp", "dp_replicate")):
-            self.fsdp_async_wait_modules = sum(install_async_wait_comms(p)
+            self.fsdp_async_wait_modules = sum(install_async_and_wait_comms(p)
                                                for p in self.model_parts)
         if self.parallel_dims.spmd_backend == "spmd_types" and any(r.safeguard for r in roles):
             import spmd_types

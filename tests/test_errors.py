@@ -1,0 +1,172 @@
+"""One input per LayoutError class: each class means what its name says, and names the field and fix.
+
+The single-process cases build specs, read files or construct a registry (whose argument checks run
+before any communicator). The cases that need ranks (agreement, world size, device meshes, explicit
+rank groups) run on a real 2-rank gloo world.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import commgroups as cg
+from commgroups import errors
+from tests.worlds import run_world
+
+ROLE = {"name": "r", "dims": ["cp"]}
+
+
+def _layout(**role: Any) -> Callable[[], object]:
+    """A layout with dims cp=4 and one role: ROLE updated with ``role``."""
+    return lambda: cg.Layout(dims={"cp": 4}, roles=[{**ROLE, **role}])
+
+
+def _parse(text: str, suffix: str) -> Callable[[], object]:
+    return lambda: cg.parse_layout(text, suffix, "l" + suffix)
+
+
+# (class, input that raises it, the field it names, a word of the fix)
+CASES: list[tuple[type[errors.LayoutError], Callable[[], object], str, str]] = [
+    (errors.LayoutError, lambda: cg.Layout(dims={"cp": 4}, roles=[{"dims": ["cp"]}]),
+     "roles[0].name", "add it"),
+    (errors.LayoutError, _layout(timeout_s=-1), "roles[0].timeout_s", "choose a value"),
+    (errors.LayoutError, lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4}), creation_mode="bogus"),
+     "creation_mode", "use one of"),
+    (errors.LayoutFileError, _parse("[dims\ncp = 4", ".toml"), None, "correct the syntax"),
+    (errors.LayoutFileError, _parse("[dims]", ".ini"), None, "use one of"),
+    (errors.InvalidNameError, lambda: cg.Layout(dims={"1cp": 2}), "dims.1cp", "start with a letter"),
+    (errors.InvalidNameError, lambda: cg.Layout(dims={"world": 2}), "dims.world", "reserved"),
+    (errors.InvalidNameError, _layout(name="bad name"), "roles[0].name", "start with a letter"),
+    (errors.InvalidSizeError, lambda: cg.Layout(dims={"cp": 0}), "dims.cp", ">= 1"),
+    (errors.InvalidSizeError, lambda: cg.Layout(dims={"cp": 2.5}), "dims.cp", "integer"),
+    (errors.EmptyDimsError, lambda: cg.Layout(dims={}), "dims", "at least one dim"),
+    (errors.EmptyDimsError, _layout(dims=[]), "roles[0].dims", "world"),
+    (errors.UnknownDimError, _layout(dims=["tp"]), "roles[0].dims[0]", "add 'tp' to dims"),
+    (errors.DimOrderError, lambda: cg.Layout(dims={"a": 2, "b": 2}, roles=[
+        {"name": "r", "dims": ["b", "a"]}]), "roles[0].dims", "use ['a', 'b']"),
+    (errors.DimOrderError, lambda: cg.RoleSpec(name="r", dims=["cp", "cp"]), "dims[1]",
+     "list each dim once"),
+    (errors.DimOrderError, lambda: cg.Layout(dims={"a": 2, "b": 2}, views={"v": {"c": 4}}, roles=[
+        {"name": "r", "dims": ["a", "c"]}]), "roles[0].dims", "from one view"),
+    (errors.InvalidViewError, lambda: cg.Layout(dims={"a": 2, "b": 2}, views={"v": {"c": 3}}),
+     "views.v", "equal 4"),
+    (errors.InvalidViewError, lambda: cg.Layout(dims={"a": 2, "b": 2}, views={"v": {"b": 4}}),
+     "views.v.b", "rename it in the view"),
+    (errors.InvalidSizeError, lambda: cg.Layout(dims={"a": 4}, views={"v": {"b": 2, "c": "2"}}),
+     "views.v.c", "integer"),
+    (errors.InvalidNameError, lambda: cg.Layout(dims={"a": 4}, views={"dims": {"b": 4}}),
+     "views.dims", "reserved name 'dims'"),
+    (errors.EmptyDimsError, lambda: cg.Layout(dims={"a": 4}, views={"v": {}}), "views.v",
+     "list its dims"),
+    (errors.DimsOrRanksError, _layout(ranks=[[0, 1]]), "roles[0].dims", "not both"),
+    (errors.DimsOrRanksError, lambda: cg.Layout(dims={"cp": 4}, roles=[{"name": "r"}]),
+     "roles[0].dims", "set dims"),
+    (errors.InvalidRanksError, _layout(dims=None, ranks=[[0, 1], [1, 2]]), "roles[0].ranks[1]",
+     "make another role"),
+    (errors.InvalidRanksError, _layout(dims=None, ranks=[[0, 4]]), "roles[0].ranks[0]",
+     "use ranks 0..3"),
+    (errors.InvalidRanksError, _layout(dims=None, ranks=[[-1]]), "roles[0].ranks[0]", ">= 0"),
+    (errors.InvalidRanksError, _layout(dims=None, ranks=[[]]), "roles[0].ranks[0]",
+     "at least one rank"),
+    (errors.DuplicateRoleError, lambda: cg.Layout(dims={"cp": 4}, roles=[ROLE, ROLE]),
+     "roles[1].name", "unique name"),
+    (errors.UnknownBackendError, _layout(backend="mpi"), "roles[0].backend", "'gloo'"),
+    (errors.UnknownFieldError, _layout(timeout=5), "roles[0].timeout", "timeout_s"),
+    (errors.UnknownFieldError, _layout(options={"nccl": {"bogus": 1}}),
+     "roles[0].options.nccl.bogus", "min_ctas"),
+    (errors.UnknownFieldError, lambda: cg.Layout(dims={"cp": 4}, extra=1), "extra", "roles"),
+    (errors.InvalidOptionError, _layout(options={"nccl": {"min_ctas": 8, "max_ctas": 2}}),
+     "roles[0].options.nccl.min_ctas", "min_ctas <= max_ctas"),
+    (errors.InvalidOptionError, _layout(options={"nccl": {"cga_cluster_size": 9}}),
+     "roles[0].options.nccl.cga_cluster_size", "in range"),
+    (errors.InvalidOptionError, _layout(backend="gloo", options={"nccl": {}}),
+     "roles[0].options.nccl", "remove options"),
+    (errors.InvalidOptionError, _layout(backend="hccl", options={
+        "hccl": {"config": {"hccl_buffer_size": 1}}}),
+     "roles[0].options.hccl.config.hccl_buffer_size", "set buffer_size_mb"),
+]
+
+
+@pytest.mark.parametrize(
+    ("error", "make", "field", "fix"), CASES,
+    ids=[f"{e.__name__}-{f}" for e, _, f, _ in CASES],
+)
+def test_input_raises_exactly_its_class(
+    error: type[errors.LayoutError], make: Callable[[], object], field: str | None, fix: str
+) -> None:
+    with pytest.raises(errors.LayoutError) as info:
+        make()
+    assert type(info.value) is error, f"{type(info.value).__name__}: {info.value}"
+    assert info.value.field == field
+    message = str(info.value)
+    assert "fix:" in message and fix in message, message
+    if field is not None:
+        assert field in message
+
+
+def test_unreadable_file_is_a_layout_file_error(tmp_path: Path) -> None:
+    with pytest.raises(errors.LayoutFileError, match=r"cannot read.*fix: check the path"):
+        cg.load_layout(tmp_path / "missing.toml")
+
+
+def _ranked(rank: int, world_size: int) -> dict[str, str]:
+    """Each rank-dependent LayoutError, as 'ClassName|field|message' per case."""
+    out: dict[str, str] = {}
+
+    def attempt(name: str, action: Callable[[], object]) -> None:
+        try:
+            action()
+            out[name] = "no error"
+        except errors.CommGroupsError as error:
+            out[name] = f"{type(error).__name__}|{getattr(error, 'field', None)}|{error}"
+
+    mine = cg.Layout(dims={"cp": 2}, roles=[cg.RoleSpec(name="cp", dims=["cp"], timeout_s=rank + 1)])
+    attempt("mismatch", lambda: cg.GroupRegistry(mine).create())
+    attempt("world", lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4})).create())
+    layout = cg.Layout(dims={"a": 2, "b": 1}, roles=[
+        cg.RoleSpec(name="a", dims=["a"], backend="gloo"),
+        cg.RoleSpec(name="edge", ranks=[[0]], backend="gloo"),
+    ])
+    with cg.GroupRegistry(layout) as registry:
+        attempt("mesh_unknown", lambda: registry.device_mesh("tp"))
+        attempt("mesh_ranks", lambda: registry.device_mesh("edge"))
+        attempt("not_member", lambda: registry.group("edge"))
+        attempt("mesh_order", lambda: registry.device_mesh(["a", "a"]))  # a dim twice
+    return out
+
+
+def test_rank_dependent_errors_on_a_real_world() -> None:
+    results = run_world(_ranked, 2)
+    for rank, out in enumerate(results):
+        assert out["mismatch"].startswith("LayoutMismatchError|"), out["mismatch"]
+        assert "timeout_s" in out["mismatch"]
+        assert out["world"].startswith("WorldSizeMismatchError|"), out["world"]
+        assert "fix" in out["world"]
+        assert out["mesh_unknown"].startswith("UnknownDimError|dims|"), out["mesh_unknown"]
+        assert out["mesh_ranks"].startswith("LayoutError|dims|"), out["mesh_ranks"]
+        assert "fix" in out["mesh_ranks"]
+        assert out["mesh_order"].startswith("DimOrderError|dims|"), out["mesh_order"]
+        expected = "no error" if rank == 0 else "NotAMemberError|None|"
+        assert out["not_member"].startswith(expected), out["not_member"]
+
+
+def test_every_layout_error_class_has_a_case() -> None:
+    shown = {error for error, _, _, _ in CASES}
+    # raised where ranks compare layouts or meet the registry: test_rank_dependent_errors_on_a_real_world
+    shown |= {errors.LayoutMismatchError, errors.WorldSizeMismatchError}
+    layout_errors = {
+        cls for _, cls in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(cls, errors.LayoutError)
+    }
+    assert layout_errors == shown
+
+
+def test_each_class_documents_its_inputs() -> None:
+    for _, cls in inspect.getmembers(errors, inspect.isclass):
+        if issubclass(cls, errors.LayoutError) and cls is not errors.LayoutError:
+            assert cls.__doc__ and cls.__doc__ != errors.LayoutError.__doc__, cls
