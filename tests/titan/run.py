@@ -88,6 +88,34 @@ class RankResult:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
+def clear_dtensor_caches() -> None:
+    """Forget DTensor's cached sharding decisions (they hold the DeviceMeshes of earlier trainings).
+
+    torch compares meshes by layout and dim names only, so a later training in the same process
+    whose meshes are named like an earlier one's gets the earlier meshes back from these caches,
+    with their groups (destroyed by then: "Could not resolve the process group"). Several trainings
+    share one test world, so each starts with empty caches.
+
+    PRIVATE-TORCH (tests only): torch._C._clear_DTensor_sharding_propagator_cache,
+    DTensor._op_dispatcher.sharding_propagator, _redistribute.clear_redistribute_planner_cache and
+    _gen_transform_infos (torch 2.13-2.15).
+    """
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import _redistribute
+
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if native is not None:
+        native()
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    planner = getattr(_redistribute, "clear_redistribute_planner_cache", None)
+    if planner is not None:
+        planner()
+    transforms = getattr(_redistribute, "_gen_transform_infos", None)
+    if transforms is not None and hasattr(transforms, "cache_clear"):
+        transforms.cache_clear()
+
+
 def _default_sequence() -> int:
     # Gloo counts every collective (functional ones and barriers too) per group.
     return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
@@ -113,12 +141,63 @@ def _mesh_facts(trainer: Any) -> dict[str, Any]:
     return facts
 
 
+_SPMD_COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast",
+})
+
+
+class SpmdDistProbe:
+    """Sits in front of the dist module spmd_types was given, recording each raw collective's group.
+
+    The integration hands spmd_types an AsyncWaitDist; wrapping it (not replacing it) shows that
+    spmd_types' collectives reach it, and on which group.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, str | None, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.inner, name)
+        if name not in _SPMD_COLLECTIVES or not callable(attribute):
+            return attribute
+
+        def probe(*args: Any, **kwargs: Any) -> Any:
+            group = kwargs.get("group")
+            self.calls.append((name, None if group is None else group.group_name,
+                               type(self.inner).__name__))
+            return attribute(*args, **kwargs)
+
+        return probe
+
+
+def _registry_facts(trainer: Any) -> dict[str, Any]:
+    """Which registry group each torchtitan mesh name is on, FSDP's flatten, the safeguards."""
+    registry = trainer.registry
+    pd = trainer.parallel_dims
+    facts: dict[str, Any] = {
+        "roles": {r: registry.group(r).group_name for r in registry.role_names},
+        "fsdp_async_wait_modules": trainer.fsdp_async_wait_modules,
+    }
+    mesh_roles = {}
+    for name, mesh in pd._single_axis_meshes.items():
+        if name in registry.role_names and mesh.size() > 1:
+            mesh_roles[name] = mesh.get_group() is registry.group(name)
+    facts["mesh_is_role_group"] = mesh_roles
+    if pd.spmd_backend == "spmd_types" and pd.dp_shard * pd.cp > 1:
+        flat = pd.get_optional_mesh(["dp_shard", "cp"])._flatten("dp_shard_cp")
+        facts["dp_shard_cp_is_fsdp"] = flat.get_group() is registry.group("fsdp")
+    return facts
+
+
 def train_rank(rank: int, world_size: int, post: Any, run: TitanRun) -> RankResult:
     """Train ``run`` on this rank; a :func:`run_local_world` rank function."""
     os.environ.update({"LOCAL_RANK": str(rank), "RANK": str(rank), "WORLD_SIZE": str(world_size),
                        "LOCAL_WORLD_SIZE": str(world_size), "HF_DATASETS_OFFLINE": "1",
                        "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
     apply_cpu_patches()
+    clear_dtensor_caches()
     from torchtitan.config import ConfigManager
 
     config = ConfigManager().parse_args(run.args())
@@ -136,6 +215,16 @@ def train_rank(rank: int, world_size: int, post: Any, run: TitanRun) -> RankResu
 
         trainer.metrics_processor.log = log
         result.meshes = _mesh_facts(trainer)
+        registry = getattr(trainer, "registry", None)
+        probe = None
+        if registry is not None:
+            result.notes.update(_registry_facts(trainer))
+            if trainer.parallel_dims.spmd_backend == "spmd_types":
+                import spmd_types
+                import spmd_types._dist
+
+                probe = SpmdDistProbe(spmd_types._dist.dist)
+                spmd_types.set_dist(probe)
         if run.audit:
             import commgroups as cg
 
@@ -146,9 +235,11 @@ def train_rank(rank: int, world_size: int, post: Any, run: TitanRun) -> RankResu
         else:
             trainer.train()
         result.default_collectives = _default_sequence() - before
-        registry = getattr(trainer, "registry", None)
-        if registry is not None:
-            result.notes.update(getattr(trainer, "commgroups_report", lambda: {})())
+        if probe is not None:
+            import spmd_types
+
+            spmd_types.set_dist(probe.inner)
+            result.notes["spmd_calls"] = probe.calls
     finally:
         trainer.close()
     if registry is not None:
