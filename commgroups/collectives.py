@@ -1,12 +1,12 @@
 """``registry.collectives(role)``: the torch.distributed collective API bound to one role's group.
 
-Every method has torch.distributed's signature without ``group=``. With the role's ``safeguard`` on
+Every method has torch.distributed's signature without ``group=``. With the role's ``async_and_wait`` on
 (the default) each call is issued ``async_op=True`` and waited at once, so on NCCL/RCCL it runs on the
 group's own stream behind a fence instead of unfenced on the caller's stream (see
 :mod:`commgroups.async_wait`); a caller that asks for ``async_op=True`` gets the Work back unwaited.
 Object collectives (``all_gather_object`` ...) pass through to torch, run inside
 :func:`~commgroups.async_wait.async_and_wait` so that the tensor collectives torch issues for them
-follow the same rule. With ``safeguard=False`` every call goes to torch exactly as given.
+follow the same rule. With ``async_and_wait=False`` every call goes to torch exactly as given.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ class RoleCollectives:
     Args:
         group: the process group every call runs on.
         role: the role's name (for messages and logs).
-        safeguard: issue every call ``async_op=True`` and wait at once (off: pass calls through).
+        async_and_wait: issue every call ``async_op=True`` and wait at once (off: pass calls through).
     """
 
-    def __init__(self, group: dist.ProcessGroup, *, role: str, safeguard: bool) -> None:
+    def __init__(self, group: dist.ProcessGroup, *, role: str, async_and_wait: bool) -> None:
         if not isinstance(group, dist.ProcessGroup):
             raise TypeError(
                 f"RoleCollectives for role {role!r} needs a ProcessGroup, got "
@@ -55,13 +55,13 @@ class RoleCollectives:
             )
         self.group = group
         self.role = role
-        self.safeguard = safeguard
+        self.async_and_wait = async_and_wait
         self.calls = 0
         """How many calls this object has issued: the sequence number errors name."""
 
     def __repr__(self) -> str:
         return (f"RoleCollectives(role={self.role!r}, group={self.group.group_name!r}, "
-                f"size={self.size}, safeguard={self.safeguard})")
+                f"size={self.size}, async_and_wait={self.async_and_wait})")
 
     @property
     def size(self) -> int:
@@ -103,7 +103,7 @@ class RoleCollectives:
     def _issue(self, fn: Callable[..., Any], async_op: bool, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, group=self.group, **kwargs)`` with torch's return shape (Work or None)."""
         work = self._call(fn, async_op, *args, **kwargs)
-        return work if async_op or not self.safeguard else None
+        return work if async_op or not self.async_and_wait else None
 
     def _call(self, fn: Callable[..., Any], async_op: bool, *args: Any, **kwargs: Any) -> Any:
         """Call ``fn`` on this group under the role's async-and-wait setting; returns the Work.
@@ -114,7 +114,7 @@ class RoleCollectives:
         # Inline rather than through _named: this is the hot path (a few microseconds per call).
         self.calls += 1
         try:
-            if not self.safeguard:
+            if not self.async_and_wait:
                 return fn(*args, group=self.group, async_op=async_op, **kwargs)
             return issue_and_wait(fn, *args, group=self.group, async_op=async_op, **kwargs)
         except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
@@ -122,7 +122,7 @@ class RoleCollectives:
 
     @contextmanager
     def _object_scope(self, op: str) -> Iterator[None]:
-        with self._named(op), async_and_wait() if self.safeguard else nullcontext():
+        with self._named(op), async_and_wait() if self.async_and_wait else nullcontext():
             yield
 
     # -------------------------------------------------------------------------- collectives
@@ -206,7 +206,7 @@ class RoleCollectives:
     def send(self, tensor: torch.Tensor, dst: int | None = None, tag: int = 0,
              group_dst: int | None = None) -> None:
         """``torch.distributed.send``: with async-and-wait, ``isend`` waited at once."""
-        if not self.safeguard:
+        if not self.async_and_wait:
             with self._named("send"):
                 dist.send(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
             return
@@ -215,7 +215,7 @@ class RoleCollectives:
     def recv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0,
              group_src: int | None = None) -> int:
         """``torch.distributed.recv``: returns the sender's global rank (``irecv`` waited at once)."""
-        if not self.safeguard:
+        if not self.async_and_wait:
             with self._named("recv"):
                 return int(dist.recv(tensor, src=src, group=self.group, tag=tag,
                                      group_src=group_src))

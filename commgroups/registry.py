@@ -387,7 +387,7 @@ class GroupRegistry:
     def collectives(self, role: str) -> RoleCollectives:
         """The torch.distributed collective API on ``role``'s group, without ``group=``.
 
-        Every call is issued ``async_op=True`` and waited at once (unless the role's ``safeguard`` is
+        Every call is issued ``async_op=True`` and waited at once (unless the role's ``async_and_wait`` is
         off); a caller that asks for ``async_op=True`` gets the Work back unwaited.
         """
         from commgroups.collectives import RoleCollectives
@@ -396,7 +396,7 @@ class GroupRegistry:
         # One object per role, so its call count (the sequence number errors name) is per role.
         if role not in self._collectives:
             self._collectives[role] = RoleCollectives(
-                group, role=role, safeguard=self.spec(role).safeguard
+                group, role=role, async_and_wait=self.spec(role).async_and_wait
             )
         return self._collectives[role]
 
@@ -529,7 +529,7 @@ class GroupRegistry:
     # ------------------------------------------------------------------------------- reporting
     def describe(self) -> str:
         """A readable table: each role's dims, backend, size, groups, this rank's ranks, timeout."""
-        header = ("role", "dims", "backend", "size", "groups", "creation", "timeout", "safeguard",
+        header = ("role", "dims", "backend", "size", "groups", "creation", "timeout", "async_and_wait",
                   "this rank's group")
         rows = []
         for name in self.role_names:
@@ -546,7 +546,7 @@ class GroupRegistry:
                 backend, method, group_text = spec.backend, "-", "-"
                 timeout = "default" if spec.timeout_s is None else f"{spec.timeout_s:g}s"
             rows.append((name, dims, backend, str(info.group_size), str(info.num_groups), method,
-                         timeout, "on" if spec.safeguard else "off", group_text))
+                         timeout, "on" if spec.async_and_wait else "off", group_text))
         lines = format_table(header, rows)
         title = (f"GroupRegistry: world {self.layout.world_size} "
                  f"({', '.join(f'{k}={v}' for k, v in self.layout.dims.items())}), "

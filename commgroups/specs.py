@@ -244,7 +244,7 @@ class RoleSpec(SpecModel):
             ``nccl``, ``rccl``, ``hccl``, ``gloo``, ``fake``.
         timeout_s (float, optional): collective timeout in seconds; ``None``: the backend default.
         options (RoleOptions): backend options; only sections the backend reads are allowed.
-        safeguard (bool): issue this role's collectives ``async_op=True`` and wait at once.
+        async_and_wait (bool): issue this role's collectives ``async_op=True`` and wait at once.
 
     Raises:
         InvalidNameError: ``name`` is not allowed.
@@ -279,7 +279,7 @@ class RoleSpec(SpecModel):
         default=None, gt=0, description="Collective timeout in seconds; None: the backend default."
     )
     options: RoleOptions = Field(default_factory=RoleOptions, description="Backend options.")
-    safeguard: bool = Field(
+    async_and_wait: bool = Field(
         default=True, description="Issue this role's collectives async_op=True and wait at once."
     )
 

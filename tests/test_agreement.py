@@ -29,8 +29,8 @@ def _variants() -> list[tuple[str, cg.Layout]]:
             if r.name == "cp" else r for r in roles])),
         ("timeout", cg.Layout(dims=BASE.dims, roles=[
             r.model_copy(update={"timeout_s": 99.0}) if r.name == "cp" else r for r in roles])),
-        ("safeguard", cg.Layout(dims=BASE.dims, roles=[
-            r.model_copy(update={"safeguard": False}) if r.name == "fsdp" else r for r in roles])),
+        ("async_and_wait", cg.Layout(dims=BASE.dims, roles=[
+            r.model_copy(update={"async_and_wait": False}) if r.name == "fsdp" else r for r in roles])),
         ("explicit ranks", cg.Layout(dims=BASE.dims, roles=[
             *roles, cg.RoleSpec(name="edge", ranks=[[0, 3]])])),
     ]

@@ -225,7 +225,7 @@ def spmd_results() -> list[dict[str, Any]]:
     return run_world(_spmd_world, 4)
 
 
-def test_spmd_raw_paths_are_blocking_without_the_safeguard(
+def test_spmd_raw_paths_are_blocking_without_the_async_and_wait(
     spmd_results: list[dict[str, Any]],
 ) -> None:
     # the baseline: these are the calls that race FSDP on NCCL; the observation sees them blocking
@@ -236,7 +236,7 @@ def test_spmd_raw_paths_are_blocking_without_the_safeguard(
 
 
 @pytest.mark.parametrize("variant", ["set_dist", "scope"])
-def test_spmd_through_the_safeguard_issues_nothing_blocking(
+def test_spmd_through_the_async_and_wait_issues_nothing_blocking(
     spmd_results: list[dict[str, Any]], variant: str,
 ) -> None:
     for result in spmd_results:

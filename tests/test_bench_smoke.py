@@ -18,7 +18,7 @@ from commgroups.cli import main
 from commgroups.memory import SPLIT_PARENT, estimate_memory
 from commgroups.specs import HcclOptions, Layout, RoleOptions, RoleSpec
 
-TABLES = ("creation", "planning", "safeguard", "checkpoint_dcp", "checkpoint_exchange", "memory")
+TABLES = ("creation", "planning", "async_and_wait", "checkpoint_dcp", "checkpoint_exchange", "memory")
 
 
 def _numbers(cell: Any) -> list[float]:
@@ -35,7 +35,7 @@ def test_bench_smoke_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["bench", "--smoke", "--no-progress", "--json", str(out), "--plot", str(plots),
                  "--markdown", str(tmp_path / "bench.md")]) == 0
     data = json.loads(out.read_text())
-    for key in ("safeguard_overhead_ratio", "creation_ratio_vs_devicemesh"):
+    for key in ("async_and_wait_overhead_ratio", "creation_ratio_vs_devicemesh"):
         assert isinstance(data[key], float) and math.isfinite(data[key]) and data[key] > 0, key
     assert set(TABLES) <= set(data["tables"])
     assert data["machine"]["nproc"] >= 1 and data["machine"]["torch"]
@@ -50,7 +50,7 @@ def test_bench_smoke_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtur
                     assert math.isfinite(value) and value >= 0, (name, row)
     # Timing cells are strictly positive; a zero would mean nothing was timed.
     for name, column in (("creation", "time ms"), ("planning", "time ms"),
-                         ("safeguard", "raw us"), ("safeguard", "async-and-wait us"),
+                         ("async_and_wait", "raw us"), ("async_and_wait", "async-and-wait us"),
                          ("checkpoint_dcp", "time ms"), ("checkpoint_exchange", "time ms")):
         index = data["tables"][name]["columns"].index(column)
         assert all(row[index]["median"] > 0 for row in data["tables"][name]["rows"]), name
@@ -64,8 +64,8 @@ def test_bench_smoke_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtur
         if cells["variant"] == "devicemesh":
             assert cells["roles aliasing default group"] >= 1
     assert sorted(p.name for p in plots.glob("*.png")) == [
-        "checkpoint.png", "creation.png", "memory.png", "planning.png", "safeguard.png"]
-    assert "safeguard_overhead_ratio" in capsys.readouterr().out
+        "async_and_wait.png", "checkpoint.png", "creation.png", "memory.png", "planning.png"]
+    assert "async_and_wait_overhead_ratio" in capsys.readouterr().out
 
 
 class _Counting:

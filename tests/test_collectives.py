@@ -1,5 +1,5 @@
 """registry.collectives(role): every method matches the raw torch.distributed call (real gloo, 4 ranks),
-and every call it makes reaches c10d as async_op=True (unless the role's safeguard is off)."""
+and every call it makes reaches c10d as async_op=True (unless the role turns async_and_wait off)."""
 
 from __future__ import annotations
 
@@ -148,8 +148,8 @@ def _collectives_world(rank: int, world: int) -> dict[str, Any]:
         raw = _exercise(_Raw(group), rank, world)
         result: dict[str, Any] = {"raw": raw, "cp_group": group.group_name}
         variants = {
-            "safeguard": registry.collectives("cp"),
-            "no_safeguard": cg.RoleCollectives(group, role="cp", safeguard=False),
+            "async_and_wait": registry.collectives("cp"),
+            "no_async_and_wait": cg.RoleCollectives(group, role="cp", async_and_wait=False),
         }
         for name, api in variants.items():
             with cg.audit.record(registry) as rec:
@@ -178,7 +178,7 @@ def test_every_method_matches_the_raw_call(world_results: list[dict[str, Any]]) 
     for rank, result in enumerate(world_results):
         raw = result["raw"]
         assert raw["all_reduce"] == [60.0, 64.0, 68.0, 72.0]  # the reference itself is right
-        for variant in ("safeguard", "no_safeguard"):
+        for variant in ("async_and_wait", "no_async_and_wait"):
             got = result[variant]
             assert got.keys() == raw.keys(), (rank, variant)
             for key in raw:
@@ -187,27 +187,27 @@ def test_every_method_matches_the_raw_call(world_results: list[dict[str, Any]]) 
 
 def test_results_are_what_torch_documents(world_results: list[dict[str, Any]]) -> None:
     # spot checks that the exercise really moved data (so equality with raw means something)
-    r0, r1, r3 = world_results[0]["safeguard"], world_results[1]["safeguard"], world_results[3]
+    r0, r1, r3 = world_results[0]["async_and_wait"], world_results[1]["async_and_wait"], world_results[3]
     assert r0["broadcast"] == [20.0, 21.0, 22.0, 23.0]
     assert r0["broadcast_group_src"] == [10.0, 11.0, 12.0, 13.0]
-    assert r3["safeguard"]["reduce"] == [60.0, 64.0, 68.0, 72.0]
+    assert r3["async_and_wait"]["reduce"] == [60.0, 64.0, 68.0, 72.0]
     assert r0["all_gather"][3] == [30.0, 31.0, 32.0, 33.0]
     assert r1["recv_from"] == 0 and r1["recv"] == [0.0, 1.0, 2.0, 3.0]
     assert r0["irecv"] == [10.0, 11.0, 12.0, 13.0]
     assert r0["batch_isend_irecv"] == [30.0, 31.0, 32.0, 33.0]
     assert r0["async_work_type"] == "Work"
     assert r0["all_gather_object"] == [{"rank": r} for r in range(4)]
-    assert world_results[2]["safeguard"]["gather_object"] == [("r", r) for r in range(4)]
+    assert world_results[2]["async_and_wait"]["gather_object"] == [("r", r) for r in range(4)]
     assert r0["broadcast_object_list"] == ["from 3", 3]
     assert r0["scatter_object_list"] == ["to 0"]
     assert r1["recv_object_list"] == [{"p2p": 0}] and r1["recv_object_list_src"] == 0
 
 
-def test_safeguard_issues_everything_async_on_the_role_group(
+def test_async_and_wait_issues_everything_async_on_the_role_group(
     world_results: list[dict[str, Any]],
 ) -> None:
     for result in world_results:
-        calls = result["safeguard_calls"]
+        calls = result["async_and_wait_calls"]
         assert len(calls) > 20
         # every call ran on the dedicated cp group, object collectives' inner calls included
         assert {group for _, group, _ in calls} == {result["cp_group"]}
@@ -216,10 +216,10 @@ def test_safeguard_issues_everything_async_on_the_role_group(
         assert sum(async_op is True for _, _, async_op in calls) > 20
 
 
-def test_without_safeguard_calls_pass_through_blocking(world_results: list[dict[str, Any]]) -> None:
-    # the observation can see blocking calls: with the safeguard off they show up
+def test_without_async_and_wait_calls_pass_through_blocking(world_results: list[dict[str, Any]]) -> None:
+    # the observation can see blocking calls: with async-and-wait off they show up
     for result in world_results:
-        blocking = {op for op, _, async_op in result["no_safeguard_calls"] if async_op is False}
+        blocking = {op for op, _, async_op in result["no_async_and_wait_calls"] if async_op is False}
         assert {"c10d.allreduce_", "c10d._allgather_base_", "c10d.barrier",
                 "c10d.alltoall_base_"} <= blocking
 
@@ -227,10 +227,10 @@ def test_without_safeguard_calls_pass_through_blocking(world_results: list[dict[
 def test_misuse_is_named(world_results: list[dict[str, Any]]) -> None:
     result = world_results[0]
     assert "default group" in result["batch_error"] and "p2p_op" in result["batch_error"]
-    assert "role='fsdp'" in result["repr"] and "safeguard=True" in result["repr"]
+    assert "role='fsdp'" in result["repr"] and "async_and_wait=True" in result["repr"]
     assert result["size_rank"] == (4, 0)
 
 
 def test_needs_a_process_group() -> None:
     with pytest.raises(TypeError, match=r"registry.group\('cp'\)"):
-        cg.RoleCollectives(None, role="cp", safeguard=True)  # type: ignore[arg-type]
+        cg.RoleCollectives(None, role="cp", async_and_wait=True)  # type: ignore[arg-type]

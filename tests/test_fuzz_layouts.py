@@ -45,7 +45,7 @@ ROLE = st.fixed_dictionaries(
                                               "mpi"]), SCALARS),
         "timeout_s": SCALARS,
         "options": st.one_of(OPTION_SECTIONS, ANY),
-        "safeguard": SCALARS,
+        "async_and_wait": SCALARS,
         "extra": SCALARS,
     },
 )

@@ -82,7 +82,7 @@ def test_blocking_on_current_stream_async_wait_on_group_stream(
 ) -> None:
     x = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
     out = torch.empty_like(x)  # out of place: a 1-rank NCCL group still moves bytes
-    collectives = cg.RoleCollectives(nccl_group, role="cp", safeguard=True)
+    collectives = cg.RoleCollectives(nccl_group, role="cp", async_and_wait=True)
     # warm up: the communicator is created lazily on first use
     dist.all_gather_into_tensor(out, x, group=nccl_group)
     collectives.all_gather_into_tensor(out, x)

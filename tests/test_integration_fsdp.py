@@ -98,7 +98,7 @@ def test_fsdp_runs_on_the_role_group_not_the_default(fsdp_results: list[dict[str
     for out in fsdp_results:
         assert out["reg_group"] == out["fsdp"] != out["default"]
         assert out["reg_ops"] and {op.group_name for op in out["reg_ops"]} == {out["fsdp"]}
-        # the safeguard reached FSDP2: every all-gather and reduce-scatter was issued async
+        # async-and-wait reached FSDP2: every all-gather and reduce-scatter was issued async
         assert all(op.async_op for op in out["reg_ops"]), out["reg_ops"]
         # without it FSDP2 (torch 2.13) issues them blocking
         assert any(op.async_op is False for op in out["plain_ops"])

@@ -74,7 +74,7 @@ def test_fingerprint_sees_options_backend_and_timeout() -> None:
         cg.Layout(dims={"cp": 4}, roles=[cg.RoleSpec(name="cp", dims=["cp"], timeout_s=5)]),
         cg.Layout(dims={"cp": 4}, roles=[cg.RoleSpec(
             name="cp", dims=["cp"], options={"nccl": {"high_priority_stream": True}})]),
-        cg.Layout(dims={"cp": 4}, roles=[cg.RoleSpec(name="cp", dims=["cp"], safeguard=False)]),
+        cg.Layout(dims={"cp": 4}, roles=[cg.RoleSpec(name="cp", dims=["cp"], async_and_wait=False)]),
     ]
     prints = {cg.plan(v).fingerprint for v in [base, *variants]}
     assert len(prints) == 5

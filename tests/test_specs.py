@@ -34,7 +34,7 @@ def test_explicit_roles_and_options_round_trip() -> None:
         roles=[
             cg.RoleSpec(name="cp", dims=["cp"], timeout_s=30,
                         options=cg.RoleOptions(nccl=cg.NcclOptions(high_priority_stream=True))),
-            cg.RoleSpec(name="ckpt", dims="world", backend="gloo", safeguard=False),
+            cg.RoleSpec(name="ckpt", dims="world", backend="gloo", async_and_wait=False),
             cg.RoleSpec(name="embed", ranks=[[0, 3]]),
         ],
     )

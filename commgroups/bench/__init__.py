@@ -1,7 +1,7 @@
 """Benchmarks of group layouts, run by ``commgroups bench``.
 
 Scenarios: :mod:`~commgroups.bench.creation` (registry vs DeviceMesh vs an all-ranks new_group loop),
-:mod:`~commgroups.bench.planning`, :mod:`~commgroups.bench.safeguard` (async-and-wait overhead),
+:mod:`~commgroups.bench.planning`, :mod:`~commgroups.bench.async_wait_cost` (async-and-wait overhead),
 :mod:`~commgroups.bench.checkpoint` (DCP and the metadata exchange) and
 :mod:`~commgroups.bench.memory` (estimated communicator memory). :func:`run_bench` runs them all for a
 :class:`BenchConfig`; :mod:`~commgroups.bench.report` renders the result.

@@ -23,11 +23,11 @@ class BenchConfig:
     fake_repetitions: int
     plan_worlds: tuple[int, ...]
     plan_repetitions: int
-    safeguard_sizes: tuple[int, ...]
-    """Message sizes in bytes for the safeguard overhead."""
-    safeguard_ops: tuple[str, ...]
-    safeguard_repetitions: int
-    safeguard_target_s: float
+    async_and_wait_sizes: tuple[int, ...]
+    """Message sizes in bytes for the async-and-wait overhead."""
+    async_and_wait_ops: tuple[str, ...]
+    async_and_wait_repetitions: int
+    async_and_wait_target_s: float
     """Each timed block runs enough calls to take about this long (fewer timer reads per call)."""
     dcp_repetitions: int
     dcp_tensors: int
@@ -48,10 +48,10 @@ def full_config() -> BenchConfig:
         fake_repetitions=7,
         plan_worlds=(1024, 8192, 65536, 262144, 1048576),
         plan_repetitions=15,
-        safeguard_sizes=(4, 256, 4 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB),
-        safeguard_ops=("all_reduce", "all_gather_into_tensor"),
-        safeguard_repetitions=21,
-        safeguard_target_s=0.05,
+        async_and_wait_sizes=(4, 256, 4 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB),
+        async_and_wait_ops=("all_reduce", "all_gather_into_tensor"),
+        async_and_wait_repetitions=21,
+        async_and_wait_target_s=0.05,
         dcp_repetitions=9,
         dcp_tensors=16,
         dcp_tensor_bytes=256 * KiB,
@@ -70,12 +70,12 @@ def quick_config() -> BenchConfig:
         fake_repetitions=3,
         plan_worlds=(1024, 65536, 1048576),
         plan_repetitions=5,
-        # The safeguard's floor (1.02) is a 2% bound: it needs more calls per repetition than the
+        # The async-and-wait floor (1.02) is a 2% bound: it needs more calls per repetition than the
         # other scenarios to rise above a shared machine's noise.
-        safeguard_sizes=(4, 64 * KiB, MiB, 16 * MiB),
-        safeguard_ops=("all_reduce",),
-        safeguard_repetitions=25,
-        safeguard_target_s=0.15,
+        async_and_wait_sizes=(4, 64 * KiB, MiB, 16 * MiB),
+        async_and_wait_ops=("all_reduce",),
+        async_and_wait_repetitions=25,
+        async_and_wait_target_s=0.15,
         dcp_repetitions=5,
         dcp_tensors=8,
         dcp_tensor_bytes=64 * KiB,
@@ -94,10 +94,10 @@ def smoke_config() -> BenchConfig:
         fake_repetitions=1,
         plan_worlds=(1024,),
         plan_repetitions=1,
-        safeguard_sizes=(4, 64 * KiB),
-        safeguard_ops=("all_reduce",),
-        safeguard_repetitions=2,
-        safeguard_target_s=0.001,
+        async_and_wait_sizes=(4, 64 * KiB),
+        async_and_wait_ops=("all_reduce",),
+        async_and_wait_repetitions=2,
+        async_and_wait_target_s=0.001,
         dcp_repetitions=1,
         dcp_tensors=2,
         dcp_tensor_bytes=KiB,

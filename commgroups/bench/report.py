@@ -19,10 +19,10 @@ __all__ = ["markdown", "text", "write_json", "write_plots"]
 def _headline(result: BenchResult) -> list[str]:
     s = result.summary
     lines = []
-    if "safeguard_overhead_ratio" in s:
-        spread = s["safeguard_overhead_ratio_spread"]
-        lines.append(f"safeguard_overhead_ratio (async-and-wait / raw, sizes >= 64 KiB): "
-                     f"{s['safeguard_overhead_ratio']:.3f} "
+    if "async_and_wait_overhead_ratio" in s:
+        spread = s["async_and_wait_overhead_ratio_spread"]
+        lines.append(f"async_and_wait_overhead_ratio (async-and-wait / raw, sizes >= 64 KiB): "
+                     f"{s['async_and_wait_overhead_ratio']:.3f} "
                      f"[pooled p25-p75 {spread['p25']:.3f}-{spread['p75']:.3f}]")
     if "creation_ratio_vs_devicemesh" in s:
         spread = s["creation_ratio_vs_devicemesh_spread"]
@@ -128,17 +128,17 @@ def write_plots(result: BenchResult, directory: str | Path) -> list[Path]:
                "Planning a dp_shard x cp layout", "world size", "ms (median, p25-p75)")
     written.append(path)
 
-    safeguard = result.table("safeguard")
+    cost = result.table("async_and_wait")
     figure = _figure(6.4, 5.6)
     top, bottom = figure.subplots(2, 1, sharex=True)
-    for op, (sizes, raws) in _series(safeguard, "bytes", "op", "raw us").items():
+    for op, (sizes, raws) in _series(cost, "bytes", "op", "raw us").items():
         medians, errors = _median_err(raws)
         top.errorbar(sizes, medians, yerr=errors, marker="o", capsize=3, label=f"{op} raw")
-        _, safes = _series(safeguard, "bytes", "op", "async-and-wait us")[op]
+        _, safes = _series(cost, "bytes", "op", "async-and-wait us")[op]
         medians, errors = _median_err(safes)
         top.errorbar(sizes, medians, yerr=errors, marker="s", capsize=3,
                      label=f"{op} async-and-wait")
-        _, ratios = _series(safeguard, "bytes", "op", "ratio")[op]
+        _, ratios = _series(cost, "bytes", "op", "ratio")[op]
         medians, errors = _median_err(ratios)
         bottom.errorbar(sizes, medians, yerr=errors, marker="o", capsize=3, label=op)
     top.set_xscale("log", base=2)
@@ -154,7 +154,7 @@ def write_plots(result: BenchResult, directory: str | Path) -> list[Path]:
     bottom.legend(fontsize=8)
     bottom.grid(True, alpha=0.3)
     figure.tight_layout()
-    path = out / "safeguard.png"
+    path = out / "async_and_wait.png"
     figure.savefig(path)
     written.append(path)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from commgroups.bench import checkpoint, creation, memory, planning, safeguard
+from commgroups.bench import async_wait_cost, checkpoint, creation, memory, planning
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import NullProgress, Progress
 from commgroups.bench.stats import Table
@@ -57,7 +57,7 @@ class BenchResult:
             "config": asdict(self.config),
             "machine": self.machine,
             "duration_s": round(self.duration_s, 2),
-            "safeguard_overhead_ratio": self.summary.get("safeguard_overhead_ratio"),
+            "async_and_wait_overhead_ratio": self.summary.get("async_and_wait_overhead_ratio"),
             "creation_ratio_vs_devicemesh": self.summary.get("creation_ratio_vs_devicemesh"),
             "summary": self.summary,
             "tables": {table.name: table.to_dict() for table in self.tables},
@@ -100,8 +100,8 @@ def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig
     if "creation" in sections:
         out["creation"] = creation.measure_gloo(rank, world_size, progress,
                                                 config.creation_repetitions)
-    if "safeguard" in sections:
-        out["safeguard"] = safeguard.measure(rank, world_size, progress, config)
+    if "async_and_wait" in sections:
+        out["async_and_wait"] = async_wait_cost.measure(rank, world_size, progress, config)
     if "dcp" in sections or "exchange" in sections:
         with GroupRegistry(Layout(dims={"cp": world_size})) as registry:
             if "exchange" in sections:
@@ -116,7 +116,7 @@ def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig
 def expected_units(config: BenchConfig) -> int:
     """How many progress units a run of ``config`` reports (the bar's total, known up front)."""
     per_gloo_world = config.creation_repetitions + len(config.metadata_items)
-    first_world = len(config.safeguard_ops) * len(config.safeguard_sizes) + config.dcp_repetitions
+    first_world = len(config.async_and_wait_ops) * len(config.async_and_wait_sizes) + config.dcp_repetitions
     return (len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
             + len(config.fake_worlds) * config.fake_repetitions
             + len(config.gloo_worlds) * per_gloo_world + first_world)
@@ -163,20 +163,20 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
         for world in config.gloo_worlds:
             sections: tuple[str, ...] = ("creation", "exchange")
             if world == smallest:
-                sections += ("safeguard", "dcp")
+                sections += ("async_and_wait", "dcp")
             logger.info("gloo world of %d: %s", world, ", ".join(sections))
             gloo[world] = run_world(gloo_job, world, config, sections, directory,
                                     timeout_s=config.timeout_s, progress=bar)[0]
     creation_results += [gloo[w]["creation"] for w in config.gloo_worlds]
 
     creation_table, creation_summary = creation.tables(creation_results)
-    safeguard_table, safeguard_summary = safeguard.tables(gloo[smallest]["safeguard"])
+    async_and_wait_table, async_and_wait_summary = async_wait_cost.tables(gloo[smallest]["async_and_wait"])
     checkpoint_tables, checkpoint_summary = checkpoint.tables(
         [gloo[smallest]["dcp"]], [gloo[w]["exchange"] for w in config.gloo_worlds]
     )
-    result.tables = [creation_table, planning_table, safeguard_table, *checkpoint_tables,
+    result.tables = [creation_table, planning_table, async_and_wait_table, *checkpoint_tables,
                      memory_table]
-    for part in (creation_summary, planning_summary, safeguard_summary, checkpoint_summary,
+    for part in (creation_summary, planning_summary, async_and_wait_summary, checkpoint_summary,
                  memory_summary):
         result.summary.update(part)
     result.duration_s = time.perf_counter() - started

@@ -10,10 +10,10 @@ collectives then share a communicator with everything else on the default group.
         fully_shard_on_role(block, registry)
     fully_shard_on_role(model, registry)
 
-This is ``fully_shard(module, mesh=registry.device_mesh("fsdp"), **kwargs)`` plus the safeguard:
+This is ``fully_shard(module, mesh=registry.device_mesh("fsdp"), **kwargs)`` plus async-and-wait:
 FSDP2 (torch 2.13) issues its all-gathers and reduce-scatters with ``async_op=False`` on its own
 all-gather and reduce-scatter streams, so on NCCL/RCCL (torch >= 2.8) it drives one communicator
-from two streams with no fence between them. With the role's ``safeguard`` on, the module gets
+from two streams with no fence between them. With the role's ``async_and_wait`` on, the module gets
 FSDP2's public custom-comm hooks (``set_custom_all_gather`` / ``set_custom_reduce_scatter``) set to
 comms that issue ``async_op=True`` and wait at once, so every FSDP collective runs on the group's own
 stream, without patching torch.distributed. HSDP: ``replicate="dp_replicate"`` gives a 2-D mesh of
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FSDP_ROLE",
-    "async_wait_comms",
+    "async_and_wait_comms",
     "fsdp_mesh",
     "fully_shard_on_role",
     "install_async_and_wait_comms",
@@ -63,7 +63,7 @@ def fsdp_mesh(
     return registry.device_mesh(role if replicate is None else [replicate, role])
 
 
-def async_wait_comms() -> tuple[Any, Any] | None:
+def async_and_wait_comms() -> tuple[Any, Any] | None:
     """FSDP2 all-gather and reduce-scatter comms that issue ``async_op=True`` and wait at once.
 
     Returns ``(all_gather, reduce_scatter)`` for ``FSDPModule.set_custom_all_gather`` and
@@ -106,15 +106,15 @@ def fully_shard_on_role(
     role: str = FSDP_ROLE,
     *,
     replicate: str | None = None,
-    safeguard: bool | None = None,
+    async_and_wait: bool | None = None,
     **kwargs: Any,
 ) -> ModuleT:
     """``fully_shard(module, mesh=<role's mesh>, **kwargs)``; returns the (now FSDP) module.
 
     ``kwargs`` are fully_shard's own (``reshard_after_forward``, ``mp_policy``, ...); ``mesh`` is not
     accepted because the role decides it. ``replicate`` (a dim or role, e.g. ``dp_replicate``) makes
-    it HSDP on ``registry.device_mesh([replicate, role])``. ``safeguard`` (default: the role's own
-    setting) installs :func:`async_wait_comms` so FSDP2's collectives are issued async-and-wait.
+    it HSDP on ``registry.device_mesh([replicate, role])``. ``async_and_wait`` (default: the role's own
+    setting) installs :func:`async_and_wait_comms` so FSDP2's collectives are issued async-and-wait.
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -124,7 +124,7 @@ def fully_shard_on_role(
             "call torch.distributed.fsdp.fully_shard(module, mesh=...) yourself)"
         )
     fully_shard(module, mesh=fsdp_mesh(registry, role, replicate), **kwargs)
-    if registry.spec(role).safeguard if safeguard is None else safeguard:
+    if registry.spec(role).async_and_wait if async_and_wait is None else async_and_wait:
         install_async_and_wait_comms(module, recurse=False)
     return module
 
@@ -134,7 +134,7 @@ def install_async_and_wait_comms(module: nn.Module, *, recurse: bool = True) -> 
 
     For frameworks that call ``fully_shard`` themselves (torchtitan): after they have sharded the
     model, this sets FSDP2's public ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` on
-    every FSDP module of ``module`` (itself included) to :func:`async_wait_comms`' comms, so each
+    every FSDP module of ``module`` (itself included) to :func:`async_and_wait_comms`' comms, so each
     FSDP collective is issued ``async_op=True`` and waited at once on the group it already uses.
 
     Args:
@@ -153,7 +153,7 @@ def install_async_and_wait_comms(module: nn.Module, *, recurse: bool = True) -> 
     from torch.distributed.fsdp import FSDPModule
 
     targets = [m for m in (module.modules() if recurse else [module]) if isinstance(m, FSDPModule)]
-    comms = async_wait_comms()
+    comms = async_and_wait_comms()
     if comms is None or not all(hasattr(m, "set_custom_all_gather") for m in targets):
         logger.warning(
             "this torch has no FSDP2 custom-comm hooks: FSDP's collectives stay as FSDP2 issues "

@@ -2,7 +2,7 @@
 
 Both variants run on the same dedicated group, so the only difference is the wrapper (issue with
 ``async_op=True``, wait at once, plus the role/sequence bookkeeping). Each repetition runs enough calls
-per variant to last about ``safeguard_target_s``, alternating raw and wrapped call by call, and the
+per variant to last about ``async_and_wait_target_s``, alternating raw and wrapped call by call, and the
 ratio is taken per repetition, so load from other processes on a shared machine hits both alike.
 """
 
@@ -25,7 +25,7 @@ __all__ = ["RATIO_MIN_BYTES", "VARIANTS", "measure", "tables"]
 
 VARIANTS: tuple[str, ...] = ("raw", "async-and-wait")
 RATIO_MIN_BYTES = 64 * 1024
-"""``safeguard_overhead_ratio`` is taken over sizes from here up (small messages measure the timer)."""
+"""``async_and_wait_overhead_ratio`` is taken over sizes from here up (small messages measure the timer)."""
 
 
 def _ops(registry: GroupRegistry, role: str, op: str, numel: int, world: int
@@ -76,20 +76,20 @@ def measure(rank: int, world_size: int, progress: Progress, config: BenchConfig)
     """On every rank: per-call time of each op, size and variant (slowest rank), interleaved."""
     layout = Layout(dims={"cp": world_size})
     results: list[dict[str, Any]] = []
-    progress.describe(f"safeguard overhead, gloo x{world_size}")
-    progress.add_total(len(config.safeguard_ops) * len(config.safeguard_sizes))
+    progress.describe(f"async-and-wait overhead, gloo x{world_size}")
+    progress.add_total(len(config.async_and_wait_ops) * len(config.async_and_wait_sizes))
     with GroupRegistry(layout) as registry:
         group = registry.group("cp")
-        for op in config.safeguard_ops:
-            for size in config.safeguard_sizes:
+        for op in config.async_and_wait_ops:
+            for size in config.async_and_wait_sizes:
                 fns = _ops(registry, "cp", op, max(1, size // 4), world_size)
                 for fn in fns.values():  # warm up: first calls allocate buffers and connect pairs
                     _block(fn, 2, group)
                 # Every rank must make the same number of calls: agree on the slowest estimate.
                 once = _slowest(_block(fns["raw"], 2, group))
-                calls = max(1, min(2000, round(config.safeguard_target_s / max(once, 1e-7))))
+                calls = max(1, min(2000, round(config.async_and_wait_target_s / max(once, 1e-7))))
                 samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
-                for repetition in range(config.safeguard_repetitions):
+                for repetition in range(config.async_and_wait_repetitions):
                     for variant, value in _alternating(fns, calls, group, repetition).items():
                         samples[variant].append(_slowest(value))
                 results.append({"op": op, "bytes": size, "calls": calls, "samples": samples})
@@ -105,9 +105,9 @@ def _size_text(size: int) -> str:
 
 
 def tables(measured: dict[str, Any]) -> tuple[Table, dict[str, Any]]:
-    """The overhead table and ``safeguard_overhead_ratio``."""
+    """The overhead table and ``async_and_wait_overhead_ratio``."""
     table = Table(
-        "safeguard",
+        "async_and_wait",
         f"Safeguard overhead: raw vs async-and-wait on gloo, {measured['world']} ranks",
         ["op", "size", "bytes", "calls per rep", "raw us", "async-and-wait us", "ratio"],
     )
@@ -124,12 +124,12 @@ def tables(measured: dict[str, Any]) -> tuple[Table, dict[str, Any]]:
             big_pooled.extend(ratios)
     summary: dict[str, Any] = {}
     if big_medians:
-        summary["safeguard_overhead_ratio"] = summarize(big_medians).median
-        summary["safeguard_overhead_ratio_spread"] = summarize(big_pooled).to_dict()
+        summary["async_and_wait_overhead_ratio"] = summarize(big_medians).median
+        summary["async_and_wait_overhead_ratio_spread"] = summarize(big_pooled).to_dict()
     table.notes += [
         "per-call time of the slowest rank, median [p25-p75] over repetitions; ratio: "
         "async-and-wait / raw per repetition, median [p25-p75]",
-        "safeguard_overhead_ratio: median over sizes >= 64 KiB of the per-size median ratios; "
+        "async_and_wait_overhead_ratio: median over sizes >= 64 KiB of the per-size median ratios; "
         "its spread pools every paired ratio of those sizes",
         "on gloo wait() blocks the host, so this measures the wrapper's CPU cost, not stream effects",
     ]
