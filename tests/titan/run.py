@@ -173,7 +173,7 @@ class SpmdDistProbe:
 
 
 def _registry_facts(trainer: Any) -> dict[str, Any]:
-    """Which registry group each torchtitan mesh name is on, FSDP's flatten, the safeguards."""
+    """Which registry group each torchtitan mesh name is on, FSDP2 flatten, the async-and-wait comms."""
     registry = trainer.registry
     pd = trainer.parallel_dims
     facts: dict[str, Any] = {

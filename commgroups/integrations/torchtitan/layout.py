@@ -186,7 +186,7 @@ def resolve_layout(layout: Layout | str | Path | None, degrees: TitanDegrees) ->
     A given layout (a :class:`~commgroups.Layout` or a TOML/YAML/JSON file) must have the dense dims
     in torchtitan's order with the same sizes (size-1 dims may be left out; they are added). Its
     roles override the derived roles of the same name (which must span the same dims) and keep their
-    backend, options, timeout and safeguard; derived roles it does not declare are added.
+    backend, options, timeout and async_and_wait; derived roles it does not declare are added.
 
     Raises:
         LayoutError: a dim size or a role's dims disagree with the parallelism degrees; the message

@@ -80,7 +80,7 @@ class RegistryTrainer(Trainer):
         self._spmd_dist_set = False
         self.fsdp_async_wait_modules = 0
         super().__init__(config)
-        self._install_safeguards()
+        self._install_async_and_wait()
         if isinstance(self.checkpointer, RegistryCheckpointManager):
             self.checkpointer.attach_registry(self.registry)
         elif getattr(self.checkpointer, "enable", False):
@@ -119,12 +119,12 @@ class RegistryTrainer(Trainer):
         dist.broadcast(seed, group=self.registry.group(CHECKPOINT_ROLE), group_src=0)
         debug.seed = int(seed.view(torch.uint64).item())
 
-    def _install_safeguards(self) -> None:
+    def _install_async_and_wait(self) -> None:
         roles = self.registry.layout.roles
-        if any(r.safeguard for r in roles if r.name in ("fsdp", "efsdp", "dp_replicate")):
+        if any(r.async_and_wait for r in roles if r.name in ("fsdp", "efsdp", "dp_replicate")):
             self.fsdp_async_wait_modules = sum(install_async_and_wait_comms(p)
                                                for p in self.model_parts)
-        if self.parallel_dims.spmd_backend == "spmd_types" and any(r.safeguard for r in roles):
+        if self.parallel_dims.spmd_backend == "spmd_types" and any(r.async_and_wait for r in roles):
             import spmd_types
             import spmd_types._dist
 
