@@ -212,9 +212,11 @@ def resolve_layout(layout: Layout | str | Path | None, degrees: TitanDegrees) ->
     for dim, size in degrees.dense.items():
         have = given.dims.get(dim, 1)
         if have != size:
+            option = next(name for name, d in _CONFIG_FIELDS.items() if d == dim)
             raise InvalidSizeError(
-                f"layout dims.{dim}={have} but torchtitan's parallelism gives {dim}={size}; fix: "
-                f"make them agree (set dims.{dim} = {size}, or change the parallelism degree)",
+                f"layout dims.{dim}={have} but torchtitan's parallelism.{option} gives "
+                f"{dim}={size}; fix: make them agree (set dims.{dim} = {size} in the layout, or "
+                f"--parallelism.{option} {have})",
                 field=f"dims.{dim}",
             )
     order = [dim for dim in DENSE_DIMS if dim in given.dims]
