@@ -142,3 +142,30 @@ def test_checkpoints_bitwise_equal(scenario: tuple[str, dict[str, list[Any]], Pa
     assert len(tensors) > 10
     for key in tensors:
         assert torch.equal(stock[key], registry[key]), key
+
+
+def test_moe_expert_parallel_equals_stock(titan_assets: Path, tmp_path: Path) -> None:
+    """torchtitan's MoE debug model (qwen3), ep=2 on 4 ranks: efsdp x ep from the registry's view."""
+    from tests.titan.run import TitanRun
+    from tests.titan.scenario import pair_rank
+
+    base = TitanRun(dump_folder=str(tmp_path), assets=str(titan_assets), model="moe",
+                    dp_shard=4, ep=2, spmd_backend="partial_dtensor", checkpoint_interval=0,
+                    seq_len=256)
+    started = time.monotonic()
+    reports = run_local_world(pair_rank, 4, base, timeout_s=1500,
+                              preload=("torch", "torch.distributed", "commgroups"))
+    failed = {r: rep.traceback for r, rep in reports.items() if not rep.ok}
+    assert not failed, "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in failed.items())
+    print(f"\nmoe ep=2: world took {time.monotonic() - started:.1f}s")
+    for rank in range(4):
+        registry, stock = reports[rank].value["registry"], reports[rank].value["stock"]
+        assert sorted(stock.losses) == [1, 2, 3, 4]
+        assert registry.losses == stock.losses
+        assert registry.default_collectives == 0 and stock.default_collectives > 0
+        for name in ("ep", "efsdp"):
+            assert not registry.meshes[name]["default"]
+            assert registry.notes["mesh_is_role_group"][name]  # the registry's ep / efsdp role
+        assert registry.meshes["ep"]["ranks"] == [rank - rank % 2, rank - rank % 2 + 1]
+        assert registry.meshes["efsdp"]["ranks"] == [rank % 2, rank % 2 + 2]
+        assert not any(m.get("default") for m in registry.meshes.values())

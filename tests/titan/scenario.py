@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from tests.titan.run import TitanRun, train_rank
 
-__all__ = ["RUN_NAMES", "scenario_rank"]
+__all__ = ["RUN_NAMES", "pair_rank", "scenario_rank"]
 
 RUN_NAMES = ("registry", "stock", "registry_resume", "stock_resume")
 
@@ -57,5 +57,17 @@ def scenario_rank(rank: int, world_size: int, post: Any, base: TitanRun) -> dict
             _store_barrier("copied", rank, world_size)
         started = time.monotonic()
         results[name] = train_rank(rank, world_size, post, runs[name])
+        results[name].notes["seconds"] = time.monotonic() - started
+    return results
+
+
+def pair_rank(rank: int, world_size: int, post: Any, base: TitanRun) -> dict[str, Any]:
+    """Only the first two trainings (commgroups, then stock), without checkpoints."""
+    root = Path(base.dump_folder)
+    results: dict[str, Any] = {}
+    for name in RUN_NAMES[:2]:
+        run = dataclasses.replace(base, dump_folder=str(root / name), registry=name == "registry")
+        started = time.monotonic()
+        results[name] = train_rank(rank, world_size, post, run)
         results[name].notes["seconds"] = time.monotonic() - started
     return results

@@ -79,6 +79,7 @@ class RegistryTrainer(Trainer):
         self._spmd_dist_before: Any = None
         self._spmd_dist_set = False
         self.fsdp_async_wait_modules = 0
+        self.fsdp_async_wait_refused = 0
         super().__init__(config)
         self._install_async_and_wait()
         if isinstance(self.checkpointer, RegistryCheckpointManager):
@@ -122,8 +123,26 @@ class RegistryTrainer(Trainer):
     def _install_async_and_wait(self) -> None:
         roles = self.registry.layout.roles
         if any(r.async_and_wait for r in roles if r.name in ("fsdp", "efsdp", "dp_replicate")):
-            self.fsdp_async_wait_modules = sum(install_async_and_wait_comms(p)
-                                               for p in self.model_parts)
+            from torch.distributed.fsdp import FSDPModule
+
+            refused = 0
+            for part in self.model_parts:
+                for module in part.modules():
+                    if not isinstance(module, FSDPModule):
+                        continue
+                    try:
+                        self.fsdp_async_wait_modules += install_async_and_wait_comms(
+                            module, recurse=False)
+                    except ValueError:
+                        # FSDP2 refuses custom comms on a module with several parameter groups
+                        # (per-parameter meshes: MoE experts on efsdp next to dense on fsdp).
+                        refused += 1
+            if refused:
+                logger.warning(
+                    "%d FSDP modules shard over several meshes (MoE experts with ep > 1); FSDP2 "
+                    "takes no custom comms there, so their collectives stay as FSDP2 issues them",
+                    refused)
+            self.fsdp_async_wait_refused = refused
         if self.parallel_dims.spmd_backend == "spmd_types" and any(r.async_and_wait for r in roles):
             import spmd_types
             import spmd_types._dist
