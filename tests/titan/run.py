@@ -11,6 +11,7 @@ mesh torchtitan asked for is built on.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ class TitanRun:
     seed: int = 42
     extra: tuple[str, ...] = ()
     audit: bool = False
+    step_times: bool = False
 
     def args(self) -> list[str]:
         """The command line ``python -m torchtitan.train`` would get."""
@@ -208,8 +210,11 @@ def train_rank(rank: int, world_size: int, post: Any, run: TitanRun) -> RankResu
         force_sum_reduction(trainer.model_parts)
         original_log = trainer.metrics_processor.log
 
+        marks: list[float] = []
+
         def log(step: int, global_avg_loss: float, global_max_loss: float, grad_norm: float,
                 extra_metrics: Any = None) -> None:
+            marks.append(time.perf_counter())
             result.losses[step] = (global_avg_loss, global_max_loss, float(grad_norm))
             original_log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)
 
@@ -233,7 +238,10 @@ def train_rank(rank: int, world_size: int, post: Any, run: TitanRun) -> RankResu
             result.notes["audit_records"] = len(recording.records)
             result.notes["audit_hazards"] = [h.kind for h in recording.hazards()]
         else:
+            marks.append(time.perf_counter())
             trainer.train()
+            if run.step_times:
+                result.notes["step_seconds"] = [b - a for a, b in zip(marks, marks[1:])]
         result.default_collectives = _default_sequence() - before
         if probe is not None:
             import spmd_types
