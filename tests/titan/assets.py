@@ -14,12 +14,15 @@ from pathlib import Path
 __all__ = ["make_assets"]
 
 _WORDS = (
-    "the of and to in is was for on that with as by at from his her an which this be are were "
-    "had it not or have but one all they she he their there been has when who more would about "
-    "process group mesh rank world shard context tensor pipeline expert replicate gradient loss "
-    "model layer token batch step checkpoint save load train stream collective gather reduce "
-    "scatter broadcast barrier timeout device host memory kernel attention sequence window"
-).split()
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at",
+    "from", "his", "her", "an", "which", "this", "be", "are", "were", "had", "it", "not", "or",
+    "have", "but", "one", "all", "they", "she", "he", "their", "there", "been", "has", "when",
+    "who", "more", "would", "about", "process", "group", "mesh", "rank", "world", "shard",
+    "context", "tensor", "pipeline", "expert", "replicate", "gradient", "loss", "model", "layer",
+    "token", "batch", "step", "checkpoint", "save", "load", "train", "stream", "collective",
+    "gather", "reduce", "scatter", "broadcast", "barrier", "timeout", "device", "host", "memory",
+    "kernel", "attention", "sequence", "window",
+)
 
 
 def _text(seed: int, documents: int) -> list[str]:

@@ -16,9 +16,9 @@ def llama3_registry() -> Any:
 
 def moe_registry() -> Any:
     """torchtitan's MoE debug model through commgroups."""
-    from tests.titan.run import STOCK_MODULES
-
     import importlib
+
+    from tests.titan.run import STOCK_MODULES
 
     module, name = STOCK_MODULES["moe"]
     return with_registry(getattr(importlib.import_module(module), name)())

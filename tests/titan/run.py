@@ -10,6 +10,7 @@ mesh torchtitan asked for is built on.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -103,8 +104,7 @@ def clear_dtensor_caches() -> None:
     _gen_transform_infos (torch 2.13-2.15).
     """
     import torch
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor import _redistribute
+    from torch.distributed.tensor import DTensor, _redistribute
 
     native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
     if native is not None:
@@ -241,7 +241,7 @@ def train_rank(rank: int, world_size: int, post: Any, run: TitanRun) -> RankResu
             marks.append(time.perf_counter())
             trainer.train()
             if run.step_times:
-                result.notes["step_seconds"] = [b - a for a, b in zip(marks, marks[1:])]
+                result.notes["step_seconds"] = [b - a for a, b in itertools.pairwise(marks)]
         result.default_collectives = _default_sequence() - before
         if probe is not None:
             import spmd_types

@@ -32,7 +32,8 @@ def placeholder_mesh(shape: tuple[int, ...], names: tuple[str, ...], device: str
     only for their sizes, on torch's fake backend. Here they get no group: a collective on one raises
     instead of running anywhere. The mesh holds this rank's block of the world, row-major.
 
-    PRIVATE-TORCH: DeviceMesh(..., _init_backend=False) and DeviceMesh._dim_group_names, checked on torch 2.13 and 2.14.
+    PRIVATE-TORCH: DeviceMesh(..., _init_backend=False) and DeviceMesh._dim_group_names,
+    checked on torch 2.13, 2.14 and 2.15.
     """
     import torch
     import torch.distributed as dist

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -132,7 +132,7 @@ class RegistryTrainer(Trainer):
                         continue
                     try:
                         self.fsdp_async_wait_modules += install_async_and_wait_comms(
-                            module, recurse=False)
+                            cast(torch.nn.Module, module), recurse=False)
                     except ValueError:
                         # FSDP2 refuses custom comms on a module with several parameter groups
                         # (per-parameter meshes: MoE experts on efsdp next to dense on fsdp).
