@@ -38,6 +38,10 @@ class BackendAdapter(ABC):
     """Whether ``split_group`` (ncclCommSplit) can create its groups."""
     supports_local_creation: ClassVar[bool] = True
     """Whether member-only creation (``use_local_synchronization=True``) is safe."""
+    created_by_members: ClassVar[bool] = False
+    """Whether each group is always created by its members alone (never all-ranks or split)."""
+    serves_every_device: ClassVar[bool] = False
+    """Whether the group runs collectives on tensors of any device (``device_type`` is nominal)."""
     has_timeout: ClassVar[bool] = True
     """Whether the group's collectives can time out (and take a new timeout in place)."""
     connects_on_create: ClassVar[bool] = False

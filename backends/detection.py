@@ -12,6 +12,7 @@ from .gloo import GlooAdapter
 from .hccl import HcclAdapter, npu_available
 from .nccl import NcclAdapter
 from .rccl import RcclAdapter
+from .single_rank import SingleRankAdapter
 
 __all__ = ["adapter_for", "detect_device_backend", "resolve_backend"]
 
@@ -22,6 +23,7 @@ _ADAPTERS = MappingProxyType[str, type[BackendAdapter]]({
     "rccl": RcclAdapter,
     "hccl": HcclAdapter,
     "fake": FakeAdapter,
+    "single": SingleRankAdapter,
 })
 
 
@@ -44,14 +46,20 @@ def adapter_for(name: str) -> BackendAdapter:
         ) from None
 
 
-def resolve_backend(requested: str, default_group_backend: str | None = None) -> BackendAdapter:
-    """The adapter for a role asking for ``requested``.
+def resolve_backend(
+    requested: str, default_group_backend: str | None = None, group_size: int | None = None
+) -> BackendAdapter:
+    """The adapter for a group asking for ``requested``.
 
-    Under a ``fake`` default group every role is simulated on ``fake`` (torch allows no other
+    Under a ``fake`` default group every group is simulated on ``fake`` (torch allows no other
     subgroups there), so a layout written for GPUs can be planned and created at any world size.
+    A group of one rank needs no communicator: it gets the single-rank backend, whose collectives
+    are exact local copies, whatever was requested (a 1-rank NCCL communicator costs ~512 MiB).
     """
     if default_group_backend == "fake":
         return FakeAdapter()
+    if group_size == 1:
+        return SingleRankAdapter()
     if requested == "device":
         requested = detect_device_backend()
     return adapter_for(requested)

@@ -200,6 +200,8 @@ def choose_method(
     """
     if mode not in CREATION_MODES:
         raise ValueError(f"creation mode {mode!r} is not supported; use one of {CREATION_MODES}")
+    if adapter.created_by_members:
+        return "local"  # whatever the mode: e.g. a single-rank group involves no other rank
     if mode == "all_ranks":
         return "all_ranks"
     if not role.regular:

@@ -57,6 +57,11 @@ DEFAULT_CREATE_TIMEOUT_S = 300.0
 STORE_PREFIX = "commgroups"
 
 
+def _same_device(a: BackendAdapter, b: BackendAdapter) -> bool:
+    """Whether groups of ``a`` and ``b`` can serve one DeviceMesh (one device type)."""
+    return a.serves_every_device or b.serves_every_device or a.device_type == b.device_type
+
+
 def _set_group_timeout(created: CreatedRole, timeout: timedelta) -> None:
     """Give ``created``'s group (if this rank has one) a new collective timeout, in place."""
     if created.group is not None and created.adapter.has_timeout:
@@ -159,12 +164,12 @@ class GroupRegistry:
         if local_error is None:
             try:
                 for role in self.layout.roles:
-                    adapter = resolve_backend(role.backend, default_backend)
+                    info = self.plan.role(role.name)
+                    adapter = resolve_backend(role.backend, default_backend,
+                                              info.group_size if info.regular else None)
                     adapter.check_available()
                     adapters[role.name] = adapter
-                    methods[role.name] = choose_method(
-                        self.creation_mode, self.plan.role(role.name), adapter, context
-                    )
+                    methods[role.name] = choose_method(self.creation_mode, info, adapter, context)
             except BackendUnavailableError as error:
                 local_error = error
         payload: dict[str, Any] = {
@@ -436,7 +441,10 @@ class GroupRegistry:
         if names not in self._meshes:
             axes = [self._mesh_axis(name) for name in names]
             self._check_mesh_axes(names, [dims for dims, _, _ in axes])
-            device_types = {adapter.device_type for _, adapter, _ in axes}
+            device_types = {adapter.device_type for _, adapter, _ in axes
+                            if not adapter.serves_every_device}
+            if not device_types:  # every axis is a single-rank group: the job's device type
+                device_types = {resolve_backend("device", str(dist.get_backend())).device_type}
             if len(device_types) != 1:
                 raise LayoutError(
                     f"device_mesh: {list(names)} use groups on different device types "
@@ -506,25 +514,29 @@ class GroupRegistry:
             )
 
     def _group_for_dim(self, dim: str) -> tuple[BackendAdapter, dist.ProcessGroup]:
-        device = resolve_backend("device", str(dist.get_backend()))
+        info = self.plan.dim_group(dim)
+        default_backend = str(dist.get_backend())
+        adapter = resolve_backend("device", default_backend, info.group_size)
         for role in self.layout.roles:
-            if role.dims == [dim] and self._adapters[role.name].device_type == device.device_type:
+            if role.dims == [dim] and _same_device(self._adapters[role.name], adapter):
                 return self._adapters[role.name], self.group(role.name)
         if dim not in self._dim_groups:
+            adapter.check_available()
+            methods = {dim: choose_method(self.creation_mode, info, adapter)}
             # Created on first use, so collective: ranks first agree on what they are creating.
-            info = self.plan.dim_group(dim)
-            methods = {dim: choose_method(self.creation_mode, info, device)}
-            store = None if str(dist.get_backend()) == "fake" else self._agreement_store(self._rank)
+            # Groups their members make alone (one rank) involve nobody else: no agreement.
+            collective = default_backend != "fake" and not adapter.created_by_members
+            store = self._agreement_store(self._rank) if collective else None
             if store is not None:
                 agree(store, self._rank, self.layout.world_size,
                       {"fingerprint": self.plan.fingerprint, "mesh_dim": dim, "creation": methods},
                       timedelta(seconds=self.create_timeout_s))
             self._dim_groups.update(self._create_groups(
-                [info], {dim: device}, methods, store, f"the creation of mesh dim {dim!r}"
+                [info], {dim: adapter}, methods, store, f"the creation of mesh dim {dim!r}"
             ))
         group = self._dim_groups[dim].group
         assert group is not None  # dims cover the world: every rank is in one group
-        return device, group
+        return adapter, group
 
     # ------------------------------------------------------------------------------- reporting
     def describe(self) -> str:

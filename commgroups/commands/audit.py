@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from commgroups.audit import merge_dir
+from commgroups.audit.merge import merge_dir
 
 
 def register(subparsers: Any) -> None:

@@ -74,7 +74,10 @@ def start_audit(enabled: bool, groups: JobGroups) -> DemoAudit:
     if not enabled:
         return DemoAudit("off", groups)
     try:
+        # audit.record's half (the recorder) loads on first use: load it here, where a failure
+        # can still turn into "unavailable" instead of stopping the run
         from commgroups import audit
+        from commgroups.audit import recorder  # noqa: F401
     except ImportError as error:
         logger.info("audit unavailable: %s", error)
         return DemoAudit(f"unavailable: {error}", groups)

@@ -4,7 +4,7 @@ Observation point: a ``TorchDispatchMode`` (the mechanism of torch's own ``CommD
 ``torch.distributed`` collective reaches the dispatcher as a ``torch.ops.c10d.*`` op (``all_reduce``
 -> ``c10d.allreduce_``, ``all_gather_into_tensor`` -> ``c10d._allgather_base_`` ...), whether it came
 from our wrapper, FSDP2, DCP's object collectives, spmd_types or user code; functional collectives
-arrive as ``torch.ops._c10d_functional.*``. What each observation sees:
+(DTensor's included) arrive as ``torch.ops._c10d_functional.*``. What each observation sees:
 
 - ``c10d.*`` ops carry the ProcessGroup and, in their schema, ``bool async_op=True``: the flag the
   caller issued (the dispatcher omits it from ``args`` when it equals the default True, so it is read
@@ -16,95 +16,56 @@ arrive as ``torch.ops._c10d_functional.*``. What each observation sees:
   blocking NCCL call runs. An async call runs on the group's own stream, which no public API names;
   the recorder models it as ``group:<name>`` (see :attr:`CollectiveRecord.exec_stream`).
 
-Not seen: collectives issued on another thread (dispatch modes are thread-local: DCP ``async_save``'s
-background thread), and calls made straight on a ``Backend`` object, which skip the dispatcher.
-Cost: every aten op of the recorded thread passes through Python while recording; fine for a debug
-run, not for production throughput.
+Real models run more than plain ops inside the recording, and the mode stays out of their way:
+
+- Higher-order operators (``flex_attention``, ``cond``, ...) are not collectives: they pass through
+  unchanged (``supports_higher_order_operators``, as in ``CommDebugMode``). torch runs a
+  higher-order operator's kernel with the mode popped (its dense kernels assert that no mode is
+  active), so collectives issued *inside* one in eager mode are not seen.
+- ``torch.compile`` (``fullgraph=True`` included, as torch's context parallel compiles
+  ``create_block_mask``) compiles as if no mode were active (``ignore_compile_internals``, as in
+  torch's ``DebugMode``): dynamo would otherwise refuse every frame while a non-infra mode is on. The
+  compiled code runs under the mode again, so collectives it issues are recorded.
+
+Not seen either: collectives issued on another thread (dispatch modes are thread-local: DCP
+``async_save``'s background thread), and calls made straight on a ``Backend`` object, which skip the
+dispatcher. Cost: every aten op of the recorded thread passes through Python while recording; fine
+for a debug run, not for production throughput.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-import typing_extensions
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._python_dispatch import TorchDispatchMode  # PRIVATE-TORCH: checked on 2.9-2.14
+from torch.utils._pytree import tree_leaves  # PRIVATE-TORCH: checked on 2.9-2.14
 
-import commgroups
+from commgroups.audit.call_sites import call_site
+from commgroups.audit.hazards import Hazard, find_hazards
+from commgroups.audit.records import (
+    AUDIT_DIR_ENV,
+    COLLECTIVE_NAMESPACES,
+    FILE_FORMAT,
+    NOT_COLLECTIVES,
+    CollectiveRecord,
+    rank_file_name,
+)
+from commgroups.errors import NotAMemberError
+from commgroups.registry import GroupRegistry
 
-if TYPE_CHECKING:
-    from commgroups.audit._analysis import Hazard
-
-__all__ = [
-    "AUDIT_DIR_ENV",
-    "FILE_FORMAT",
-    "P2P_OPS",
-    "CollectiveRecord",
-    "Recorder",
-    "from_env",
-    "record",
-    "rank_file_name",
-]
+__all__ = ["Recorder", "from_env", "record"]
 
 logger = logging.getLogger(__name__)
-
-AUDIT_DIR_ENV = "COMMGROUPS_AUDIT_DIR"
-FILE_FORMAT = "commgroups-audit/1"
-
-# Namespaces whose ops are collectives (c10d_functional is the legacy Python functional API).
-_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional_autograd",
-                                    "c10d_functional"})
-# Ops in those namespaces that move no data between ranks.
-_NOT_COLLECTIVES = frozenset({"wait_tensor", "_wrap_tensor_autograd", "wait"})
-# Point-to-point ops: no async flag, and not part of a group's collective sequence.
-P2P_OPS = frozenset({"c10d.send", "c10d.recv_", "c10d.recv_any_source_"})
-
-
-@dataclasses.dataclass(frozen=True)
-class CollectiveRecord:
-    """One collective as this rank issued it.
-
-    ``async_op`` is the flag as issued (None for point-to-point ops, which carry none); ``stream`` is
-    the caller's current CUDA stream id at issue time, or ``"cpu"``; ``exec_stream`` is where the
-    call executes under ProcessGroupNCCL's rule (blocking: the caller's stream; async: the group's
-    own stream, ``group:<name>``). ``group_seq`` counts this rank's recorded calls on the group from 1.
-    ``caller`` is the first frame outside torch and commgroups (``path:line in function``), also
-    skipping decorator plumbing (typing_extensions, contextlib, functools).
-    """
-
-    index: int
-    op: str
-    group: str
-    group_seq: int
-    roles: tuple[str, ...]
-    async_op: bool | None
-    stream: int | str
-    device: str
-    exec_stream: str | None
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[str, ...]
-    caller: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        data = dataclasses.asdict(self)
-        data["roles"] = list(self.roles)
-        data["shapes"] = [list(s) for s in self.shapes]
-        data["dtypes"] = list(self.dtypes)
-        return data
 
 
 @dataclasses.dataclass
@@ -114,17 +75,18 @@ class _GroupInfo:
     default: bool
 
 
-def _skip_prefixes() -> tuple[str, ...]:
-    roots = {os.path.dirname(torch.__file__), os.path.dirname(commgroups.__file__)}
-    # commgroups/backends is a symlink to ../backends: frames there carry the real path.
-    roots |= {os.path.realpath(root) for root in roots}
-    roots.add(os.path.realpath(os.path.join(os.path.dirname(commgroups.__file__), "backends")))
-    prefixes = [root.rstrip(os.sep) + os.sep for root in roots]
-    # Decorator plumbing between torch and its caller (typing_extensions.deprecated wraps
-    # all_gather_into_tensor in torch 2.13) is nobody's call site: skip those files too.
-    prefixes += [os.path.splitext(module.__file__ or "")[0] for module in
-                 (typing_extensions, contextlib, functools) if module.__file__]
-    return tuple(prefixes)
+def _default_group() -> dist.ProcessGroup | None:
+    # PRIVATE-TORCH: c10d._get_default_group, checked on 2.9-2.14
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return c10d._get_default_group()
+
+
+def _group_by_name(name: str) -> dist.ProcessGroup:
+    # Functional collectives name their group; c10d's registry of names resolves it.
+    # PRIVATE-TORCH: c10d._resolve_process_group, checked on 2.9-2.14
+    group: dist.ProcessGroup = c10d._resolve_process_group(name)  # type: ignore[attr-defined,arg-type]
+    return group
 
 
 def _resolve_roles(roles: Any) -> dict[str, dist.ProcessGroup]:
@@ -143,9 +105,6 @@ def _resolve_roles(roles: Any) -> dict[str, dist.ProcessGroup]:
                 )
             resolved[str(role)] = group
         return resolved
-    from commgroups.errors import NotAMemberError
-    from commgroups.registry import GroupRegistry
-
     if not isinstance(roles, GroupRegistry):
         raise TypeError(
             f"audit roles: expected a GroupRegistry or a mapping role -> ProcessGroup, got "
@@ -168,19 +127,28 @@ def _resolve_roles(roles: Any) -> dict[str, dist.ProcessGroup]:
 class Recorder:
     """The collectives recorded on this rank, with what is needed to name hazards.
 
-    Made by :func:`record`; ``roles`` (a :class:`~commgroups.GroupRegistry`, or a mapping role ->
-    ProcessGroup for groups built another way, e.g. ``{"cp": mesh.get_group("cp")}``) names each
-    group's role(s) and lets the analysis tell when the default group does a role's work.
+    Made by :func:`record` (or :func:`from_env`), which feeds it every dispatcher call of the block.
+
+    Args:
+        roles: a created :class:`~commgroups.GroupRegistry`, or a mapping role -> ProcessGroup for
+            groups built another way (``{"cp": mesh.get_group("cp")}``), or None. It names each
+            group's role(s) and lets the analysis tell when the default group does a role's work.
+
+    Example::
+
+        with cg.audit.record(registry) as rec:
+            train_step()
+        len(rec.records)                 # collectives this rank issued in the block
+        rec.records[0].op                # e.g. 'c10d._allgather_base_'
+        rec.write("/tmp/audit")          # /tmp/audit/rank00002.json on rank 2
     """
 
     def __init__(self, roles: Any = None) -> None:
         self.records: list[CollectiveRecord] = []
+        """Every collective recorded so far, in issue order."""
         self._role_groups = _resolve_roles(roles)
         self._groups: dict[str, _GroupInfo] = {}
         self._group_seq: dict[str, int] = {}
-        self._skip = _skip_prefixes()
-        # The demo is a user of commgroups: its frames are call sites, not plumbing.
-        self._keep = os.path.join(os.path.dirname(commgroups.__file__), "demo") + os.sep
         self._roles_by_group: dict[str, list[str]] = {}
         for role, group in self._role_groups.items():
             self._roles_by_group.setdefault(group.group_name, []).append(role)
@@ -198,23 +166,25 @@ class Recorder:
                 backend: str | None = str(dist.get_backend(group))
             except (RuntimeError, ValueError, KeyError):
                 backend = None
-            default = dist.is_initialized() and group is c10d._get_default_group()
-            self._groups[name] = _GroupInfo(ranks, backend, default)
+            self._groups[name] = _GroupInfo(ranks, backend, group is _default_group())
         return self._groups[name]
 
-    def _caller(self) -> str:
-        frame = sys._getframe(2)
-        while frame is not None:
-            filename = frame.f_code.co_filename
-            if not filename.startswith(self._skip) or filename.startswith(self._keep):
-                return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-            frame = frame.f_back  # type: ignore[assignment]
-        return "<unknown>"
-
     def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Record one dispatcher call if it is a collective (called by the dispatch mode)."""
-        namespace, name = func.namespace, func._schema.name.split("::")[-1]
-        if namespace not in _COLLECTIVE_NAMESPACES or name in _NOT_COLLECTIVES:
+        """Record one dispatcher call if it is a collective on a group.
+
+        Called by the dispatch mode of :func:`record` for every op of the block; anything that is
+        not a collective (aten ops, ``wait_tensor``, higher-order operators) is ignored.
+
+        Args:
+            func: the dispatcher op (an ``OpOverload``).
+            args: its positional arguments as dispatched.
+            kwargs: its keyword arguments as dispatched.
+        """
+        namespace = getattr(func, "namespace", None)
+        if namespace not in COLLECTIVE_NAMESPACES:
+            return
+        name = func._schema.name.split("::")[-1]
+        if name in NOT_COLLECTIVES:
             return
         values: dict[str, Any] = {}
         for position, argument in enumerate(func._schema.arguments):
@@ -228,9 +198,7 @@ class Recorder:
         if "process_group" in values:
             group = dist.ProcessGroup.unbox(values["process_group"])
         elif "group_name" in values:
-            # Functional collectives name their group; c10d's registry of names resolves it.
-            group = c10d._resolve_process_group(  # type: ignore[attr-defined]
-                values["group_name"])
+            group = _group_by_name(values["group_name"])
         if group is None:
             return  # not a collective on a group (nothing we know how to attribute)
         op = f"{namespace}.{name}"
@@ -268,15 +236,21 @@ class Recorder:
             exec_stream=exec_stream,
             shapes=tuple(tuple(int(d) for d in t.shape) for t in tensors),
             dtypes=tuple(str(t.dtype).replace("torch.", "") for t in tensors),
-            caller=self._caller(),
+            caller=call_site(),
         ))
         logger.debug("audit: %s on group %s async_op=%s", op, group_name, async_op)
 
     # ------------------------------------------------------------------------------- results
     def to_dict(self) -> dict[str, Any]:
-        """This rank's recording as a JSON-ready dict (the per-rank file's content)."""
-        initialized = dist.is_available() and dist.is_initialized()
-        default = c10d._get_default_group().group_name if initialized else None
+        """This rank's recording as JSON-ready data: the per-rank file's content.
+
+        Returns:
+            A dict in the schema of :mod:`commgroups.audit.records` (format, rank, world_size,
+            default_group, groups, roles, role_ranks, records).
+        """
+        default_group = _default_group()
+        initialized = default_group is not None
+        default = default_group.group_name if default_group is not None else None
         role_ranks: dict[str, list[int] | None] = {}
         for role, group in self._role_groups.items():
             role_ranks[role] = self._group_info(group).ranks
@@ -297,30 +271,51 @@ class Recorder:
         }
 
     def hazards(self) -> list[Hazard]:
-        """Hazards visible from this rank alone (aliasing, mixed streams); see ``find_hazards``."""
-        from commgroups.audit._analysis import find_hazards
+        """The hazards visible from this rank alone.
 
+        Returns:
+            :func:`commgroups.audit.hazards.find_hazards` of this rank's recording: aliasing of the
+            default group and mixed streams (the sequence check needs every rank: use
+            :func:`commgroups.audit.merge.merge`).
+
+        Example::
+
+            [h.kind for h in rec.hazards()]   # ['aliasing', 'mixed_streams'] for plain cp == world
+        """
         return find_hazards([self.to_dict()])
 
     def write(self, directory: str | os.PathLike[str]) -> Path:
-        """Write this rank's file into ``directory`` (created if missing); returns its path."""
+        """Write this rank's file into ``directory``, atomically.
+
+        Args:
+            directory: where the run's per-rank files go (created if missing).
+
+        Returns:
+            The file written, ``directory/rank<NNNNN>.json``; a merge running meanwhile never reads
+            half a file.
+        """
         data = self.to_dict()
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         target = path / rank_file_name(int(data["rank"]))
         tmp = target.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(target)  # a merge running meanwhile never reads half a file
+        tmp.replace(target)
         return target
-
-
-def rank_file_name(rank: int) -> str:
-    """The per-rank file name: ``rank00003.json``."""
-    return f"rank{rank:05d}.json"
 
 
 class _AuditMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Passes every op through unchanged, telling the recorder about collectives."""
+
+    # Higher-order operators (flex_attention, cond, ...) reach __torch_dispatch__ instead of
+    # raising "no rule registered"; their namespace is "higher_order", never a collective one, so
+    # they run unchanged like every other non-collective op.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Off while torch.compile traces, on for the compiled code: fullgraph compiles work."""
+        return True
 
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -328,7 +323,7 @@ class _AuditMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func.namespace in _COLLECTIVE_NAMESPACES:
+        if getattr(func, "namespace", None) in COLLECTIVE_NAMESPACES:
             try:
                 self.recorder.observe(func, tuple(args), kwargs)
             except Exception:  # the audit must never break the job it watches
@@ -338,18 +333,31 @@ class _AuditMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
 @contextmanager
 def record(roles: Any = None) -> Iterator[Recorder]:
-    """Record every collective this thread issues inside the block; yields the :class:`Recorder`.
+    """Record every collective this thread issues inside the block.
 
-    ``roles``: a created :class:`~commgroups.GroupRegistry`, or a mapping role -> ProcessGroup (for
-    groups built another way, e.g. ``{"cp": mesh.get_group("cp")}``), so records and hazards name
-    roles. Start and stop recording at the same point of the program on every rank, or the
-    cross-rank sequence check compares different stretches. Nested ``record()`` blocks each see every
-    call. See the module docstring for what the observation point sees and misses::
+    Start and stop recording at the same point of the program on every rank, or the cross-rank
+    sequence check compares different stretches. Nested ``record()`` blocks each see every call.
+    See the module docstring for what the observation point sees and misses.
+
+    Args:
+        roles: a created :class:`~commgroups.GroupRegistry`, or a mapping role -> ProcessGroup (for
+            groups built another way, e.g. ``{"cp": mesh.get_group("cp")}``), so records and
+            hazards name roles; None records without role names.
+
+    Returns:
+        A context manager yielding the :class:`Recorder`, filled as the block runs.
+
+    Raises:
+        TypeError: ``roles`` is neither a registry nor a mapping to ProcessGroups.
+        ValueError: the registry has not created its groups yet.
+
+    Example::
 
         with cg.audit.record(registry) as rec:
             train_step()
         for hazard in rec.hazards():
             print(hazard.message)
+        # 4 ranks, cp == world through the registry: no hazard on any rank
     """
     recorder = Recorder(roles)
     with _AuditMode(recorder):
@@ -363,8 +371,23 @@ def from_env(roles: Any = None, *,
 
     The switch for whole runs: wrap the training loop in it and launch with
     ``COMMGROUPS_AUDIT_DIR=/path``; each rank writes ``rank<NNNNN>.json`` there (also when the block
-    raises), and ``commgroups audit /path`` merges them. Unset or empty: records nothing, yields None.
-    The variable is only read (``environ`` defaults to ``os.environ``), never written.
+    raises), and ``commgroups audit /path`` merges them. The variable is only read, never written.
+
+    Args:
+        roles: as for :func:`record`.
+        environ: where to read the variable (default ``os.environ``).
+
+    Returns:
+        A context manager yielding the :class:`Recorder`, or None when the variable is unset or
+        empty (then nothing is recorded).
+
+    Example::
+
+        # COMMGROUPS_AUDIT_DIR=/tmp/audit torchrun --nproc-per-node 4 train.py
+        with cg.audit.from_env(registry):
+            for step in range(steps):
+                train_step()
+        # rank 0 writes /tmp/audit/rank00000.json, rank 1 rank00001.json, ... rank 3 rank00003.json
     """
     directory = (os.environ if environ is None else environ).get(AUDIT_DIR_ENV, "")
     if not directory:

@@ -1,7 +1,7 @@
-"""Hazards in recorded collectives, and merging per-rank audit files.
+"""The hazard rules: pure functions from per-rank recordings to named hazards.
 
-Pure functions over the per-rank dicts :meth:`Recorder.to_dict` produces (and the files it writes):
-no torch.distributed needed, so ``commgroups audit DIR`` runs anywhere. Hazard kinds:
+Input: the per-rank dicts :meth:`Recorder.to_dict` produces (the schema of
+:mod:`commgroups.audit.records`); no torch import, so the rules run wherever the files are. Kinds:
 
 - ``aliasing``: the default group does work a role owns: a role whose group *is* the default group
   (plain ``DeviceMesh`` hands it back when a dim spans the world), or collectives on the default
@@ -17,28 +17,22 @@ no torch.distributed needed, so ``commgroups audit DIR`` runs anywhere. Hazard k
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
-from commgroups.audit._recorder import FILE_FORMAT, P2P_OPS
-from commgroups.errors import CommGroupsError
+from commgroups.audit.records import P2P_OPS, group_sort_key, rank_span
 
 __all__ = [
-    "AuditFileError",
-    "AuditReport",
+    "UNIFORM_SHAPE_OPS",
     "Hazard",
+    "aliasing_hazards",
     "find_hazards",
-    "load_dir",
-    "merge",
-    "merge_dir",
+    "mixed_stream_hazards",
+    "sequence_mismatch_hazards",
 ]
 
-# Ops whose tensors have the same shapes on every rank of a correct program; for the others (lists
-# with root-only or uneven entries, split sizes) only op and dtypes are compared across ranks.
-_UNIFORM_SHAPE_OPS = frozenset({
+UNIFORM_SHAPE_OPS = frozenset({
     "c10d.allreduce_", "c10d.allreduce_coalesced_", "c10d.broadcast_", "c10d.reduce_",
     "c10d._allgather_base_", "c10d._reduce_scatter_base_", "c10d.allgather_into_tensor_coalesced_",
     "c10d.reduce_scatter_tensor_coalesced_", "c10d.barrier",
@@ -48,21 +42,33 @@ _UNIFORM_SHAPE_OPS = frozenset({
     "_c10d_functional.reduce_scatter_tensor", "_c10d_functional.broadcast",
     "_c10d_functional.broadcast_",
 })
-
+"""Ops whose tensors have the same shapes on every rank of a correct program. For the others (lists
+with root-only or uneven entries, split sizes) the sequence check compares op and dtypes only."""
 
 # How many distinct callers of blocking calls a mixed_streams hazard lists.
 _MAX_CALLERS = 8
 
 
-class AuditFileError(CommGroupsError, ValueError):
-    """An audit directory or file cannot be read as commgroups audit output."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Hazard:
-    """One named hazard: ``kind`` (aliasing, mixed_streams, sequence_mismatch), ``severity``
-    (error: breaks on this backend; warning: latent here, breaks on NCCL/RCCL), the group and roles
-    involved, the ranks where it was seen, a message naming the fix, and details for tools."""
+    """One named hazard found in recorded collectives.
+
+    Args:
+        kind: ``aliasing``, ``mixed_streams`` or ``sequence_mismatch``.
+        severity: ``error`` (breaks on this backend) or ``warning`` (latent here, breaks on
+            NCCL/RCCL).
+        group: the c10d group name the hazard is on.
+        roles: the roles involved.
+        ranks: the ranks where it was seen.
+        message: what is wrong and the fix, for a person.
+        details: counts and callers, for tools (JSON-ready).
+
+    Example::
+
+        for hazard in find_hazards([rank0_data, rank1_data]):
+            print(hazard.kind, hazard.ranks, hazard.message)
+        # aliasing (0, 1) role(s) cp run on the default group 0 (12 call(s) recorded on it), ...
+    """
 
     kind: str
     severity: str
@@ -73,134 +79,36 @@ class Hazard:
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+        """This hazard as JSON-ready data.
+
+        Returns:
+            A dict with one key per field; tuples become lists.
+        """
         data = dataclasses.asdict(self)
         data["roles"], data["ranks"] = list(self.roles), list(self.ranks)
         return data
 
 
-@dataclasses.dataclass(frozen=True)
-class AuditReport:
-    """Merged per-rank recordings and the hazards found in them."""
-
-    ranks: tuple[int, ...]
-    world_size: int | None
-    hazards: tuple[Hazard, ...]
-    summary: dict[str, Any]
-
-    @property
-    def ok(self) -> bool:
-        """True when no hazard was found."""
-        return not self.hazards
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (what ``commgroups audit --json`` prints)."""
-        return {"ranks": list(self.ranks), "world_size": self.world_size,
-                "ok": self.ok, "summary": self.summary,
-                "hazards": [h.to_dict() for h in self.hazards]}
-
-    def render(self) -> str:
-        """Readable text: per-group call counts, then each hazard."""
-        lines = [f"audit: {len(self.ranks)} rank file(s), world size {self.world_size}; "
-                 "calls per group, summed over ranks:"]
-        for name, group in sorted(self.summary["groups"].items(), key=lambda kv: _group_key(kv[0])):
-            roles = ",".join(group["roles"]) or "-"
-            tag = " (default group)" if group["default"] else ""
-            lines.append(f"  group {name}{tag} roles={roles} backend={group['backend']} "
-                         f"calls={group['calls']} blocking={group['blocking']} "
-                         f"async={group['async']}")
-        if self.ok:
-            lines.append("no hazards found")
-        else:
-            lines.append(f"{len(self.hazards)} hazard(s):")
-            for hazard in self.hazards:
-                ranks = _ranks_text(hazard.ranks)
-                lines.append(f"- [{hazard.severity}] {hazard.kind} on group {hazard.group} "
-                             f"(ranks {ranks}): {hazard.message}")
-        return "\n".join(lines)
-
-
-def _group_key(name: str) -> tuple[int, str]:
-    return (int(name), "") if name.isdigit() else (1 << 30, name)
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    ranks = sorted(ranks)
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}..{ranks[-1]}"
-    return ",".join(map(str, ranks))
-
-
-def _check_file(data: Any, source: str) -> dict[str, Any]:
-    if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
-        raise AuditFileError(
-            f"{source}: not a commgroups audit file (want format {FILE_FORMAT!r}); fix: point at "
-            "the directory COMMGROUPS_AUDIT_DIR named, holding only rank*.json files"
-        )
-    return data
-
-
-def load_dir(directory: str | Path) -> list[dict[str, Any]]:
-    """Read every ``rank*.json`` in ``directory``, sorted by rank."""
-    path = Path(directory)
-    if not path.is_dir():
-        raise AuditFileError(f"{path}: no such directory; fix: pass the COMMGROUPS_AUDIT_DIR of a run")
-    files = sorted(path.glob("rank*.json"))
-    if not files:
-        raise AuditFileError(
-            f"{path}: no rank*.json files; fix: run with COMMGROUPS_AUDIT_DIR={path} around a "
-            "cg.audit.from_env() block, or write files with Recorder.write()"
-        )
-    loaded = []
-    for file in files:
-        try:
-            data = json.loads(file.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise AuditFileError(f"{file}: cannot read it ({error}); fix: rerun that rank") from error
-        loaded.append(_check_file(data, str(file)))
-    seen: Counter[int] = Counter(int(d["rank"]) for d in loaded)
-    twice = sorted(r for r, n in seen.items() if n > 1)
-    if twice:
-        raise AuditFileError(f"{path}: ranks {twice} have more than one file; fix: use one "
-                             "directory per run")
-    return sorted(loaded, key=lambda d: int(d["rank"]))
-
-
-def merge_dir(directory: str | Path) -> AuditReport:
-    """Merge the per-rank files of one run and find their hazards."""
-    return merge(load_dir(directory))
-
-
-def merge(rank_data: Sequence[dict[str, Any]]) -> AuditReport:
-    """Merge per-rank dicts (``Recorder.to_dict()``) into an :class:`AuditReport`."""
-    for index, data in enumerate(rank_data):
-        _check_file(data, f"rank data #{index}")
-    groups: dict[str, dict[str, Any]] = {}
-    for data in rank_data:
-        for name, info in data["groups"].items():
-            entry = groups.setdefault(name, {"ranks": info["ranks"], "backend": info["backend"],
-                                             "default": info["default"], "roles": [],
-                                             "calls": 0, "blocking": 0, "async": 0})
-            entry["roles"] = sorted(set(entry["roles"]) | set(info["roles"]))
-        for rec in data["records"]:
-            entry = groups[rec["group"]]
-            entry["calls"] += 1
-            entry["blocking"] += rec["async_op"] is False
-            entry["async"] += rec["async_op"] is True
-    worlds = {d["world_size"] for d in rank_data if d.get("world_size") is not None}
-    return AuditReport(
-        ranks=tuple(int(d["rank"]) for d in rank_data),
-        world_size=max(worlds) if worlds else None,
-        hazards=tuple(find_hazards(rank_data)),
-        summary={"groups": groups},
-    )
-
-
 def find_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
-    """Every hazard in the given per-rank recordings (one rank's alone, or a whole run's)."""
-    hazards = _aliasing(rank_data) + _mixed_streams(rank_data)
+    """Every hazard in the given per-rank recordings, one rank's alone or a whole run's.
+
+    Args:
+        rank_data: per-rank dicts as :meth:`Recorder.to_dict` makes them (or as read from the
+            per-rank files).
+
+    Returns:
+        The aliasing and mixed-stream hazards of every rank (one hazard per kind and group, listing
+        every rank it was seen on), then, given two or more ranks, the first sequence mismatch of
+        each group.
+
+    Example::
+
+        # ranks 0..3 of cp == world built with plain DeviceMesh, read from their files
+        [h.kind for h in find_hazards(datas)]   # ['aliasing', 'mixed_streams']
+    """
+    hazards = aliasing_hazards(rank_data) + mixed_stream_hazards(rank_data)
     if len(rank_data) > 1:
-        hazards += _sequence_mismatches(rank_data)
+        hazards += sequence_mismatch_hazards(rank_data)
     return hazards
 
 
@@ -214,7 +122,22 @@ def _merge_by_key(found: Iterable[tuple[tuple[Any, ...], int, Hazard]]) -> list[
     return [dataclasses.replace(h, ranks=tuple(sorted(set(r)))) for h, r in merged.values()]
 
 
-def _aliasing(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
+def aliasing_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
+    """The ``aliasing`` rule: the default group doing a role's work.
+
+    Args:
+        rank_data: per-rank dicts (one or more ranks).
+
+    Returns:
+        One error per (default group, roles) for a role whose group is the default group, else one
+        per (default group, roles) when collectives ran on the default group while the roles own a
+        dedicated group over the same ranks; each lists the ranks it was seen on.
+
+    Example::
+
+        # ranks 0..3, cp == world on plain DeviceMesh: roles {"cp": "0"}, default group "0"
+        [(h.roles, h.ranks) for h in aliasing_hazards(datas)]   # [(('cp',), (0, 1, 2, 3))]
+    """
     found = []
     for data in rank_data:
         rank, default = int(data["rank"]), data["default_group"]
@@ -253,7 +176,23 @@ def _aliasing(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
     return _merge_by_key(found)
 
 
-def _mixed_streams(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
+def mixed_stream_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
+    """The ``mixed_streams`` rule: one communicator driven from two or more streams.
+
+    Args:
+        rank_data: per-rank dicts (one or more ranks).
+
+    Returns:
+        One hazard per group whose records execute on two or more streams with at least one
+        blocking call: an error on NCCL with CUDA tensors, a warning (latent) elsewhere.
+
+    Example::
+
+        # gloo; each rank ran one blocking all-gather (exec_stream "cpu") and FSDP2's async calls
+        # ("group:1") on group 1
+        [(h.severity, h.details["streams"]) for h in mixed_stream_hazards(datas)]
+        # [('warning', {'cpu': 1, 'group:1': 6})]
+    """
     found = []
     for data in rank_data:
         rank = int(data["rank"])
@@ -295,7 +234,7 @@ def _mixed_streams(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
 
 
 def _signature(rec: dict[str, Any]) -> tuple[Any, ...]:
-    shapes = tuple(map(tuple, rec["shapes"])) if rec["op"] in _UNIFORM_SHAPE_OPS else None
+    shapes = tuple(map(tuple, rec["shapes"])) if rec["op"] in UNIFORM_SHAPE_OPS else None
     return (rec["op"], tuple(sorted(set(rec["dtypes"]))), shapes)
 
 
@@ -305,7 +244,24 @@ def _describe(rec: dict[str, Any] | None) -> str:
     return f"{rec['op']} shapes={rec['shapes']} dtypes={rec['dtypes']} at {rec['caller']}"
 
 
-def _sequence_mismatches(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
+def sequence_mismatch_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
+    """The ``sequence_mismatch`` rule: members of one group issued different collectives.
+
+    Args:
+        rank_data: per-rank dicts of every rank whose calls should be compared (point-to-point ops
+            are left out).
+
+    Returns:
+        For each group with two or more of the given ranks as members, the first call index where
+        their (op, dtypes, shapes) differ or one rank has no call; ``shapes`` only counts for
+        :data:`UNIFORM_SHAPE_OPS`.
+
+    Example::
+
+        # rank 3 started recording one all_reduce late on cp's group 1
+        [h.details["calls_per_rank"] for h in sequence_mismatch_hazards(datas)]
+        # [{0: 2, 1: 2, 2: 2, 3: 1}]
+    """
     have = {int(d["rank"]): d for d in rank_data}
     members: dict[str, set[int]] = {}
     roles: dict[str, set[str]] = {}
@@ -315,7 +271,7 @@ def _sequence_mismatches(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
             members.setdefault(name, set()).update(r for r in ranks if r in have)
             roles.setdefault(name, set()).update(info["roles"])
     hazards = []
-    for group, ranks in sorted(members.items(), key=lambda kv: _group_key(kv[0])):
+    for group, ranks in sorted(members.items(), key=lambda kv: group_sort_key(kv[0])):
         sequences = {
             rank: [r for r in have[rank]["records"] if r["group"] == group and r["op"] not in P2P_OPS]
             for rank in sorted(ranks)
@@ -331,7 +287,7 @@ def _sequence_mismatches(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
             variants: dict[Any, list[int]] = {}
             for rank, signature in signatures.items():
                 variants.setdefault(signature, []).append(rank)
-            parts = [f"ranks {_ranks_text(rs)}: {_describe(at[rs[0]])}" for rs in variants.values()]
+            parts = [f"ranks {rank_span(rs)}: {_describe(at[rs[0]])}" for rs in variants.values()]
             counts = {rank: len(seq) for rank, seq in sequences.items()}
             message = (
                 f"call #{index + 1} on this group differs across ranks: " + "; ".join(parts)
