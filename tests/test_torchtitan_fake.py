@@ -54,6 +54,7 @@ def test_every_torchtitan_mesh_resolves(fake_world: Callable[..., None], name: s
             assert rank in dist.get_process_group_ranks(group)
             if mesh_name in registry.role_names:
                 assert group is registry.group(mesh_name)
+
         assert pd.spmd_meshes(), "no SPMD mesh"
         names = ["dp_replicate", "fsdp"] if backend == "partial_dtensor" else ["dp_shard", "cp"]
         names = [n for n in names if pd.get_optional_mesh(n) is not None]

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(
     reason="torchtitan is not installed (pip install 'commgroups[torchtitan]')",
 )
 
+SINGLE_RANK_BACKEND = "cg_single"
 TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 CONFIGS = {
     # name: (spmd_backend, dp_shard, cp)
@@ -94,6 +95,9 @@ def test_every_mesh_is_a_registry_group(scenario: tuple[str, dict[str, list[Any]
     for result in runs["registry"]:
         for mesh_name, facts in result.meshes.items():
             assert not facts.get("default"), (mesh_name, facts)
+            if facts["size"] == 1 and facts.get("group", True) is not None:
+                # A size-1 dim costs no communicator: the single-rank backend, exact and local.
+                assert facts["backend"] == SINGLE_RANK_BACKEND, (mesh_name, facts)
         assert all(result.notes["mesh_is_role_group"].values()), result.notes["mesh_is_role_group"]
         assert result.notes["fsdp_async_wait_modules"] > 0
         assert result.notes["registry_closed"]
@@ -117,6 +121,15 @@ def test_resume_and_checkpoints_cross_load(
         assert runs["registry_resume"][rank].losses == {s: uninterrupted[s] for s in (3, 4)}
         # stock resumed from commgroups' step-2 checkpoint.
         assert runs["stock_resume"][rank].losses == {s: uninterrupted[s] for s in (3, 4)}
+
+
+def test_audit_records_real_steps(scenario: tuple[str, dict[str, list[Any]], Path]) -> None:
+    """cg.audit.record over torchtitan steps (flex attention, CP, FSDP2, DCP load) raises nothing."""
+    _, runs, _ = scenario
+    for result in runs["registry_resume"]:
+        assert result.notes["audit_records"] > 10
+        assert result.notes["audit_on_default"] == 0
+        assert result.notes["audit_errors"] == []
 
 
 def test_checkpoints_bitwise_equal(scenario: tuple[str, dict[str, list[Any]], Path],

@@ -235,8 +235,13 @@ def train_rank(rank: int, world_size: int, post: Any, run: TitanRun) -> RankResu
 
             with cg.audit.record(trainer.registry) as recording:
                 trainer.train()
+            default_name = dist.distributed_c10d._get_default_group().group_name
             result.notes["audit_records"] = len(recording.records)
-            result.notes["audit_hazards"] = [h.kind for h in recording.hazards()]
+            result.notes["audit_ops"] = sorted({r.op for r in recording.records})
+            result.notes["audit_on_default"] = sum(r.group == default_name
+                                                   for r in recording.records)
+            result.notes["audit_errors"] = [h.message for h in recording.hazards()
+                                            if h.severity == "error"]
         else:
             marks.append(time.perf_counter())
             trainer.train()
