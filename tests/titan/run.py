@@ -46,7 +46,7 @@ class TitanRun:
     checkpoint_interval: int = 2
     seq_len: int = 512
     local_batch_size: int = 2
-    seed: int = 42
+    seed: int | None = 42
     extra: tuple[str, ...] = ()
     audit: bool = False
     step_times: bool = False
@@ -73,8 +73,9 @@ class TitanRun:
             "--training.disable_cuda_graphs",
             "--validator.no-enable",
             "--metrics.log_freq", "1",
-            "--debug.seed", str(self.seed),
         ]
+        if self.seed is not None:  # None: torchtitan agrees on rank 0's seed itself
+            args += ["--debug.seed", str(self.seed)]
         if self.checkpoint_interval:
             args += ["--checkpoint.enable", "--checkpoint.interval", str(self.checkpoint_interval)]
         return [*args, *self.extra]
