@@ -92,3 +92,14 @@ def test_disagreeing_layout_names_both_sides() -> None:
         resolve_layout(wrong_role, degrees)
     with pytest.raises(UnknownDimError, match="not a torchtitan dim"):
         resolve_layout(cg.Layout(dims={"cp": 2, "sp": 2}), degrees)
+
+
+def test_importing_commgroups_never_imports_torchtitan() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, commgroups, commgroups.integrations.torchtitan as t; "
+            "t.titan_layout(t.TitanDegrees(pp=1, dp_replicate=1, dp_shard=2, cp=2, tp=1, ep=1)); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torchtitan', 'tyro')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
