@@ -18,10 +18,12 @@ import torch
 
 from commgroups.local_world import run_local_world
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("torchtitan") is None,
-    reason="torchtitan is not installed (pip install 'commgroups[torchtitan]')",
-)
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
+                       reason="torchtitan is not installed (pip install 'commgroups[torchtitan]')"),
+    # A world trains four times (minutes on 2 shared cores); the worlds have their own deadline.
+    pytest.mark.timeout(1800),
+]
 
 SINGLE_RANK_BACKEND = "cg_single"
 TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])

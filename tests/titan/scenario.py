@@ -45,7 +45,8 @@ def scenario_rank(rank: int, world_size: int, post: Any, base: TitanRun) -> dict
     root = Path(base.dump_folder)
     runs = {
         name: dataclasses.replace(base, dump_folder=str(root / name),
-                                  registry=name.startswith("registry"))
+                                  registry=name.startswith("registry"),
+                                  audit=name == "registry_resume")
         for name in RUN_NAMES
     }
     results: dict[str, Any] = {}
