@@ -17,3 +17,15 @@ lint: setup
 
 bench: setup
 	$(PY) -m commgroups bench --quick --json out/bench.json --plot out
+
+# GPU check (benchmarks/README.md, "GPU check"). gpu-wheels needs the package index; gpu-check needs
+# no .venv (the GPU machine has none): without a CUDA device it says so and exits 0.
+.PHONY: gpu-wheels gpu-check gpu-smoke
+gpu-wheels: setup
+	@scripts/gpu-wheels
+
+gpu-check:
+	@scripts/gpu-check
+
+gpu-smoke: setup
+	@scripts/gpu-check --cpu-smoke

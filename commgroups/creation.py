@@ -165,11 +165,16 @@ def _local_blocker(adapter: BackendAdapter, context: CreationContext) -> str | N
     """Why member-only creation cannot be used (None: it can)."""
     if not adapter.supports_local_creation:
         return f"member-only creation hangs on backend {adapter.name}"
-    if context.device_bound:
-        # With a bound default group that can split (NCCL), torch makes non-members of every new
-        # group, whatever its backend, join an ncclCommSplit (perform_nocolor_split): skipping the
-        # call, as local creation does, hangs the members.
-        return "the default group is bound to a device: non-members must join torch's comm split"
+    if context.device_bound and adapter.supports_split:
+        # With a bound default group (NCCL), the members of a new NCCL group create it by
+        # ncclCommSplit of the default communicator, which every rank of it must join: torch makes
+        # non-members join with no color (perform_nocolor_split, c10d _new_process_group_helper,
+        # torch 2.10-2.15). Skipping the call, as member-only creation does, hangs the members.
+        # Groups of another backend (gloo) do not split, so member-only creation is safe for them,
+        # and it is the safe path: an all-ranks call would send their non-members, and not their
+        # members, into the split (pytorch#145376, fixed in 2.15).
+        return ("the default group is bound to a device: non-members must join torch's comm split "
+                f"of the {adapter.torch_backend} communicator")
     if context.torchcomms:
         return "TorchComms delegates new_group to split_group, which has no member-only mode"
     if context.default_backend == "mpi":

@@ -55,6 +55,22 @@ FSDP_DIMS = ("dp", "dp_shard", "cp")
 StrictSize = Annotated[int, Strict()]
 
 
+def _check_string_keys(obj: Any, path: str) -> None:
+    """Refuse mappings with non-string keys (YAML's ``? : 1``) before pydantic turns them into
+    keyword arguments, which raises a bare TypeError."""
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            if not isinstance(key, str):
+                raise errors.UnknownFieldError(
+                    f"{path}: key {key!r} is not a name; fix: use text keys such as 'dims'",
+                    field=path,
+                )
+            _check_string_keys(value, f"{path}.{key}")
+    elif isinstance(obj, list):
+        for index, item in enumerate(obj):
+            _check_string_keys(item, f"{path}[{index}]")
+
+
 class SpecModel(BaseModel):
     """Base of every spec: immutable, unknown fields rejected, errors turned into LayoutErrors."""
 
@@ -69,6 +85,7 @@ class SpecModel(BaseModel):
     @classmethod
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
         """Validate ``obj`` (a mapping) into this spec, raising a LayoutError on bad input."""
+        _check_string_keys(obj, cls.__name__)
         try:
             return super().model_validate(obj, *args, **kwargs)
         except ValidationError as error:

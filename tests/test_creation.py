@@ -281,7 +281,9 @@ def test_mock_nccl_split_decision(adapter: BackendAdapter) -> None:
     # irregular roles.
     assert choose_method("local", plan.role("cp"), adapter, BOUND_NCCL) == "all_ranks"
     assert choose_method("auto", plan.role("embed"), adapter, BOUND_NCCL) == "all_ranks"
-    assert choose_method("auto", plan.role("cp"), GlooAdapter(), BOUND_NCCL) == "all_ranks"
+    # gloo groups do not split from the bound NCCL communicator: member-only creation is the safe
+    # path (an all-ranks call sends only their non-members into torch's split: pytorch#145376)
+    assert choose_method("auto", plan.role("cp"), GlooAdapter(), BOUND_NCCL) == "local"
     for changed in (
         {"torch_version": (2, 7, 0)},  # device_id hang range
         {"default_backend": "cpu:gloo,cuda:nccl"},  # split would copy the gloo backend too

@@ -1,18 +1,17 @@
 """GPU only: where a collective runs, read from a CUDA profiler trace (1-rank NCCL group).
 
 A raw blocking collective (``async_op=False``) runs on the caller's current stream (torch >= 2.8);
-the async-and-wait one (``registry.collectives(role)``'s rule) runs on the group's own stream. No
-public API names a collective's stream, so the trace does: the stream of the GPU work each call
-launched, against the stream of a marker kernel launched just before on the current stream.
-Skips without CUDA or NCCL. Prints the trace figures (run with ``-s``).
+the async-and-wait one (``registry.collectives(role)``'s rule) runs on the group's own stream and
+the caller's stream waits for it. No public API names a collective's stream, so the trace does:
+each call is profiled on a side stream between two marker kernels and judged by the same analysis
+the GPU check uses (:mod:`commgroups.bench.gpu.trace`, :func:`~commgroups.bench.gpu.analysis.
+stream_verdict`). Skips without CUDA or NCCL. Prints the trace figures (run with ``-s``).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -28,83 +27,61 @@ if not torch.cuda.is_available():
 if not dist.is_nccl_available():
     pytest.skip("needs NCCL; this torch build has none", allow_module_level=True)
 
-GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+from commgroups.bench.gpu.analysis import ON_CALLER, WAITED, stream_verdict  # noqa: E402
+from commgroups.bench.gpu.streams import profile_call  # noqa: E402
+from commgroups.bench.gpu.trace import parse_trace  # noqa: E402
+from commgroups.bench.gpu.world import dedicated_group  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def nccl_group() -> Iterator[dist.ProcessGroup]:
-    """A real 1-rank NCCL world in this process and one dedicated group on it."""
+    """A real 1-rank NCCL world in this process and one dedicated NCCL group on it.
+
+    Not a registry role: the registry gives one-rank roles its single-rank backend (no
+    communicator); the streams under test are an NCCL communicator's.
+    """
     if dist.is_initialized():
         pytest.skip("another test left a default group initialized in this process")
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        yield dist.new_group([0], backend="nccl")
+        yield dedicated_group()
     finally:
         dist.destroy_process_group()
-
-
-def _gpu_events(trace: Path) -> list[dict[str, Any]]:
-    events = json.loads(trace.read_text())["traceEvents"]
-    gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES and "stream" in e.get("args", {})]
-    return sorted(gpu, key=lambda e: e["ts"])
-
-
-def _profile(call: Callable[[], None], tmp: Path, name: str) -> dict[str, Any]:
-    """Launch a marker kernel on a side stream, then ``call()`` there; return the trace's streams."""
-    side = torch.cuda.Stream()
-    marker = torch.ones(1 << 16, device="cuda")
-    torch.cuda.synchronize()
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        with torch.cuda.stream(side):
-            marker.mul_(3.0)  # a kernel on the current (side) stream
-            call()
-        torch.cuda.synchronize()
-    trace = tmp / f"{name}.json"
-    prof.export_chrome_trace(str(trace))
-    events = _gpu_events(trace)
-    marks = [e for e in events if "mul" in e["name"].lower() or "elementwise" in e["name"].lower()]
-    assert marks, f"{name}: no marker kernel in the trace: {[e['name'] for e in events]}"
-    current = marks[0]["args"]["stream"]
-    collective = [e for e in events if e["ts"] > marks[0]["ts"] and e is not marks[0]]
-    assert collective, f"{name}: the collective launched no GPU work: {[e['name'] for e in events]}"
-    return {
-        "current_stream": current,
-        "collective": [(e["name"][:60], e["args"]["stream"], round(float(e.get("dur", 0.0)), 2))
-                       for e in collective],
-        "streams": sorted({e["args"]["stream"] for e in collective}),
-    }
 
 
 def test_blocking_on_current_stream_async_wait_on_group_stream(
     nccl_group: dist.ProcessGroup, tmp_path: Path,
 ) -> None:
-    x = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+    group = nccl_group
+    x = torch.arange(1 << 24, dtype=torch.float32, device="cuda")
     out = torch.empty_like(x)  # out of place: a 1-rank NCCL group still moves bytes
-    collectives = cg.RoleCollectives(nccl_group, role="cp", async_and_wait=True)
+    marker = torch.ones(1 << 16, device="cuda")
+    collectives = cg.RoleCollectives(group, role="cp", async_and_wait=True)  # registry.collectives
     # warm up: the communicator is created lazily on first use
-    dist.all_gather_into_tensor(out, x, group=nccl_group)
+    dist.all_gather_into_tensor(out, x, group=group)
     collectives.all_gather_into_tensor(out, x)
     torch.cuda.synchronize()
 
-    raw = _profile(lambda: dist.all_gather_into_tensor(out, x, group=nccl_group), tmp_path, "raw")
-    safe = _profile(lambda: collectives.all_gather_into_tensor(out, x), tmp_path, "async_wait")
-    print(f"\nraw blocking all_gather: current stream {raw['current_stream']}, "
-          f"collective GPU work {raw['collective']}")
-    print(f"async-and-wait all_gather: current stream {safe['current_stream']}, "
-          f"collective GPU work {safe['collective']}")
-    assert raw["streams"] == [raw["current_stream"]], raw
-    assert safe["current_stream"] not in safe["streams"], safe
+    raw = stream_verdict("raw", parse_trace(profile_call(
+        lambda: dist.all_gather_into_tensor(out, x, group=group), marker, False, tmp_path, "raw")))
+    safe = stream_verdict("async_wait", parse_trace(profile_call(
+        lambda: collectives.all_gather_into_tensor(out, x), marker, False, tmp_path, "safe")))
+    print(f"\nraw blocking all_gather: {raw.to_dict()}")
+    print(f"async-and-wait all_gather: {safe.to_dict()}")
+    assert raw.verdict == ON_CALLER and raw.flagged, raw
+    assert safe.verdict == WAITED and not safe.flagged, safe
+    assert safe.caller_stream not in safe.collective_streams
     assert torch.equal(out, x)
 
 
 def test_audit_names_the_live_hazard(nccl_group: dist.ProcessGroup) -> None:
+    group = nccl_group
     x = torch.ones(1024, device="cuda")
     out = torch.empty_like(x)
-    with cg.audit.record({"cp": nccl_group}) as rec:
-        dist.all_gather_into_tensor(out, x, group=nccl_group)  # blocking: the caller's stream
-        dist.all_gather_into_tensor(out, x, group=nccl_group, async_op=True).wait()
+    with cg.audit.record({"cp": group}) as rec:
+        dist.all_gather_into_tensor(out, x, group=group)  # blocking: the caller's stream
+        dist.all_gather_into_tensor(out, x, group=group, async_op=True).wait()
     torch.cuda.synchronize()
     streams = [h for h in rec.hazards() if h.kind == "mixed_streams"]
     print(f"\naudit on NCCL: {[(r.op, r.async_op, r.stream, r.exec_stream) for r in rec.records]}")

@@ -88,3 +88,10 @@ def test_dim_order_is_part_of_equality() -> None:
     b = cg.Layout(dims={"cp": 2, "dp_shard": 2}, roles=roles)
     assert a != b
     assert cg.plan(a).fingerprint != cg.plan(b).fingerprint
+
+
+@pytest.mark.parametrize("text", ["?", "{? : 1}", "dims: {? : 2}", "roles: [{? : 2}]"])
+def test_yaml_keys_that_are_not_names_raise_a_layout_error(text: str) -> None:
+    # YAML's complex/null keys once reached pydantic as keyword arguments: a bare TypeError.
+    with pytest.raises(cg.errors.UnknownFieldError, match="is not a name"):
+        cg.parse_layout(text, ".yaml")

@@ -211,6 +211,12 @@ def _own_gloo_group(rank: int, world: int) -> dist.ProcessGroup:
     return mine
 
 
+def _settle() -> None:
+    # A world function with no collective on the default group can let a fast rank exit while a
+    # slow one is still connecting gloo's full mesh in init_process_group ("closed by peer").
+    dist.barrier()
+
+
 def _errors(fn: Callable[[], Any]) -> str | None:
     try:
         fn()
@@ -344,6 +350,8 @@ def _recreate_after_destroying_an_older_group(rank: int, world: int) -> str:
         third = new_single_rank_group(group_desc="third")
     except ValueError as error:  # torch <= 2.13 salts member-only names with the live-group count
         return str(error)
+    finally:
+        _settle()
     names = {second.group_name, third.group_name}
     return "distinct" if len(names) == 2 else "same name"
 
@@ -365,6 +373,7 @@ def _bound_default(rank: int, world: int) -> dict[str, Any]:
         default.bound_device_id = None
     t = _x(rank)
     dist.all_reduce(t, group=group)
+    _settle()
     return torch.equal(t, _x(rank))
 
 
@@ -503,6 +512,7 @@ def _lifecycle(rank: int, world: int) -> dict[str, Any]:
         dist.destroy_process_group(group)
         del group
     gc.collect()
+    _settle()
     world_state = c10d._world
     return {
         "alive": sum(ref() is not None for ref in refs),
@@ -566,6 +576,8 @@ def _wrong_size(rank: int, world: int) -> str:
         dist.new_group(list(range(world)), backend=ensure_registered())
     except ValueError as error:
         return str(error)
+    finally:
+        _settle()
     return "no error"
 
 

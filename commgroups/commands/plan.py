@@ -7,9 +7,12 @@ import json
 from typing import Any
 
 from commgroups.layout_io import load_layout
-from commgroups.memory import DEVICE_BACKENDS, estimate_memory
+from commgroups.memory import DEVICE_BACKENDS, MeasuredMemory, estimate_memory, load_measured
 from commgroups.plan import Plan
 from commgroups.text_table import format_ranks, format_table
+
+DEFAULT_MEASURED = "benchmarks/results/gpu/memory.json"
+"""Where a committed GPU check leaves its measured communicator memory (repository root)."""
 
 
 def register(subparsers: Any) -> None:
@@ -24,6 +27,9 @@ def register(subparsers: Any) -> None:
                         help="list at most this many groups per role (default 8)")
     parser.add_argument("--device", choices=DEVICE_BACKENDS, default="nccl",
                         help="what backend='device' roles are for the memory estimate (default nccl)")
+    parser.add_argument("--measured", nargs="?", const=DEFAULT_MEASURED, metavar="MEMORY_JSON",
+                        help="use a GPU check's measured per-communicator memory where it differs "
+                        f"from the estimates (no path: {DEFAULT_MEASURED})")
     parser.set_defaults(run=run)
 
 
@@ -32,8 +38,14 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan(load_layout(args.layout))
     if not 0 <= args.rank < plan.world_size:
         raise SystemExit(f"commgroups plan: --rank must be in 0..{plan.world_size - 1}")
+    measured: MeasuredMemory | None = None
+    if args.measured is not None:
+        try:
+            measured = load_measured(args.measured)
+        except ValueError as error:
+            raise SystemExit(f"commgroups plan: --measured: {error}") from error
     summary = plan.to_dict(rank=args.rank, max_groups=args.max_groups)
-    memory = estimate_memory(plan.layout, args.rank, device_backend=args.device)
+    memory = estimate_memory(plan.layout, args.rank, device_backend=args.device, measured=measured)
     if args.json:
         summary["memory"] = memory.to_dict()
         print(json.dumps(summary, indent=2))

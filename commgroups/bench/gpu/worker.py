@@ -1,0 +1,76 @@
+"""One part of the GPU check in its own process: ``python -m commgroups.bench.gpu.worker PART``.
+
+The orchestrator runs every part this way so that a hang (an NCCL call that never returns) or a
+crash costs that part alone: it is killed at its timeout and the others still report. The part's
+answer goes to ``--result`` as ``{"part", "data", "error", "seconds"}``; the exit code is 0 when the
+part ran (its data may still hold per-case errors) and 1 when it raised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PARTS", "main", "run_part"]
+
+PARTS: tuple[str, ...] = ("machine", "streams", "async_wait_cost", "memory", "creation")
+
+
+def run_part(part: str, *, smoke: bool, trial: str | None = None,
+             methods: Sequence[str] | None = None) -> dict[str, Any]:
+    """Collect one part in this process and return its data (raises on failure)."""
+    if part == "machine":
+        from commgroups.bench.gpu.machine import machine_info
+
+        return machine_info()
+    if part == "streams":
+        from commgroups.bench.gpu.streams import collect_streams
+
+        return collect_streams(smoke)
+    if part == "async_wait_cost":
+        from commgroups.bench.gpu.async_wait_cost import collect_async_wait_cost
+
+        return collect_async_wait_cost(smoke)
+    if part == "memory":
+        from commgroups.bench.gpu.memory_probe import collect_memory_trial
+
+        if trial is None:
+            raise ValueError("the memory part needs --trial NAME")
+        return collect_memory_trial(trial, smoke)
+    if part == "creation":
+        from commgroups.bench.gpu.creation_time import METHODS, collect_creation
+
+        return collect_creation(smoke, tuple(methods) if methods else METHODS)
+    raise ValueError(f"unknown part {part!r}; one of {', '.join(PARTS)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one part and write its result file."""
+    parser = argparse.ArgumentParser(prog="python -m commgroups.bench.gpu.worker")
+    parser.add_argument("part", choices=PARTS)
+    parser.add_argument("--result", required=True, help="where to write the part's JSON")
+    parser.add_argument("--smoke", action="store_true", help="gloo on the CPU, no GPU figures")
+    parser.add_argument("--trial", help="memory trial name")
+    parser.add_argument("--methods", help="creation methods, separated by commas")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    result: dict[str, Any] = {"part": args.part, "data": None, "error": None}
+    try:
+        methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
+        result["data"] = run_part(args.part, smoke=args.smoke, trial=args.trial, methods=methods)
+    except Exception as error:  # the answer says what failed; the orchestrator carries on
+        traceback.print_exc()
+        result["error"] = f"{type(error).__name__}: {error}"
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    Path(args.result).write_text(json.dumps(result, default=str))
+    return 0 if result["error"] is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The GPU check's analysis on a recorded sample (tests/data/gpu): no GPU, no torch needed.
+
+The sample is hand-made in Kineto's Chrome-trace shape (kernels and copies with ``args.stream`` and
+``correlation``, CUDA runtime/driver launches, ``cuda_sync`` Stream Wait Events, the ``cg:*``
+record_function ranges) with NCCL work on two streams, plus a measurement file of every part.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from commgroups.bench.gpu.analysis import (
+    NOT_WAITED,
+    ON_CALLER,
+    WAITED,
+    analyze,
+    stream_verdict,
+)
+from commgroups.bench.gpu.outputs import MEMORY, REPORT_MD, REPORT_PNG, write_derived
+from commgroups.bench.gpu.trace import OUTSIDE, parse_trace, trim_trace
+from commgroups.memory import load_measured
+
+DATA = Path(__file__).parent / "data" / "gpu"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sample() -> tuple[dict[str, Any], dict[str, Any]]:
+    measurements = json.loads((DATA / "measurements.json").read_text())
+    traces = json.loads((DATA / "traces.json").read_text())
+    return measurements, traces
+
+
+def test_trace_streams_and_phases(sample: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    parsed = parse_trace(sample[1]["role_collectives"])
+    call = parsed.in_phase("cg:call", collective=True)
+    assert [(e.short_name, e.stream) for e in call] == [("ncclDevKernel_AllGather_RING_LL", 24)]
+    assert [e.stream for e in parsed.in_phase("cg:before")] == [20]
+    assert [e.stream for e in parsed.in_phase("cg:after")] == [20]
+    assert parsed.sync_events_recorded
+    assert {(w.stream, w.wait_on_stream, w.phase) for w in parsed.waits} == {
+        (24, 20, "cg:call"), (20, 24, "cg:call")}
+    # A one-rank NCCL all-gather is a plain copy: collective because a comm op launched it.
+    blocking = parse_trace(sample[1]["raw_blocking"]).in_phase("cg:call")
+    assert [(e.category, e.collective, e.stream) for e in blocking] == [("gpu_memcpy", True, 20)]
+    late = [w for w in parse_trace(sample[1]["raw_async_no_wait"]).waits if w.stream == 20]
+    assert [w.phase for w in late] == [OUTSIDE]
+
+
+def test_blocking_flagged_async_and_wait_not(sample: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    traces = sample[1]
+    blocking = stream_verdict("raw_blocking", parse_trace(traces["raw_blocking"]), ON_CALLER)
+    assert blocking.verdict == ON_CALLER and blocking.flagged and blocking.as_expected
+    assert blocking.on_caller_stream and blocking.collective_streams == (20,)
+    waited = stream_verdict("role_collectives", parse_trace(traces["role_collectives"]))
+    assert waited.verdict == WAITED and not waited.flagged
+    assert waited.caller_stream == 20 and waited.collective_streams == (24,)
+    assert waited.wait_event is True and waited.ordered_after is True
+    control = stream_verdict("raw_async_no_wait", parse_trace(traces["raw_async_no_wait"]))
+    assert control.verdict == NOT_WAITED and control.flagged
+    assert control.wait_event is False and control.ordered_after is False
+    inferred = stream_verdict("async_wait_dist", parse_trace(traces["async_wait_dist"]))
+    assert inferred.verdict == WAITED and inferred.wait_event is None
+    assert "inferred" in inferred.note
+
+
+def test_a_blocking_call_on_the_callers_stream_is_flagged_whatever_its_name() -> None:
+    """No NCCL in any name, no launch records: order alone still finds the unfenced call."""
+    events = [{"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": 5.0,
+               "args": {"stream": 7, "correlation": corr}}
+              for name, ts, corr in (("marker", 0.0, 1), ("copy", 10.0, 2), ("marker2", 20.0, 3))]
+    events[1]["name"] = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    verdict = stream_verdict("x", parse_trace({"traceEvents": events}))
+    assert verdict.verdict == ON_CALLER and verdict.flagged
+
+
+def test_trim_keeps_what_the_analysis_reads(sample: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    for trace in sample[1].values():
+        trimmed = trim_trace(trace)
+        assert parse_trace(trimmed) == parse_trace(trace)
+        assert all(e["cat"] != "python_function" for e in trimmed["traceEvents"])
+
+
+def test_analysis_of_the_sample(sample: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    analysis = analyze(*sample)
+    assert analysis.headline["streams_flagged"] == ["raw_blocking", "raw_async_no_wait"]
+    assert analysis.headline["streams_unexpected"] == ["functional_all_gather"]
+    small = next(r for r in analysis.async_wait_cost if r["bytes"] == 4)
+    assert small["collectives_ratio"]["median"] == pytest.approx(14.0 / 9.8)
+    assert small["manual_ratio"]["median"] == pytest.approx(12.1 / 9.8)
+    figures = {f["case"]: f["mb"] for f in analysis.memory_figures}
+    assert figures == {"fresh": pytest.approx(639.6, abs=0.1), "split": pytest.approx(138.4, abs=0.1),
+                       "split_share": pytest.approx(6.3, abs=0.1)}
+    split = next(r for r in analysis.creation if r["method"] == "split_group")
+    assert split["ratio_vs_new_group_all_ranks"] == pytest.approx(0.41 / 0.80)
+    assert any("new_group local: timed out" in e for e in analysis.errors)
+    assert any("functional_all_gather" in e for e in analysis.errors)
+
+
+def test_report_and_measured_memory_written(
+    sample: tuple[dict[str, Any], dict[str, Any]], tmp_path: Path
+) -> None:
+    written = write_derived(tmp_path, *sample)
+    assert {p.name for p in written} >= {REPORT_MD, MEMORY, REPORT_PNG, "analysis.json"}
+    report = (tmp_path / REPORT_MD).read_text()
+    rows = {line.split(" | ")[0].strip("| "): line for line in report.splitlines()
+            if line.startswith("| ")}
+    assert "**unfenced-on-caller-stream** (flagged)" in rows["raw_blocking"]
+    assert "(flagged)" not in rows["role_collectives"]
+    assert "NVIDIA H200" in report and "nccl 2.27.7" in report
+    assert (tmp_path / REPORT_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    measured = load_measured(tmp_path / MEMORY)
+    assert measured.lookup("nccl", "split", 1) is not None
+    assert "NVIDIA H200" in measured.source and "nccl 2.27.7" in measured.source
+
+
+def test_analysis_imports_no_torch(tmp_path: Path) -> None:
+    """Re-analysing committed results needs no torch: run it with torch made unimportable.
+
+    commgroups/__init__ imports torch (the registry), so the packages are stood in for by bare
+    namespace modules: what is checked is every module the analysis itself pulls in.
+    """
+    for name in ("measurements.json", "traces.json"):
+        (tmp_path / name).write_text((DATA / name).read_text())
+    code = textwrap.dedent("""
+        import sys, types
+        sys.modules["torch"] = None  # any import of torch now raises ImportError
+        for name in ("commgroups", "commgroups.bench", "commgroups.bench.gpu"):
+            module = types.ModuleType(name)
+            module.__path__ = [name.replace(".", "/")]
+            sys.modules[name] = module
+        from commgroups.bench.gpu.outputs import load_and_write
+        print(sorted(p.name for p in load_and_write(sys.argv[1])))
+    """)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "report.md" in out.stdout and "memory.json" in out.stdout

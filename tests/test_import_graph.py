@@ -1,0 +1,118 @@
+"""No import cycle among commgroups' modules, counting imports inside functions (not TYPE_CHECKING).
+
+``from commgroups.x import y`` is an edge to ``commgroups.x`` (or to ``commgroups.x.y`` when that is a
+module); ``import commgroups`` / ``from commgroups import name`` is an edge to the package itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for base, package in ((ROOT / "commgroups", "commgroups"), (ROOT / "backends", "commgroups.backends")):
+        for path in base.rglob("*.py"):
+            relative = path.relative_to(base).with_suffix("")
+            if relative.parts[0] == "backends" and package == "commgroups":
+                continue  # the symlink to ../backends, scanned as commgroups.backends
+            parts = [package, *relative.parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(module: str, path: Path, known: set[str]) -> set[str]:
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    edges: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            edges.update(alias.name for alias in node.names if alias.name in known)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                if f"{target}.{alias.name}" in known:
+                    edges.add(f"{target}.{alias.name}")
+                elif target in known:
+                    edges.add(target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    edges.discard(module)
+    return edges
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                connect(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            connect(node)
+    return found
+
+
+def test_no_import_cycle_among_commgroups_modules() -> None:
+    modules = _modules()
+    known = set(modules)
+    graph = {name: _imports(name, path, known) for name, path in modules.items()}
+    assert _cycles(graph) == []
+
+
+def test_the_scan_sees_function_level_imports() -> None:
+    # A guard on the guard: registry imports collectives inside a function (lazily).
+    modules = _modules()
+    edges = _imports("commgroups.registry", modules["commgroups.registry"], set(modules))
+    assert "commgroups.collectives" in edges
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
