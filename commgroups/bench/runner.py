@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from commgroups.bench import async_wait_cost, checkpoint, creation, memory, planning
+from commgroups.bench import torchtitan as titan
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import NullProgress, Progress
 from commgroups.bench.stats import Table
@@ -117,7 +118,10 @@ def expected_units(config: BenchConfig) -> int:
     """How many progress units a run of ``config`` reports (the bar's total, known up front)."""
     per_gloo_world = config.creation_repetitions + len(config.metadata_items)
     first_world = len(config.async_and_wait_ops) * len(config.async_and_wait_sizes) + config.dcp_repetitions
-    return (len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
+    titan_units = 0
+    if config.titan_repetitions and titan.available() is None:
+        titan_units = config.titan_repetitions + config.titan_fake_repetitions * len(titan.FAKE_LAYOUTS)
+    return (titan_units + len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
             + len(config.fake_worlds) * config.fake_repetitions
             + len(config.gloo_worlds) * per_gloo_world + first_world)
 
@@ -167,6 +171,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
             logger.info("gloo world of %d: %s", world, ", ".join(sections))
             gloo[world] = run_world(gloo_job, world, config, sections, directory,
                                     timeout_s=config.timeout_s, progress=bar)[0]
+        titan_tables, titan_summary = titan.run(config, bar, directory)
     creation_results += [gloo[w]["creation"] for w in config.gloo_worlds]
 
     creation_table, creation_summary = creation.tables(creation_results)
@@ -175,9 +180,9 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
         [gloo[smallest]["dcp"]], [gloo[w]["exchange"] for w in config.gloo_worlds]
     )
     result.tables = [creation_table, planning_table, async_and_wait_table, *checkpoint_tables,
-                     memory_table]
+                     memory_table, *titan_tables]
     for part in (creation_summary, planning_summary, async_and_wait_summary, checkpoint_summary,
-                 memory_summary):
+                 memory_summary, titan_summary):
         result.summary.update(part)
     result.duration_s = time.perf_counter() - started
     return result

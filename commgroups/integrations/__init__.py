@@ -6,19 +6,20 @@ imports its third-party library lazily, so ``import commgroups`` never needs spm
 - :mod:`commgroups.integrations.fsdp`: ``fully_shard_on_role(module, registry)``.
 - :mod:`commgroups.integrations.spmd`: ``activate(registry, mesh_dims=[...])``.
 - :mod:`commgroups.integrations.dcp`: ``save``, ``load`` and ``async_save`` with ``registry=``.
+- :mod:`commgroups.integrations.torchtitan`: ``with_registry(config)`` for torchtitan's trainer.
 """
 
 from __future__ import annotations
 
 from commgroups.integrations.common import MissingRoleError
 
-__all__ = ["MissingRoleError", "dcp", "fsdp", "spmd"]
+__all__ = ["MissingRoleError", "dcp", "fsdp", "spmd", "torchtitan"]
 
 
 def __getattr__(name: str) -> object:
     # Submodules load on first use: `cg.integrations.spmd` must not import spmd_types (or DCP) for
     # users who never touch them.
-    if name in ("dcp", "fsdp", "spmd"):
+    if name in ("dcp", "fsdp", "spmd", "torchtitan"):
         import importlib
 
         return importlib.import_module(f"commgroups.integrations.{name}")

@@ -1,0 +1,271 @@
+"""torchtitan through commgroups vs stock torchtitan: step time, communicators, mesh building.
+
+Three measurements (skipped, with a note, when torchtitan is not installed, or when the source
+tree's CPU support ``tests/titan`` is not importable: torchtitan targets accelerators and needs
+process-local CPU patches that the package does not ship):
+
+- step time: torchtitan's llama3 debug model, cp=4 on a 4-rank gloo world (spmd_types on torch >=
+  2.14, else partial_dtensor), through commgroups and stock, interleaved trainings; per training
+  the median step time (step 1, the warm-up, left out); the ratio is per pair of trainings.
+- communicators per rank and mesh building: one process plays rank 0 of a fake 65,536-rank world
+  (pp=8 x dp_shard=512 x cp=4 x tp=4, and one with ep=8 over dp_replicate=2): stock
+  ``ParallelDims.build_mesh()`` vs ``GroupRegistry(...).create()`` + ``RegistryParallelDims
+  .build_mesh()``; creation calls this rank makes; communicators a real job would open on this rank
+  (groups of more than one rank on a real backend) and meshes that alias the default group.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commgroups.bench.config import BenchConfig
+from commgroups.bench.progress import Progress
+from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
+
+__all__ = ["FAKE_LAYOUTS", "available", "measure_meshes", "measure_steps", "run", "tables"]
+
+FAKE_LAYOUTS: dict[str, tuple[int, int, int, int, int, int]] = {
+    # name: (pp, dp_replicate, dp_shard, cp, tp, ep); 65,536 ranks each
+    "dense pp8 dp512 cp4 tp4": (8, 1, 512, 4, 4, 1),
+    "moe pp8 dr2 dp256 cp4 tp4 ep8": (8, 2, 256, 4, 4, 8),
+}
+VARIANTS = ("commgroups", "stock")
+
+
+def available() -> str | None:
+    """None when the scenario can run here, else why not."""
+    if importlib.util.find_spec("torchtitan") is None:
+        return "torchtitan is not installed (pip install 'commgroups[torchtitan]')"
+    try:
+        importlib.util.find_spec("tests.titan.cpu")
+    except (ImportError, ValueError):
+        return "needs the source tree's tests/titan (torchtitan's CPU patches)"
+    if importlib.util.find_spec("tests.titan.cpu") is None:
+        return "needs the source tree's tests/titan (torchtitan's CPU patches)"
+    return None
+
+
+def _spmd_backend() -> str:
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    return "spmd_types" if version >= (2, 14) else "partial_dtensor"
+
+
+# ------------------------------------------------------------------------------------- step time
+def measure_steps(rank: int, world_size: int, progress: Progress, config: BenchConfig,
+                  directory: str) -> dict[str, Any] | None:
+    """Interleaved trainings on this gloo world; rank 0 returns step times per variant."""
+    from commgroups.agreement import store_barrier
+    from tests.titan.assets import make_assets
+    from tests.titan.run import TitanRun, train_rank
+
+    assets = f"{directory}/assets"
+    if rank == 0:
+        make_assets(Path(assets))
+    store = dist.distributed_c10d._get_default_store()
+    store_barrier(store, "bench/titan/assets", rank, world_size, timedelta(seconds=300), "assets")
+    steps: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    progress.describe("torchtitan step time")
+    for repetition in range(config.titan_repetitions):
+        for variant in interleaved(VARIANTS, repetition):
+            run = TitanRun(dump_folder=f"{directory}/titan-{variant}-{repetition}", assets=assets,
+                           registry=variant == "commgroups", cp=world_size,
+                           spmd_backend=_spmd_backend(), steps=config.titan_steps,
+                           checkpoint_interval=0, step_times=True)
+            result = train_rank(rank, world_size, None, run)
+            times = result.notes["step_seconds"][1:]  # step 1 compiles and warms caches
+            steps[variant].append(float(summarize(times).median))
+        progress.advance()
+    return {"steps": steps, "backend": _spmd_backend(), "world": world_size} if rank == 0 else None
+
+
+# ------------------------------------------------------------------------ meshes at fake scale
+@contextmanager
+def _noting_new_groups() -> Iterator[list[tuple[Any, Any]]]:
+    """Every ``new_group`` call this process makes in the block: (backend asked for, group).
+
+    device_mesh and commgroups hold their own reference to ``new_group``: every loaded module
+    attribute that is the original is swapped for the noting wrapper and restored afterwards.
+    """
+    calls: list[tuple[Any, Any]] = []
+    original = dist.distributed_c10d.new_group
+
+    def noting(*args: Any, **kwargs: Any) -> Any:
+        group = original(*args, **kwargs)
+        calls.append((kwargs.get("backend"), group))
+        return group
+
+    patched = [module for name, module in list(sys.modules.items())
+               if module is not None and name.startswith(("torch.distributed", "commgroups"))
+               and getattr(module, "new_group", None) is original]
+    for module in patched:
+        setattr(module, "new_group", noting)  # noqa: B010  (a module attribute, not a field)
+    try:
+        yield calls
+    finally:
+        for module in patched:
+            setattr(module, "new_group", original)  # noqa: B010
+
+
+def _communicators(calls: list[tuple[Any, Any]], gloo_groups: tuple[Any, ...] = ()) -> tuple[int, int]:
+    """(device, gloo) communicators this rank opens: member groups of > 1 rank, not fake."""
+    device = gloo = 0
+    for backend, group in calls:
+        if group is None or group == dist.GroupMember.NON_GROUP_MEMBER:
+            continue
+        if len(dist.get_process_group_ranks(group)) < 2:
+            continue
+        if any(group is g for g in gloo_groups) or backend == "gloo":
+            gloo += 1
+        elif backend != "fake":
+            device += 1
+    return device, gloo
+
+
+def measure_meshes(rank: int, world_size: int, progress: Progress,
+                   config: BenchConfig) -> dict[str, Any]:
+    """Rank 0 of a fake world: stock build_mesh vs registry meshes, per layout, interleaved."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers backend "fake"
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from tests.titan.cpu import apply_cpu_patches
+
+    apply_cpu_patches()  # torchtitan picks its device type when imported
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    from commgroups.integrations.torchtitan import TitanDegrees, titan_layout
+    from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
+    from commgroups.registry import GroupRegistry
+    from commgroups.specs import CHECKPOINT_ROLE
+
+    backend = _spmd_backend()
+    out: dict[str, Any] = {}
+    progress.describe(f"torchtitan meshes, fake x{world_size}")
+    for name, (pp, dr, ds, cp, tp, ep) in FAKE_LAYOUTS.items():
+        degrees = TitanDegrees(pp=pp, dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp, ep=ep,
+                               spmd_backend=backend)
+        layout = titan_layout(degrees)
+        samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        facts: dict[str, dict[str, Any]] = {}
+        for repetition in range(config.titan_fake_repetitions):
+            for variant in interleaved(VARIANTS, repetition):
+                dist.init_process_group("fake", store=FakeStore(), rank=rank,
+                                        world_size=world_size)
+                default = dist.distributed_c10d._get_default_group()
+                registry = None
+                try:
+                    with _noting_new_groups() as calls:
+                        started = time.perf_counter()
+                        if variant == "stock":
+                            pd: Any = ParallelDims(dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp,
+                                                   pp=pp, ep=ep, world_size=world_size,
+                                                   spmd_backend=backend)
+                        else:
+                            registry = GroupRegistry(layout).create()
+                            pd = RegistryParallelDims(dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp,
+                                                      pp=pp, ep=ep, world_size=world_size,
+                                                      spmd_backend=backend, registry=registry)
+                        pd.build_mesh()
+                        samples[variant].append(time.perf_counter() - started)
+                    if registry is not None:
+                        # Under a fake world the registry makes fake groups; a real job opens the
+                        # device backend for every role but the gloo checkpoint one.
+                        calls = [(None, g) for _, g in calls]
+                        gloo_groups: tuple[Any, ...] = (registry.group(CHECKPOINT_ROLE),)
+                    else:
+                        gloo_groups = ()
+                    device, gloo = _communicators(calls, gloo_groups)
+                    aliases = 0
+                    for one in pd._single_axis_meshes.values():
+                        try:
+                            group = one.get_group()
+                        except (RuntimeError, IndexError, AttributeError, AssertionError):
+                            continue
+                        aliases += int(group is default and one.size() > 1)
+                    facts[variant] = {"calls": len(calls), "device": device, "gloo": gloo,
+                                      "aliases": aliases}
+                finally:
+                    if registry is not None:
+                        registry.close()
+                    dist.destroy_process_group()
+            progress.advance()
+        out[name] = {"samples": samples, "facts": facts}
+    return out
+
+
+# ------------------------------------------------------------------------------------- report
+def tables(steps: dict[str, Any] | None, meshes: dict[str, Any] | None, world: int,
+           reason: str | None = None) -> tuple[list[Table], dict[str, Any]]:
+    """The torchtitan tables and summary figures."""
+    step_table = Table("torchtitan_steps", "torchtitan step time: through commgroups vs stock",
+                       ["model", "world", "spmd backend", "variant", "step s",
+                        "ratio vs stock"])
+    mesh_table = Table(
+        "torchtitan_meshes",
+        f"torchtitan meshes at {world:,} fake ranks: registry vs stock ParallelDims.build_mesh",
+        ["layout", "variant", "time ms", "creation calls / rank", "device communicators / rank",
+         "gloo communicators / rank", "meshes on the default group", "ratio vs stock"])
+    summary: dict[str, Any] = {}
+    if reason is not None:
+        step_table.notes.append(f"not run: {reason}")
+        mesh_table.notes.append(f"not run: {reason}")
+        return [step_table, mesh_table], summary
+    if steps is not None:
+        base = steps["steps"]["stock"]
+        for variant in VARIANTS:
+            times = steps["steps"][variant]
+            ratio = summarize(paired_ratios(times, base))
+            step_table.add("llama3 debug cp=4", steps["world"], steps["backend"], variant,
+                           summarize(times), ratio)
+        ratio = summarize(paired_ratios(steps["steps"]["commgroups"], base))
+        summary["torchtitan_step_ratio"] = ratio.median
+        summary["torchtitan_step_ratio_spread"] = ratio.to_dict()
+        step_table.notes += [
+            "step s: per training the median step time (step 1 left out), median [p25-p75] over "
+            "trainings; ratio: per interleaved pair commgroups / stock (floor: <= 1.02 on CPU)",
+        ]
+    if meshes is not None:
+        for name, measured in meshes.items():
+            base = measured["samples"]["stock"]
+            for variant in VARIANTS:
+                times = measured["samples"][variant]
+                facts = measured["facts"][variant]
+                mesh_table.add(name, variant, summarize(times).scaled(1e3), facts["calls"],
+                               facts["device"], facts["gloo"], facts["aliases"],
+                               summarize(paired_ratios(times, base)))
+            if name == next(iter(meshes)):
+                ratio = summarize(paired_ratios(measured["samples"]["commgroups"], base))
+                summary["torchtitan_mesh_ratio_vs_stock"] = ratio.median
+        mesh_table.notes += [
+            "commgroups = GroupRegistry(titan_layout).create() + RegistryParallelDims.build_mesh(); "
+            "stock = ParallelDims.build_mesh() (init_device_mesh + _unflatten, fake backend for "
+            "size-1 dims); floor: ratio <= 1.0",
+            "communicators: groups of > 1 rank this rank would open on a real job (stock's world "
+            "mesh is the default group: counted under 'meshes on the default group', not as new)",
+        ]
+    return [step_table, mesh_table], summary
+
+
+def run(config: BenchConfig, progress: Progress, directory: str) -> tuple[list[Table],
+                                                                         dict[str, Any]]:
+    """Both measurements (each in its own world) and their tables."""
+    from commgroups.bench.world import run_world
+
+    reason = available()
+    if reason is not None or config.titan_repetitions == 0:
+        return tables(None, None, config.titan_fake_world,
+                      reason or "disabled in this configuration")
+    meshes = run_world(measure_meshes, config.titan_fake_world, config, backend="fake",
+                       timeout_s=config.timeout_s, progress=progress)[0]
+    steps = run_world(measure_steps, 4, config, directory, timeout_s=config.timeout_s * 2,
+                      progress=progress)[0]
+    return tables(steps, meshes, config.titan_fake_world)

@@ -1,0 +1,150 @@
+"""torchtitan's ``ParallelDims`` with every mesh built from a GroupRegistry's dedicated groups.
+
+Stock ``ParallelDims.build_mesh()`` makes a world mesh with ``init_device_mesh`` and unflattens views
+of it; a view dim that spans the world (cp when cp == world size, fsdp over dp_shard x cp, the loss
+flatten) is then the *default* group. :class:`RegistryParallelDims` keeps torchtitan's names, sizes and
+lookups (``get_mesh``, ``get_optional_mesh``, ``spmd_meshes`` ...) and only replaces where the meshes
+come from: ``registry.device_mesh([...])`` over roles and dims, so every name torchtitan asks for is a
+registry group, never the default group. Flattening a registry mesh (FSDP2's
+``mesh["dp_shard", "cp"]._flatten("dp_shard_cp")``) returns the fsdp role's group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch.distributed.device_mesh import DeviceMesh
+from torchtitan.distributed.parallel_dims import ParallelDims
+
+if TYPE_CHECKING:
+    from commgroups.registry import GroupRegistry
+
+__all__ = ["RegistryParallelDims", "placeholder_mesh"]
+
+DENSE = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def placeholder_mesh(shape: tuple[int, ...], names: tuple[str, ...], device: str) -> DeviceMesh:
+    """A DeviceMesh with torchtitan's shape and names but no process group at all.
+
+    torchtitan keeps meshes it never communicates on (the MoE ``efsdp``/``ep`` view when ep == 1)
+    only for their sizes, on torch's fake backend. Here they get no group: a collective on one raises
+    instead of running anywhere. The mesh holds this rank's block of the world, row-major.
+
+    PRIVATE-TORCH: DeviceMesh(..., _init_backend=False) and DeviceMesh._dim_group_names,
+    checked on torch 2.13, 2.14 and 2.15.
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    size = 1
+    for s in shape:
+        size *= s
+    first = rank - rank % size
+    mesh = torch.arange(first, first + size, dtype=torch.int).reshape(shape)
+    placeholder = DeviceMesh(device, mesh, mesh_dim_names=names, _init_backend=False)
+    placeholder._dim_group_names = []  # no groups: slicing works, get_group() raises
+    return placeholder
+
+
+@dataclass
+class RegistryParallelDims(ParallelDims):
+    """``ParallelDims`` whose ``build_mesh()`` takes every mesh from ``registry``.
+
+    Fills the same attributes as stock (``_world_mesh``, ``_global_meshes``, ``_single_axis_meshes``,
+    ``_spmd_meshes``), so torchtitan's lookups behave as stock does. ``_world_mesh`` is the registry's
+    dense mesh ``(pp, dp_replicate, dp_shard, cp, tp)``: torchtitan uses it only for its device
+    (DTensor's RNG seed), and a 1-D world group would be one more communicator for nothing.
+
+    Example::
+
+        pd = RegistryParallelDims.from_config(config.parallelism, world_size)
+        pd.registry = registry            # a created GroupRegistry for titan_layout(...)
+        pd.build_mesh()
+        pd.get_mesh("cp").get_group() is registry.group("cp")
+    """
+
+    registry: GroupRegistry | None = field(default=None, repr=False, compare=False)
+
+    def _registry(self) -> GroupRegistry:
+        if self.registry is None or not self.registry.created:
+            raise RuntimeError(
+                "RegistryParallelDims.build_mesh() needs a created GroupRegistry; fix: set "
+                "parallel_dims.registry (commgroups.integrations.torchtitan.with_registry does)"
+            )
+        return self.registry
+
+    def build_mesh(self) -> DeviceMesh:
+        """Build every mesh torchtitan asks for from the registry's groups; returns the world mesh."""
+        registry = self._registry()
+        mesh = registry.device_mesh
+        dense_names = list(DENSE)
+        self._world_mesh = mesh(dense_names)
+        dataloading = mesh(["pp", "batch", "cp", "tp"])
+        loss = mesh("loss")
+        spmd_dense: DeviceMesh | None = None
+        if self.spmd_backend == "full_dtensor":
+            candidate_dense = ["dp_replicate", "dp_shard", "cp", "tp"]
+            dense = mesh(dense_names)
+        elif self.spmd_backend == "spmd_types":
+            candidate_dense = ["dp", "cp", "tp"]
+            dense = mesh(dense_names)
+            spmd_dense = mesh(["pp", "dp", "cp", "tp"])["dp", "cp", "tp"]
+        else:
+            candidate_dense = ["dp_replicate", "fsdp", "tp"]
+            dense = mesh(["pp", "dp_replicate", "fsdp", "tp"])
+        sparse_names = ("pp", "dp_replicate", "efsdp", "ep")
+        if self.ep > 1:
+            sparse = mesh(list(sparse_names))
+            efsdp_mesh, ep_mesh = sparse["efsdp"], sparse["ep"]
+        else:
+            # torchtitan never communicates on the MoE view without expert parallelism: it keeps
+            # it for sizes only (on torch's fake backend). No group at all here.
+            efsdp = self.dp_shard * self.cp * self.tp
+            device = dense.device_type
+            sparse = placeholder_mesh((self.pp, self.dp_replicate, efsdp, 1), sparse_names, device)
+            efsdp_mesh = placeholder_mesh((efsdp,), ("efsdp",), device)
+            ep_mesh = placeholder_mesh((1,), ("ep",), device)
+
+        self._global_meshes = {"dataloading": dataloading, "loss": loss, "dense": dense,
+                               "sparse": sparse}
+        if spmd_dense is not None:
+            self._global_meshes["spmd_dense_for_fwdbwd"] = spmd_dense
+        if self.spmd_backend == "spmd_types" and self.ep > 1:
+            self._global_meshes["spmd_sparse_for_fwdbwd"] = sparse["dp_replicate", "efsdp", "ep"]
+        self._single_axis_meshes = {
+            "pp": dataloading["pp"],
+            "batch": dataloading["batch"],
+            "loss": loss,
+            "dp_replicate": dense["dp_replicate"],
+            "cp": dataloading["cp"],
+            "tp": dataloading["tp"],
+            "ep": ep_mesh,
+            "efsdp": efsdp_mesh,
+        }
+        if self.spmd_backend == "full_dtensor":
+            self._single_axis_meshes["dp_shard"] = dense["dp_shard"]
+        elif self.spmd_backend == "spmd_types":
+            assert spmd_dense is not None
+            self._single_axis_meshes["dp"] = spmd_dense["dp"]
+            self._single_axis_meshes["dp_shard"] = dense["dp_shard"]
+        else:
+            self._single_axis_meshes["fsdp"] = dense["fsdp"]
+        self._validate_meshes()
+        activated = [self.get_activated_mesh(candidate_dense),
+                     self.get_activated_mesh(["dp_replicate", "efsdp", "ep"])]
+        self._spmd_meshes = [m for m in activated if m is not None]
+        return self._world_mesh
+
+    def mesh_groups(self) -> dict[str, Any]:
+        """Name -> the ProcessGroup of each 1-D mesh torchtitan holds (None for placeholders)."""
+        groups: dict[str, Any] = {}
+        for name, one in self._single_axis_meshes.items():
+            try:
+                groups[name] = one.get_group()
+            except (RuntimeError, AttributeError, AssertionError, IndexError):
+                groups[name] = None
+        return groups
+

@@ -1,0 +1,71 @@
+"""torchtitan's meshes from the registry at scale: one process plays one rank of a 65,536-rank world.
+
+Every mesh name torchtitan asks for resolves with torchtitan's sizes, no mesh is the default group,
+FSDP2's own ``_flatten("dp_shard_cp")`` returns the fsdp role's group, and the MoE view (efsdp x ep)
+is registry groups. Skipped only when torchtitan is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+import pytest
+import torch.distributed as dist
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torchtitan") is None,
+    reason="torchtitan is not installed (pip install 'commgroups[torchtitan]')",
+)
+
+LAYOUTS = {
+    # name: (pp, dp_replicate, dp_shard, cp, tp, ep, spmd_backend)
+    "dense-spmd_types": (8, 1, 512, 4, 4, 1, "spmd_types"),
+    "dense-partial_dtensor": (8, 1, 512, 4, 4, 1, "partial_dtensor"),
+    "moe-hsdp-spmd_types": (8, 2, 256, 4, 4, 8, "spmd_types"),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("rank", [0, 65_535])
+def test_every_torchtitan_mesh_resolves(fake_world: Callable[..., None], name: str,
+                                        rank: int) -> None:
+    import commgroups as cg
+    from commgroups.integrations.torchtitan import TitanDegrees, titan_layout
+    from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
+
+    pp, dp_replicate, dp_shard, cp, tp, ep, backend = LAYOUTS[name]
+    degrees = TitanDegrees(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp,
+                           ep=ep, spmd_backend=backend)
+    assert degrees.world_size == 65_536
+    fake_world(65_536, rank)
+    default = dist.distributed_c10d._get_default_group()
+    with cg.GroupRegistry(titan_layout(degrees)) as registry:
+        pd = RegistryParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp,
+                                  pp=pp, ep=ep, world_size=65_536, spmd_backend=backend,
+                                  registry=registry)
+        pd.build_mesh()  # torchtitan's own size checks (_validate_meshes) run inside
+        for mesh_name, mesh in pd._single_axis_meshes.items():
+            assert pd.get_optional_mesh(mesh_name, include_singleton_axes=True) is mesh
+            if mesh_name in ("efsdp", "ep") and ep == 1:
+                continue  # torchtitan's size-only placeholders: no group at all
+            group = mesh.get_group()
+            assert group is not default and group.group_name != default.group_name, mesh_name
+            assert rank in dist.get_process_group_ranks(group)
+            if mesh_name in registry.role_names:
+                assert group is registry.group(mesh_name)
+
+        assert pd.spmd_meshes(), "no SPMD mesh"
+        names = ["dp_replicate", "fsdp"] if backend == "partial_dtensor" else ["dp_shard", "cp"]
+        names = [n for n in names if pd.get_optional_mesh(n) is not None]
+        assert pd.get_mesh(names).mesh_dim_names == tuple(names)
+        if backend == "spmd_types":
+            dense = pd.spmd_dense_mesh()
+            assert dense.mesh_dim_names == ("dp", "cp", "tp")
+            flat = pd.get_optional_mesh(["dp_shard", "cp"])._flatten("dp_shard_cp")
+            assert flat.get_group() is registry.group("fsdp")  # FSDP2's own flatten
+        if ep > 1:
+            assert pd.get_mesh("ep").get_group() is registry.group("ep")
+            assert pd.get_mesh("efsdp").get_group() is registry.group("efsdp")
+            assert pd.get_mesh("efsdp").size() == dp_shard * cp * tp // ep
+            assert pd.spmd_sparse_mesh() is not None if backend == "spmd_types" else True

@@ -1,0 +1,261 @@
+"""Train torchtitan on a local CPU gloo world, stock or through commgroups, and report what happened.
+
+``train_rank`` runs on every rank of a :func:`commgroups.local_world.run_local_world` world (the
+default group is already a gloo group; torchtitan's init_distributed then skips its own). It parses
+the configuration exactly as ``python -m torchtitan.train`` does (``ConfigManager.parse_args``), so a
+``with_registry`` config goes through tyro like a user's, builds the trainer, trains, and reports the
+losses, the default group's collective count during training, and (through commgroups) what each
+mesh torchtitan asked for is built on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from tests.titan.cpu import apply_cpu_patches, force_sum_reduction
+
+__all__ = ["TitanRun", "train_rank"]
+
+STOCK_MODULES = {
+    "llama3": ("torchtitan.models.llama3.config_registry", "llama3_debugmodel"),
+    "moe": ("torchtitan.models.qwen3.config_registry", "qwen3_moe_debug"),
+}
+
+
+@dataclass(frozen=True)
+class TitanRun:
+    """One training run: model, parallelism, stock or registry, checkpointing."""
+
+    dump_folder: str
+    assets: str
+    model: str = "llama3"
+    registry: bool = False
+    cp: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    ep: int = 1
+    spmd_backend: str = "spmd_types"
+    steps: int = 4
+    checkpoint_interval: int = 2
+    seq_len: int = 512
+    local_batch_size: int = 2
+    seed: int | None = 42
+    extra: tuple[str, ...] = ()
+    audit: bool = False
+    step_times: bool = False
+
+    def args(self) -> list[str]:
+        """The command line ``python -m torchtitan.train`` would get."""
+        module, config = STOCK_MODULES[self.model]
+        if self.registry:
+            module, config = "tests.titan.configs", f"{self.model}_registry"
+        assets = Path(self.assets)
+        args = [
+            "--module", module, "--config", config,
+            "--hf_assets_path", str(assets / "tokenizer"),
+            "--dump_folder", self.dump_folder,
+            "--dataloader.dataset_path", str(assets / "c4_test"),
+            "--parallelism.context_parallel_degree", str(self.cp),
+            "--parallelism.data_parallel_shard_degree", str(self.dp_shard),
+            "--parallelism.tensor_parallel_degree", str(self.tp),
+            "--parallelism.expert_parallel_degree", str(self.ep),
+            "--parallelism.spmd_backend", self.spmd_backend,
+            "--training.steps", str(self.steps),
+            "--training.seq_len", str(self.seq_len),
+            "--training.local_batch_size", str(self.local_batch_size),
+            "--training.disable_cuda_graphs",
+            "--validator.no-enable",
+            "--metrics.log_freq", "1",
+        ]
+        if self.seed is not None:  # None: torchtitan agrees on rank 0's seed itself
+            args += ["--debug.seed", str(self.seed)]
+        if self.checkpoint_interval:
+            args += ["--checkpoint.enable", "--checkpoint.interval", str(self.checkpoint_interval)]
+        return [*args, *self.extra]
+
+
+@dataclass
+class RankResult:
+    """What one rank saw."""
+
+    rank: int
+    losses: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    default_collectives: int = -1
+    meshes: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def clear_dtensor_caches() -> None:
+    """Forget DTensor's cached sharding decisions (they hold the DeviceMeshes of earlier trainings).
+
+    torch compares meshes by layout and dim names only, so a later training in the same process
+    whose meshes are named like an earlier one's gets the earlier meshes back from these caches,
+    with their groups (destroyed by then: "Could not resolve the process group"). Several trainings
+    share one test world, so each starts with empty caches.
+
+    PRIVATE-TORCH (tests only): torch._C._clear_DTensor_sharding_propagator_cache,
+    DTensor._op_dispatcher.sharding_propagator, _redistribute.clear_redistribute_planner_cache and
+    _gen_transform_infos (torch 2.13-2.15).
+    """
+    import torch
+    from torch.distributed.tensor import DTensor, _redistribute
+
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if native is not None:
+        native()
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    planner = getattr(_redistribute, "clear_redistribute_planner_cache", None)
+    if planner is not None:
+        planner()
+    transforms = getattr(_redistribute, "_gen_transform_infos", None)
+    if transforms is not None and hasattr(transforms, "cache_clear"):
+        transforms.cache_clear()
+
+
+def _default_sequence() -> int:
+    # Gloo counts every collective (functional ones and barriers too) per group.
+    return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+
+
+def _mesh_facts(trainer: Any) -> dict[str, Any]:
+    """For each 1-D mesh torchtitan holds: its ranks, whether it is the default group, its backend."""
+    default = dist.distributed_c10d._get_default_group()
+    facts: dict[str, Any] = {}
+    pd = trainer.parallel_dims
+    for name, mesh in pd._single_axis_meshes.items():
+        try:
+            group = mesh.get_group()
+        except Exception as error:  # a placeholder mesh without a group
+            facts[name] = {"size": mesh.size(), "group": None, "error": type(error).__name__}
+            continue
+        facts[name] = {
+            "size": mesh.size(),
+            "ranks": dist.get_process_group_ranks(group),
+            "default": group is default or group.group_name == default.group_name,
+            "backend": str(dist.get_backend(group)),
+        }
+    return facts
+
+
+_SPMD_COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast",
+})
+
+
+class SpmdDistProbe:
+    """Sits in front of the dist module spmd_types was given, recording each raw collective's group.
+
+    The integration hands spmd_types an AsyncWaitDist; wrapping it (not replacing it) shows that
+    spmd_types' collectives reach it, and on which group.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, str | None, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.inner, name)
+        if name not in _SPMD_COLLECTIVES or not callable(attribute):
+            return attribute
+
+        def probe(*args: Any, **kwargs: Any) -> Any:
+            group = kwargs.get("group")
+            self.calls.append((name, None if group is None else group.group_name,
+                               type(self.inner).__name__))
+            return attribute(*args, **kwargs)
+
+        return probe
+
+
+def _registry_facts(trainer: Any) -> dict[str, Any]:
+    """Which registry group each torchtitan mesh name is on, FSDP2 flatten, the async-and-wait comms."""
+    registry = trainer.registry
+    pd = trainer.parallel_dims
+    facts: dict[str, Any] = {
+        "roles": {r: registry.group(r).group_name for r in registry.role_names},
+        "fsdp_async_wait_modules": trainer.fsdp_async_wait_modules,
+    }
+    mesh_roles = {}
+    for name, mesh in pd._single_axis_meshes.items():
+        if name in registry.role_names and mesh.size() > 1:
+            mesh_roles[name] = mesh.get_group() is registry.group(name)
+    facts["mesh_is_role_group"] = mesh_roles
+    if pd.spmd_backend == "spmd_types" and pd.dp_shard * pd.cp > 1:
+        flat = pd.get_optional_mesh(["dp_shard", "cp"])._flatten("dp_shard_cp")
+        facts["dp_shard_cp_is_fsdp"] = flat.get_group() is registry.group("fsdp")
+    return facts
+
+
+def train_rank(rank: int, world_size: int, post: Any, run: TitanRun) -> RankResult:
+    """Train ``run`` on this rank; a :func:`run_local_world` rank function."""
+    os.environ.update({"LOCAL_RANK": str(rank), "RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "LOCAL_WORLD_SIZE": str(world_size), "HF_DATASETS_OFFLINE": "1",
+                       "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    apply_cpu_patches()
+    clear_dtensor_caches()
+    from torchtitan.config import ConfigManager
+
+    config = ConfigManager().parse_args(run.args())
+    result = RankResult(rank)
+    before = _default_sequence()
+    trainer = config.build()
+    try:
+        force_sum_reduction(trainer.model_parts)
+        original_log = trainer.metrics_processor.log
+
+        marks: list[float] = []
+
+        def log(step: int, global_avg_loss: float, global_max_loss: float, grad_norm: float,
+                extra_metrics: Any = None) -> None:
+            marks.append(time.perf_counter())
+            result.losses[step] = (global_avg_loss, global_max_loss, float(grad_norm))
+            original_log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)
+
+        trainer.metrics_processor.log = log
+        result.meshes = _mesh_facts(trainer)
+        registry = getattr(trainer, "registry", None)
+        probe = None
+        if registry is not None:
+            result.notes.update(_registry_facts(trainer))
+            if trainer.parallel_dims.spmd_backend == "spmd_types":
+                import spmd_types
+                import spmd_types._dist
+
+                probe = SpmdDistProbe(spmd_types._dist.dist)
+                spmd_types.set_dist(probe)
+        if run.audit:
+            import commgroups as cg
+
+            with cg.audit.record(trainer.registry) as recording:
+                trainer.train()
+            default_name = dist.distributed_c10d._get_default_group().group_name
+            result.notes["audit_records"] = len(recording.records)
+            result.notes["audit_ops"] = sorted({r.op for r in recording.records})
+            result.notes["audit_on_default"] = sum(r.group == default_name
+                                                   for r in recording.records)
+            result.notes["audit_errors"] = [h.message for h in recording.hazards()
+                                            if h.severity == "error"]
+        else:
+            marks.append(time.perf_counter())
+            trainer.train()
+            if run.step_times:
+                result.notes["step_seconds"] = [b - a for a, b in itertools.pairwise(marks)]
+        result.default_collectives = _default_sequence() - before
+        if probe is not None:
+            import spmd_types
+
+            spmd_types.set_dist(probe.inner)
+            result.notes["spmd_calls"] = probe.calls
+    finally:
+        trainer.close()
+    if registry is not None:
+        result.notes["registry_closed"] = not registry.created
+    return result
