@@ -579,6 +579,10 @@ class GroupRegistry:
         self._collectives.clear()
         for mesh in self._meshes.values():
             forget_flattenings(mesh)
+        if self._meshes:
+            # DTensor caches its decisions by mesh, and compares meshes by layout and names: a
+            # later mesh named like ours would get ours back, with destroyed groups.
+            torch_internals.clear_dtensor_caches()
         self._meshes.clear()
         self._created.clear()
         self._dim_groups.clear()

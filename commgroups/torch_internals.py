@@ -510,3 +510,47 @@ def hccl_process_group_class() -> type[Any]:
     )
 
     return ProcessGroupHCCL  # type: ignore[no-any-return]
+
+
+# ------------------------------------------------------------------------------------ DTensor
+def clear_dtensor_caches() -> None:
+    """Forget DTensor's cached sharding and redistribution decisions (they hold DeviceMeshes).
+
+    torch compares meshes by layout and dim names only, so after a registry closes (its groups
+    destroyed), a later mesh named like one of its meshes would get the old mesh back from these
+    caches: "Could not resolve the process group". Cheap to refill.
+
+    torch._C._clear_DTensor_sharding_propagator_cache (2.14.1, 2.15.0; absent on 2.10 and 2.13),
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear (2.10-2.15),
+    _redistribute.clear_redistribute_planner_cache and _gen_transform_infos.cache_clear where they
+    exist. Each is skipped where this torch lacks it.
+    """
+    from torch.distributed.tensor import DTensor, _redistribute
+
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if callable(native):
+        native()
+    propagate: Any = getattr(DTensor._op_dispatcher.sharding_propagator,
+                             "propagate_op_sharding", None)
+    if hasattr(propagate, "cache_clear"):
+        propagate.cache_clear()
+    planner = getattr(_redistribute, "clear_redistribute_planner_cache", None)
+    if callable(planner):
+        planner()
+    transforms: Any = getattr(_redistribute, "_gen_transform_infos", None)
+    if hasattr(transforms, "cache_clear"):
+        transforms.cache_clear()
+
+
+def groupless_mesh(device_type: str, mesh: torch.Tensor, names: tuple[str, ...]) -> Any:
+    """A DeviceMesh of ``mesh``'s shape and ``names`` with no process group at all.
+
+    For meshes a framework keeps only for their sizes (torchtitan's MoE view when ep == 1): a
+    collective on one raises instead of running anywhere. ``DeviceMesh(..., _init_backend=False)``
+    and ``_dim_group_names = []`` (2.10, 2.13, 2.14.1, 2.15.0).
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+
+    placeholder = DeviceMesh(device_type, mesh, mesh_dim_names=names, _init_backend=False)
+    placeholder._dim_group_names = []
+    return placeholder

@@ -93,30 +93,10 @@ class RankResult:
 
 
 def clear_dtensor_caches() -> None:
-    """Forget DTensor's cached sharding decisions (they hold the DeviceMeshes of earlier trainings).
+    """Forget DTensor's cached decisions between trainings that share one test world."""
+    from commgroups.torch_internals import clear_dtensor_caches as clear
 
-    torch compares meshes by layout and dim names only, so a later training in the same process
-    whose meshes are named like an earlier one's gets the earlier meshes back from these caches,
-    with their groups (destroyed by then: "Could not resolve the process group"). Several trainings
-    share one test world, so each starts with empty caches.
-
-    PRIVATE-TORCH (tests only): torch._C._clear_DTensor_sharding_propagator_cache,
-    DTensor._op_dispatcher.sharding_propagator, _redistribute.clear_redistribute_planner_cache and
-    _gen_transform_infos (torch 2.13-2.15).
-    """
-    import torch
-    from torch.distributed.tensor import DTensor, _redistribute
-
-    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
-    if native is not None:
-        native()
-    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
-    planner = getattr(_redistribute, "clear_redistribute_planner_cache", None)
-    if planner is not None:
-        planner()
-    transforms = getattr(_redistribute, "_gen_transform_infos", None)
-    if transforms is not None and hasattr(transforms, "cache_clear"):
-        transforms.cache_clear()
+    clear()
 
 
 def _default_sequence() -> int:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from torch.distributed.device_mesh import DeviceMesh
 from torchtitan.distributed.parallel_dims import ParallelDims
 
+from commgroups.torch_internals import groupless_mesh
+
 if TYPE_CHECKING:
     from commgroups.registry import GroupRegistry
 
@@ -32,8 +34,7 @@ def placeholder_mesh(shape: tuple[int, ...], names: tuple[str, ...], device: str
     only for their sizes, on torch's fake backend. Here they get no group: a collective on one raises
     instead of running anywhere. The mesh holds this rank's block of the world, row-major.
 
-    PRIVATE-TORCH: DeviceMesh(..., _init_backend=False) and DeviceMesh._dim_group_names,
-    checked on torch 2.13, 2.14 and 2.15.
+    (:func:`commgroups.torch_internals.groupless_mesh`.)
     """
     import torch
     import torch.distributed as dist
@@ -44,8 +45,7 @@ def placeholder_mesh(shape: tuple[int, ...], names: tuple[str, ...], device: str
         size *= s
     first = rank - rank % size
     mesh = torch.arange(first, first + size, dtype=torch.int).reshape(shape)
-    placeholder = DeviceMesh(device, mesh, mesh_dim_names=names, _init_backend=False)
-    placeholder._dim_group_names = []  # no groups: slicing works, get_group() raises
+    placeholder: DeviceMesh = groupless_mesh(device, mesh, names)
     return placeholder
 
 

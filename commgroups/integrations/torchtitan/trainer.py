@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
@@ -35,11 +36,13 @@ from torchtitan.trainer import Trainer
 from commgroups.agreement import store_barrier
 from commgroups.async_wait import AsyncWaitDist
 from commgroups.integrations.fsdp import install_async_and_wait_comms
+from commgroups.integrations.spmd import current_dist
 from commgroups.integrations.torchtitan.checkpoint import RegistryCheckpointManager
 from commgroups.integrations.torchtitan.layout import TitanDegrees, resolve_layout
 from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
 from commgroups.registry import GroupRegistry
 from commgroups.specs import CHECKPOINT_ROLE, Layout
+from commgroups.torch_internals import default_group, default_store, set_group_timeout
 
 __all__ = ["RegistryTrainer", "with_registry"]
 
@@ -48,14 +51,8 @@ logger = logging.getLogger(__name__)
 LayoutArg = Layout | str | Path | None
 
 
-def _set_default_group_timeout(timeout: timedelta) -> None:
-    # torch.distributed.set_timeout exists from torch 2.14; _set_pg_timeout has its signature.
-    # PRIVATE-TORCH: distributed_c10d._set_pg_timeout, checked on torch 2.13.
-    setter = getattr(dist, "set_timeout", None)
-    if setter is not None:
-        setter(timeout, None)
-    else:
-        dist.distributed_c10d._set_pg_timeout(timeout, None)
+def _spmd_types() -> Any:
+    return importlib.import_module("spmd_types")
 
 
 class RegistryTrainer(Trainer):
@@ -144,12 +141,9 @@ class RegistryTrainer(Trainer):
                     refused)
             self.fsdp_async_wait_refused = refused
         if self.parallel_dims.spmd_backend == "spmd_types" and any(r.async_and_wait for r in roles):
-            import spmd_types
-            import spmd_types._dist
-
             # Dist only: torchtitan sets spmd_types' current mesh itself (to registry meshes).
-            self._spmd_dist_before = spmd_types._dist.dist
-            spmd_types.set_dist(AsyncWaitDist())
+            self._spmd_dist_before = current_dist()
+            _spmd_types().set_dist(AsyncWaitDist())
             self._spmd_dist_set = True
 
     # ------------------------------------------------------------------------------ training
@@ -159,8 +153,7 @@ class RegistryTrainer(Trainer):
         Like stock, every rank first reaches this point (so none times out under the shorter
         timeout while a slow peer still runs under the long one), here through the store.
         """
-        # PRIVATE-TORCH: distributed_c10d._get_default_store (as the registry's agreement uses it).
-        store = dist.distributed_c10d._get_default_store()
+        store = default_store()
         rank = dist.get_rank()
         # The n-th call on every rank meets under the same key (no process-wide counter).
         generation = store.add(f"commgroups/torchtitan/timeouts/generation/{rank}", 1)
@@ -168,7 +161,7 @@ class RegistryTrainer(Trainer):
                       rank, dist.get_world_size(),
                       timedelta(seconds=self.registry.create_timeout_s), "set_pg_timeouts")
         self.registry.set_timeout(timeout)
-        _set_default_group_timeout(timeout)
+        set_group_timeout(default_group(), timeout)
 
     @contextlib.contextmanager
     def _registry_timeouts(self) -> Iterator[None]:
@@ -194,9 +187,7 @@ class RegistryTrainer(Trainer):
             super().close()
         finally:
             if self._spmd_dist_set:
-                import spmd_types
-
-                spmd_types.set_dist(self._spmd_dist_before)
+                _spmd_types().set_dist(self._spmd_dist_before)
                 self._spmd_dist_set = False
             registry = getattr(self, "registry", None)
             if registry is not None:
