@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commgroups import torch_internals
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
@@ -71,7 +72,7 @@ def measure_steps(rank: int, world_size: int, progress: Progress, config: BenchC
     assets = f"{directory}/assets"
     if rank == 0:
         make_assets(Path(assets))
-    store = dist.distributed_c10d._get_default_store()
+    store = torch_internals.default_store()
     store_barrier(store, "bench/titan/assets", rank, world_size, timedelta(seconds=300), "assets")
     steps: dict[str, list[float]] = {v: [] for v in VARIANTS}
     progress.describe("torchtitan step time")
@@ -134,9 +135,7 @@ def _communicators(calls: list[tuple[Any, Any]], gloo_groups: tuple[Any, ...] = 
 def measure_meshes(rank: int, world_size: int, progress: Progress,
                    config: BenchConfig) -> dict[str, Any]:
     """Rank 0 of a fake world: stock build_mesh vs registry meshes, per layout, interleaved."""
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers backend "fake"
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
+    fake_store = torch_internals.import_fake_backend()  # registers backend "fake"
     from tests.titan.cpu import apply_cpu_patches
 
     apply_cpu_patches()  # torchtitan picks its device type when imported
@@ -158,9 +157,9 @@ def measure_meshes(rank: int, world_size: int, progress: Progress,
         facts: dict[str, dict[str, Any]] = {}
         for repetition in range(config.titan_fake_repetitions):
             for variant in interleaved(VARIANTS, repetition):
-                dist.init_process_group("fake", store=FakeStore(), rank=rank,
+                dist.init_process_group("fake", store=fake_store(), rank=rank,
                                         world_size=world_size)
-                default = dist.distributed_c10d._get_default_group()
+                default = torch_internals.default_group()
                 registry = None
                 try:
                     with _noting_new_groups() as calls:
