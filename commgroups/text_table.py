@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["format_ranks", "format_table"]
+__all__ = ["format_ranks", "format_table", "markdown_table"]
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -14,6 +14,12 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[s
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return lines
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A GitHub-flavoured markdown table: header, ``|---|`` rule, one line per row."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *["| " + " | ".join(row) + " |" for row in rows]]
 
 
 def format_ranks(ranks: Sequence[int]) -> str:

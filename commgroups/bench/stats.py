@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from commgroups.text_table import format_table
+from commgroups.text_table import format_table, markdown_table
 
 __all__ = ["Summary", "Table", "interleaved", "number", "paired_ratios", "summarize"]
 
@@ -116,9 +116,8 @@ class Table:
 
     def markdown(self) -> str:
         """A GitHub-flavoured markdown rendering for benchmarks/README.md."""
-        lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
-                 "|" + "---|" * len(self.columns)]
-        lines += ["| " + " | ".join(self._cell(c) for c in row) + " |" for row in self.rows]
+        lines = [f"### {self.title}", "",
+                 *markdown_table(self.columns, [[self._cell(c) for c in row] for row in self.rows])]
         if self.notes:
             lines.append("")
             lines += [f"- {note}" for note in self.notes]

@@ -14,6 +14,7 @@ from typing import Any
 
 from commgroups.bench.gpu.analysis import Analysis, fmt, summary_text
 from commgroups.bench.gpu.trace import parse_trace
+from commgroups.text_table import markdown_table
 
 __all__ = ["markdown", "write_png"]
 
@@ -37,14 +38,16 @@ def _streams(analysis: Analysis) -> list[str]:
     lines = ["## Streams: where each collective ran (profiler trace, 1-rank NCCL group)", ""]
     if not analysis.streams:
         return [*lines, NOTHING]
-    lines += ["| variant | caller stream | collective GPU work (name: stream) | on caller stream "
-              "| wait event | marker after | verdict | expected |", "|" + "---|" * 8]
+    rows = []
     for s in analysis.streams:
         work = ", ".join(f"{name}: {stream}" for name, stream in s.kernels) or "-"
         verdict = f"**{s.verdict}** (flagged)" if s.flagged else s.verdict
         expected = "-" if s.expected is None else ("yes" if s.as_expected else f"NO ({s.expected})")
-        lines.append(f"| {s.variant} | {_yn(s.caller_stream)} | {work} | {_yn(s.on_caller_stream)} "
-                     f"| {_yn(s.wait_event)} | {_yn(s.ordered_after)} | {verdict} | {expected} |")
+        rows.append([s.variant, _yn(s.caller_stream), work, _yn(s.on_caller_stream),
+                     _yn(s.wait_event), _yn(s.ordered_after), verdict, expected])
+    lines += markdown_table(["variant", "caller stream", "collective GPU work (name: stream)",
+                             "on caller stream", "wait event", "marker after", "verdict",
+                             "expected"], rows)
     notes = [f"{s.variant}: {s.note}" for s in analysis.streams if s.note]
     lines += ["", "- flagged: the collective ran on the caller's own stream (unfenced: the path that "
               "races the group's stream when both drive one communicator), or on another stream "
@@ -68,13 +71,12 @@ def _memory(analysis: Analysis) -> list[str]:
     lines = ["## Communicator memory: eager-initialised groups on one GPU", ""]
     if not analysis.memory:
         return [*lines, NOTHING]
-    lines += ["| trial | case | groups | device MB (mem_get_info) | nvidia-smi MB | MB per "
-              "communicator | estimate MB | measured / estimate |", "|" + "---|" * 8]
-    for row in analysis.memory:
-        lines.append(f"| {row['trial']} | {row['case']} | {row['groups']} | "
-                     f"{fmt(row['device_mb'], 4)} | {fmt(row['smi_mb'], 4)} | "
-                     f"{fmt(row['per_comm_mb'], 4)} | {fmt(row['estimate_mb'], 4)} | "
-                     f"{fmt(row.get('ratio'))} |")
+    lines += markdown_table(
+        ["trial", "case", "groups", "device MB (mem_get_info)", "nvidia-smi MB",
+         "MB per communicator", "estimate MB", "measured / estimate"],
+        [[str(row["trial"]), str(row["case"]), str(row["groups"]), fmt(row["device_mb"], 4),
+          fmt(row["smi_mb"], 4), fmt(row["per_comm_mb"], 4), fmt(row["estimate_mb"], 4),
+          fmt(row.get("ratio"))] for row in analysis.memory])
     lines += ["", "- device MB: change in used device memory (mem_get_info) since the default group "
               "was up, less torch's allocator reserve; default group rows: since the CUDA context",
               "- cases: fresh = new_group on an unbound world (ncclCommInitRank); split = child of "
@@ -94,14 +96,13 @@ def _async_wait_cost(analysis: Analysis) -> list[str]:
     lines = ["## Async-and-wait cost: raw blocking vs async-and-wait, per call", ""]
     if not analysis.async_wait_cost:
         return [*lines, NOTHING]
-    lines += ["| op | size | calls / rep | raw us | manual async+wait us | RoleCollectives us "
-              "| manual / raw | RoleCollectives / raw |", "|" + "---|" * 8]
-    for row in analysis.async_wait_cost:
-        lines.append(f"| {row['op']} | {_size(int(row['bytes']))} | {row.get('calls')} | "
-                     f"{summary_text(row.get('raw_us'))} | {summary_text(row.get('manual_us'))} | "
-                     f"{summary_text(row.get('collectives_us'))} | "
-                     f"{summary_text(row.get('manual_ratio'))} | "
-                     f"{summary_text(row.get('collectives_ratio'))} |")
+    lines += markdown_table(
+        ["op", "size", "calls / rep", "raw us", "manual async+wait us", "RoleCollectives us",
+         "manual / raw", "RoleCollectives / raw"],
+        [[str(row["op"]), _size(int(row["bytes"])), str(row.get("calls"))]
+         + [summary_text(row.get(key)) for key in
+            ("raw_us", "manual_us", "collectives_us", "manual_ratio", "collectives_ratio")]
+         for row in analysis.async_wait_cost])
     timer = analysis.async_wait_cost[0].get("timer", "cuda_events")
     lines += ["", f"- per-call time on the caller's stream ({timer}), median [p25-p75] over "
               "repetitions; ratios per repetition (variants interleaved)"]
@@ -112,15 +113,14 @@ def _creation(analysis: Analysis) -> list[str]:
     lines = ["## Creation: the four roles' groups on the bound default group", ""]
     if not analysis.creation:
         return [*lines, NOTHING]
-    lines += ["| method | creation calls | paths | create ms | first collective ms | ratio vs "
-              "new_group all_ranks | error |", "|" + "---|" * 7]
-    for row in analysis.creation:
-        paths = ", ".join(row.get("paths") or []) or "-"
-        lines.append(f"| {row['method']} | {row.get('calls') or '-'} | {paths} | "
-                     f"{summary_text(row.get('create_ms'))} | "
-                     f"{summary_text(row.get('first_collective_ms'))} | "
-                     f"{fmt(row.get('ratio_vs_new_group_all_ranks'))} | "
-                     f"{(row.get('error') or '-')[:80]} |")
+    lines += markdown_table(
+        ["method", "creation calls", "paths", "create ms", "first collective ms",
+         "ratio vs new_group all_ranks", "error"],
+        [[str(row["method"]), str(row.get("calls") or "-"),
+          ", ".join(row.get("paths") or []) or "-", summary_text(row.get("create_ms")),
+          summary_text(row.get("first_collective_ms")),
+          fmt(row.get("ratio_vs_new_group_all_ranks")), (row.get("error") or "-")[:80]]
+         for row in analysis.creation])
     return lines
 
 
