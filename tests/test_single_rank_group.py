@@ -84,14 +84,20 @@ def _all_gather_coalesced(g: dist.ProcessGroup, a: bool, r: int) -> list[torch.T
     return [*outs[0], *_run(work, a)]
 
 
-def _all_gather_into_tensor_coalesced(g: dist.ProcessGroup, a: bool, r: int) -> list[torch.Tensor]:
-    outs = [torch.zeros(6), torch.zeros(3)]
-    with dist._coalescing_manager(group=g, async_ops=a) as cm:
-        for out, inp in zip(outs, [_x(r), _x(r, 3)]):
-            dist.all_gather_into_tensor(out, inp, group=g)
-    if a:
-        cm.wait()
-    return outs
+def _coalesced(collective: Callable[..., Any]) -> Case:
+    """``collective(out, in)`` twice inside one coalescing manager."""
+    def case(g: dist.ProcessGroup, a: bool, r: int) -> list[torch.Tensor]:
+        outs = [torch.zeros(6), torch.zeros(3)]
+        with dist._coalescing_manager(group=g, async_ops=a) as cm:
+            for out, inp in zip(outs, [_x(r), _x(r, 3)]):
+                collective(out, inp, group=g)
+        if a:
+            cm.wait()
+        return outs
+    return case
+
+
+_all_gather_into_tensor_coalesced = _coalesced(dist.all_gather_into_tensor)
 
 
 def _reduce_scatter(g: dist.ProcessGroup, a: bool, r: int) -> list[torch.Tensor]:
@@ -107,14 +113,7 @@ def _reduce_scatter_tensor(op: Any) -> Case:
     return case
 
 
-def _reduce_scatter_tensor_coalesced(g: dist.ProcessGroup, a: bool, r: int) -> list[torch.Tensor]:
-    outs = [torch.zeros(6), torch.zeros(3)]
-    with dist._coalescing_manager(group=g, async_ops=a) as cm:
-        for out, inp in zip(outs, [_x(r), _x(r, 3)]):
-            dist.reduce_scatter_tensor(out, inp, group=g)
-    if a:
-        cm.wait()
-    return outs
+_reduce_scatter_tensor_coalesced = _coalesced(dist.reduce_scatter_tensor)
 
 
 def _all_to_all(g: dist.ProcessGroup, a: bool, r: int) -> list[torch.Tensor]:
