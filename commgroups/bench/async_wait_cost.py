@@ -1,4 +1,4 @@
-"""Safeguard overhead: raw collectives against the registry's async-and-wait wrapper, on gloo.
+"""Async-and-wait overhead: raw collectives against the registry's async-and-wait wrapper, on gloo.
 
 Both variants run on the same dedicated group, so the only difference is the wrapper (issue with
 ``async_op=True``, wait at once, plus the role/sequence bookkeeping). Each repetition runs enough calls
@@ -108,7 +108,7 @@ def tables(measured: dict[str, Any]) -> tuple[Table, dict[str, Any]]:
     """The overhead table and ``async_and_wait_overhead_ratio``."""
     table = Table(
         "async_and_wait",
-        f"Safeguard overhead: raw vs async-and-wait on gloo, {measured['world']} ranks",
+        f"Async-and-wait overhead: raw vs async-and-wait on gloo, {measured['world']} ranks",
         ["op", "size", "bytes", "calls per rep", "raw us", "async-and-wait us", "ratio"],
     )
     big_medians: list[float] = []

@@ -144,7 +144,7 @@ def write_plots(result: BenchResult, directory: str | Path) -> list[Path]:
     top.set_xscale("log", base=2)
     top.set_yscale("log")
     top.set_ylabel("us per call")
-    top.set_title("Safeguard overhead on gloo (4 ranks)", fontsize=10)
+    top.set_title("Async-and-wait overhead on gloo (4 ranks)", fontsize=10)
     top.legend(fontsize=8)
     top.grid(True, which="both", alpha=0.3)
     bottom.axhline(1.0, color="grey", linewidth=0.8)
