@@ -66,8 +66,7 @@ def _same_device(a: BackendAdapter, b: BackendAdapter) -> bool:
 def _set_group_timeout(created: CreatedRole, timeout: timedelta) -> None:
     """Give ``created``'s group (if this rank has one) a new collective timeout, in place."""
     if created.group is not None and created.adapter.has_timeout:
-        # _set_pg_timeout (torch >= 2.3) updates the group's backend in place; new collectives
-        # read it.
+        # Updates the group's backend in place; collectives issued from now on read it.
         torch_internals.set_group_timeout(created.group, timeout)
 
 
@@ -125,7 +124,6 @@ class GroupRegistry:
         self.creation_mode = creation_mode
         self.create_timeout_s = create_timeout_s
         self._rank = -1
-        self._adapters: dict[str, BackendAdapter] = {}
         self._created: dict[str, CreatedRole] = {}
         self._dim_groups: dict[str, CreatedRole] = {}
         self._meshes: dict[tuple[str, ...], DeviceMesh] = {}
@@ -189,7 +187,6 @@ class GroupRegistry:
             raise local_error
 
         self._rank = rank
-        self._adapters = adapters
         # Regular roles first: keeps every rank's group count equal while local roles are created.
         self._created = self._create_groups(creation_order(self.plan), adapters, methods, store,
                                             "the end of create()")
@@ -332,7 +329,7 @@ class GroupRegistry:
         """The backend ``role`` resolved to on this machine (nccl, rccl, hccl, gloo or fake)."""
         self.spec(role)
         self._check_usable()
-        return self._adapters[role].name
+        return self._created[role].adapter.name
 
     def creation_method(self, role: str) -> str:
         """How ``role``'s groups were created here (all_ranks, local or split)."""
@@ -347,7 +344,7 @@ class GroupRegistry:
         if role in self._timeout_overrides:
             return self._timeout_overrides[role]
         if spec.timeout_s is None:
-            return self._adapters[role].default_timeout()
+            return self._created[role].adapter.default_timeout()
         return timedelta(seconds=spec.timeout_s)
 
     def set_timeout(self, timeout: float | timedelta, role: str | None = None) -> None:
@@ -495,7 +492,7 @@ class GroupRegistry:
                     f"axis; fix: use registry.group({name!r}) directly",
                     field="dims",
                 )
-            return dims, self._adapters[name], self.group(name)
+            return dims, self._created[name].adapter, self.group(name)
         if name in self.plan.all_dim_names:
             adapter, group = self._group_for_dim(name)
             return (name,), adapter, group
@@ -519,8 +516,8 @@ class GroupRegistry:
         default_backend = str(dist.get_backend())
         adapter = resolve_backend("device", default_backend, info.group_size)
         for role in self.layout.roles:
-            if role.dims == [dim] and _same_device(self._adapters[role.name], adapter):
-                return self._adapters[role.name], self.group(role.name)
+            if role.dims == [dim] and _same_device(self._created[role.name].adapter, adapter):
+                return self._created[role.name].adapter, self.group(role.name)
         if dim not in self._dim_groups:
             adapter.check_available()
             methods = {dim: choose_method(self.creation_mode, info, adapter)}
@@ -551,7 +548,7 @@ class GroupRegistry:
             dims = "world" if spec.dims == "world" else ("x".join(info.dim_names) if info.dim_names
                                                           else "explicit")
             if self._state == "created":
-                backend, method = self._adapters[name].name, self._created[name].method
+                backend, method = self._created[name].adapter.name, self._created[name].method
                 timeout = f"{self.timeout(name).total_seconds():g}s"
                 mine = self.plan.group_of(name, self._rank)
                 group_text = "-" if mine is None else format_ranks(mine)
