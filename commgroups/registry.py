@@ -459,13 +459,25 @@ class GroupRegistry:
 
     def _register_flattenings(self, mesh: DeviceMesh, names: tuple[str, ...],
                               axes: list[tuple[str, ...]]) -> None:
-        """Pre-register, for every run of axes a role spans, ``mesh[run]._flatten()`` as that role.
+        """Pre-register, for every run of axes a compute role spans, ``mesh[run]._flatten()`` as it.
 
         Under torch's default name (``"_".join(run)``) and under the role's name, so code that
         flattens the mesh it was handed (FSDP2's ``dp_mesh_dims``) gets the role's dedicated group,
         never a new one (the default group when the run spans the world).
+
+        Only roles whose ``purpose`` is ``compute`` and whose groups live on the mesh's device are
+        registered: DTensor's redistribute looks flattenings up *by layout* and merges reductions
+        over several mesh dims onto whatever it finds, so a checkpoint-metadata gloo group
+        registered here would carry model traffic (torchtitan's gradient-norm reduction did, every
+        step). Without a matching flattening DTensor issues one reduction per mesh dim, as it does
+        on a stock DeviceMesh.
         """
-        by_dims = {self.plan.role(r).dim_names: r for r in self.role_names}
+        by_dims = {
+            self.plan.role(r).dim_names: r for r in self.role_names
+            if self.spec(r).purpose == "compute"
+            and (self._created[r].adapter.serves_every_device
+                 or self._created[r].adapter.device_type == mesh.device_type)
+        }
         for start in range(len(names)):
             for stop in range(start + 2, len(names) + 1):
                 run_dims = tuple(d for axis in axes[start:stop] for d in axis)
@@ -485,6 +497,14 @@ class GroupRegistry:
     ) -> tuple[tuple[str, ...], BackendAdapter, dist.ProcessGroup]:
         """The dims, backend and group of one mesh axis named ``name`` (a role, else a dim)."""
         if name in self.role_names:
+            if self.spec(name).purpose != "compute":
+                raise LayoutError(
+                    f"device_mesh: role {name!r} has purpose {self.spec(name).purpose!r}: its group "
+                    "carries DCP's metadata exchange only and is never a mesh axis (DTensor would "
+                    f"send model traffic over it); fix: use registry.group({name!r}) for DCP, or "
+                    "a compute role or dims for the mesh",
+                    field="dims",
+                )
             dims = self.plan.role(name).dim_names
             if dims is None:
                 raise LayoutError(

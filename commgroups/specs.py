@@ -34,6 +34,7 @@ __all__ = [
     "CHECKPOINT_ROLE",
     "WORLD",
     "BackendName",
+    "Purpose",
     "HcclOptions",
     "Layout",
     "NcclOptions",
@@ -44,6 +45,10 @@ __all__ = [
 
 # The one list of backend names; the Literal makes mypy and pydantic both reject others.
 BackendName = Literal["device", "nccl", "rccl", "hccl", "gloo", "fake"]
+# What a role's group may carry. "compute": model traffic (FSDP, CP, TP, ...), and torch may find
+# the group through a mesh (flattenings DTensor looks up by layout). "checkpoint": DCP's plan and
+# metadata exchange only; never offered to DeviceMesh or DTensor, and the audit flags any other use.
+Purpose = Literal["compute", "checkpoint"]
 WORLD = "world"
 CHECKPOINT_ROLE = "checkpoint-metadata"
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_\-]*$"
@@ -262,6 +267,11 @@ class RoleSpec(SpecModel):
         timeout_s (float, optional): collective timeout in seconds; ``None``: the backend default.
         options (RoleOptions): backend options; only sections the backend reads are allowed.
         async_and_wait (bool): issue this role's collectives ``async_op=True`` and wait at once.
+        purpose (str): ``"compute"`` (model traffic; the group may back mesh axes and the
+            flattenings DTensor finds by layout) or ``"checkpoint"`` (DCP's plan and metadata
+            exchange only: never a mesh axis or flattening, and the audit flags a collective on it
+            outside DCP). Default: ``"checkpoint"`` for the role named ``checkpoint-metadata``,
+            else ``"compute"``.
 
     Raises:
         InvalidNameError: ``name`` is not allowed.
@@ -299,6 +309,20 @@ class RoleSpec(SpecModel):
     async_and_wait: bool = Field(
         default=True, description="Issue this role's collectives async_op=True and wait at once."
     )
+    purpose: Purpose = Field(
+        default="compute",
+        description="compute (model traffic, may back meshes) or checkpoint (DCP metadata only); "
+        "default: checkpoint for checkpoint-metadata, else compute.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_purpose(cls, data: Any) -> Any:
+        # The checkpoint role keeps its purpose however it is declared (built in, a layout file
+        # that lists it without `purpose`, Python): it must never be offered to DTensor.
+        if isinstance(data, Mapping) and "purpose" not in data and data.get("name") == CHECKPOINT_ROLE:
+            return {**data, "purpose": "checkpoint"}
+        return data
 
     @field_validator("dims")
     @classmethod

@@ -175,6 +175,12 @@ def _classify_one(
             field,
             f"unknown backend {item.get('input')!r}; fix: use one of {ctx.get('expected')}",
         )
+    if kind == "literal_error":
+        return (
+            errors.LayoutError,
+            field,
+            f"unknown value {item.get('input')!r} for '{last}'; fix: use one of {ctx.get('expected')}",
+        )
     if kind == "missing":
         return errors.LayoutError, field, f"field '{last}' is required; fix: add it"
     if kind == "string_pattern_mismatch":
