@@ -325,6 +325,26 @@ class GroupRegistry:
             raise NotAMemberError(f"rank {self._rank} is in no group of role {role!r}")
         return ranks
 
+    def process_groups(self) -> dict[str, dist.ProcessGroup]:
+        """Every group of this registry that holds this rank, by what it serves.
+
+        Returns:
+            Role name -> the role's group (roles whose groups do not hold this rank are left
+            out), and ``mesh-<dim>`` -> the dedicated group of a mesh dim that no role covers
+            (made by :meth:`device_mesh` on first use). The audit reads this to tell the
+            registry's groups from any other.
+
+        Example: ``Layout(dims={"dp_shard": 2, "cp": 2})`` after ``device_mesh(["dp_shard",
+        "cp"])``: keys ``dp_shard``, ``cp``, ``fsdp``, ``checkpoint-metadata`` (the mesh dims use
+        the roles' groups, so no ``mesh-`` entry).
+        """
+        self._check_usable()
+        groups = {name: created.group for name, created in self._created.items()
+                  if created.group is not None}
+        groups.update({f"mesh-{dim}": created.group for dim, created in self._dim_groups.items()
+                       if created.group is not None})
+        return groups
+
     def backend(self, role: str) -> str:
         """The backend ``role`` resolved to on this machine (nccl, rccl, hccl, gloo or fake)."""
         self.spec(role)

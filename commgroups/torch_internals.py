@@ -41,12 +41,14 @@ __all__ = [
     "TorchDispatchMode",
     "default_group",
     "default_store",
+    "defers_to_subclass",
     "op_schema",
     "devicemesh_rows",
     "flatten_mesh",
     "fsdp_default_comm_classes",
     "functional_all_reduce",
     "group_naming_state",
+    "group_sequence_number",
     "hccl_process_group_class",
     "import_fake_backend",
     "predict_group_names",
@@ -260,6 +262,41 @@ def op_schema(func: Any) -> Any:
     ``OpOverload._schema`` on 2.10, 2.13, 2.14.1, 2.15.0; no public accessor. No fallback.
     """
     return func._schema
+
+
+def defers_to_subclass(types: Sequence[type]) -> bool:
+    """Whether a dispatch mode should let a tensor subclass among ``types`` run first.
+
+    A mode's ``__torch_dispatch__`` sees an op on DTensors *before* DTensor desugars it, and the
+    collectives DTensor then issues run with the mode popped: invisible. Returning NotImplemented
+    for such ops lets the subclass run under the mode, so its collectives reach the mode (torch's own
+    ``CommDebugMode`` does this for DTensor). Here: every traceable wrapper subclass
+    (``torch.utils._python_dispatch.is_traceable_wrapper_subclass_type``, private on 2.10, 2.13,
+    2.14.1, 2.15.0: DTensor, AsyncCollectiveTensor, ...) except the ones compile's own modes own
+    (FakeTensor, FunctionalTensor), which have no meaning outside their mode.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
+
+    return any(
+        t is not torch.Tensor and is_traceable_wrapper_subclass_type(t)
+        and not issubclass(t, (FakeTensor, FunctionalTensor))
+        for t in types
+    )
+
+
+def group_sequence_number(group: dist.ProcessGroup) -> int | None:
+    """How many collectives (and point-to-point ops) ``group`` has run on this rank, or None.
+
+    ``ProcessGroup._get_sequence_number_for_group()`` (2.10, 2.13, 2.14.1, 2.15.0): gloo and NCCL
+    count every collective, functional ones, barriers, send and recv included; the fake backend and
+    Python-implemented groups (commgroups' single-rank backend) raise, and then there is no count.
+    """
+    try:
+        return int(group._get_sequence_number_for_group())  # type: ignore[attr-defined]
+    except (RuntimeError, AttributeError, NotImplementedError, ValueError, TypeError):
+        return None
 
 
 def functional_all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup) -> torch.Tensor:

@@ -20,9 +20,14 @@ import pytest
 from commgroups.audit.call_sites import PLUMBING_MODULES, call_site, is_plumbing
 from commgroups.audit.hazards import (
     aliasing_hazards,
+    default_group_hazards,
+    device_on_gloo_hazards,
     find_hazards,
+    foreign_group_hazards,
     mixed_stream_hazards,
+    off_purpose_hazards,
     sequence_mismatch_hazards,
+    uncounted_hazards,
 )
 from commgroups.audit.merge import AuditFileError, load_dir, merge, merge_dir
 from commgroups.audit.records import (
@@ -374,3 +379,75 @@ def test_analysis_and_cli_run_with_torch_blocked(tmp_path: Path) -> None:
     """, str(tmp_path))
     assert cli.returncode == 1, cli.stderr  # 1: hazards found
     assert json.loads(cli.stdout)["hazards"][0]["kind"] == "aliasing"
+
+
+def _isolation_data(records: list[dict[str, Any]], *, sequence: dict[str, list[int]] | None = None,
+                    registry: bool = True) -> dict[str, Any]:
+    """Rank 0 of 4: default group 0; registry groups 1 (tp, compute) and 2 (checkpoint)."""
+    return {"format": "commgroups-audit/1", "rank": 0, "world_size": 4, "default_group": "0",
+            "groups": {"0": {"ranks": [0, 1, 2, 3], "backend": "gloo", "default": True,
+                             "roles": []},
+                       "1": {"ranks": [0, 1], "backend": "gloo", "default": False, "roles": ["tp"]},
+                       "2": {"ranks": [0, 1, 2, 3], "backend": "gloo", "default": False,
+                             "roles": ["checkpoint-metadata"]},
+                       "9": {"ranks": [0, 2], "backend": "gloo", "default": False, "roles": []}},
+            "roles": {"tp": "1", "checkpoint-metadata": "2"},
+            "role_ranks": {"tp": [0, 1], "checkpoint-metadata": [0, 1, 2, 3]},
+            "purposes": {"tp": "compute", "checkpoint-metadata": "checkpoint"},
+            "registry_groups": ["1", "2"] if registry else None,
+            "sequence": sequence or {}, "records": records}
+
+
+def _dcp(rec: dict[str, Any], inside: bool) -> dict[str, Any]:
+    return {**rec, "in_checkpoint": inside}
+
+
+def test_checkpoint_group_outside_dcp_is_off_purpose() -> None:
+    inside = _dcp(_rec("c10d.allgather_", False, group="2"), True)
+    outside = _dcp(_rec("_c10d_functional.all_reduce", True, group="2"), False)
+    assert off_purpose_hazards([_isolation_data([inside])]) == []
+    [hazard] = off_purpose_hazards([_isolation_data([inside, outside, outside])])
+    assert (hazard.kind, hazard.severity, hazard.roles) == ("off_purpose", "error",
+                                                            ("checkpoint-metadata",))
+    assert hazard.details["calls"] == 2 and "checkpoint-metadata" in hazard.message
+    # a compute role's traffic is its purpose, inside DCP or not
+    assert off_purpose_hazards([_isolation_data([_dcp(_rec("c10d.allreduce_", True), False)])]) == []
+    # files written before purposes existed: nothing to judge
+    old = _isolation_data([outside])
+    del old["purposes"]
+    assert off_purpose_hazards([old]) == []
+
+
+def test_device_tensors_on_gloo_are_named() -> None:
+    cuda = _rec("_c10d_functional.all_reduce", True, group="2", device="cuda:0", stream=7)
+    [hazard] = device_on_gloo_hazards([_isolation_data([cuda, _rec("c10d.allreduce_", True)])])
+    assert (hazard.kind, hazard.group, hazard.details["devices"]) == ("device_on_gloo", "2",
+                                                                      {"cuda:0": 1})
+    assert "checkpoint-metadata" in hazard.message
+    assert device_on_gloo_hazards([_isolation_data([_rec("c10d.allreduce_", True)])]) == []
+
+
+def test_default_and_foreign_groups_are_named_with_a_registry_only() -> None:
+    on_default, on_foreign = _rec("c10d.allreduce_", True, group="0"), _rec("c10d.allreduce_",
+                                                                            True, group="9")
+    data = _isolation_data([on_default, on_foreign])
+    # checkpoint-metadata spans the default group's ranks: aliasing names that one
+    assert [h.kind for h in aliasing_hazards([data])] == ["aliasing"]
+    assert default_group_hazards([data]) == []
+    [foreign] = foreign_group_hazards([data])
+    assert (foreign.group, foreign.severity) == ("9", "warning")
+    no_world_role = {**data, "role_ranks": {"tp": [0, 1]}, "roles": {"tp": "1"}}
+    [default] = default_group_hazards([no_world_role])
+    assert (default.kind, default.group, default.details["calls"]) == ("default_group", "0", 1)
+    without_registry = _isolation_data([on_default, on_foreign], registry=False)
+    assert default_group_hazards([without_registry]) == foreign_group_hazards(
+        [without_registry]) == []
+
+
+def test_a_group_count_that_disagrees_is_uncounted() -> None:
+    two = [_rec("c10d.allreduce_", True), _rec("c10d.allreduce_", True)]
+    assert uncounted_hazards([_isolation_data(two, sequence={"1": [5, 7]})]) == []
+    [hazard] = uncounted_hazards([_isolation_data(two, sequence={"1": [5, 9], "2": [0, 0]})])
+    assert (hazard.kind, hazard.roles, hazard.details) == ("uncounted", ("tp",),
+                                                           {"recorded": 2, "counted": 4})
+    assert "could not see" in hazard.message

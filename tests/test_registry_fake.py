@@ -56,3 +56,38 @@ def test_no_role_is_ever_the_default_group(layout: cg.Layout, data: st.DataObjec
                 assert registry.ranks(role) == plan.group_of(role, rank)
     finally:
         dist.destroy_process_group()
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts(), st.data())
+def test_torch_finds_only_compute_roles_on_registry_meshes(layout: cg.Layout,
+                                                           data: st.DataObject) -> None:
+    """Invariant 7: whatever DTensor or FSDP2 can find on a registry mesh, by name or by layout (the
+    root mesh's flatten mapping), is the group of a compute role over exactly those dims; a role
+    marked ``purpose="checkpoint"`` (a random subset here) is never among them."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    marked = {role.name for role in layout.roles if data.draw(st.booleans())}
+    layout = cg.Layout(dims=layout.dims, roles=[
+        role.model_copy(update={"purpose": "checkpoint" if role.name in marked else "compute"})
+        for role in layout.roles])
+    rank = data.draw(st.integers(0, layout.world_size - 1))
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
+    try:
+        with cg.GroupRegistry(layout) as registry:
+            compute = {registry.group(r).group_name: r for r in registry.role_names
+                       if r not in marked}
+            meshes = [registry.device_mesh(list(layout.dims))]
+            meshes += [registry.device_mesh(r) for r in compute.values()]
+            for mesh in meshes:
+                for key, flat in mesh._flatten_mapping.items():  # PRIVATE-TORCH: what DTensor reads
+                    name = flat.get_group().group_name
+                    assert name in compute, (key, name, marked)
+                    role = registry.spec(compute[name])
+                    assert key in {compute[name], "_".join(role.dims if role.dims != "world"
+                                                           else layout.dims)}
+            for role in marked:
+                with pytest.raises(cg.errors.LayoutError, match="purpose 'checkpoint'"):
+                    registry.device_mesh(role)
+    finally:
+        dist.destroy_process_group()

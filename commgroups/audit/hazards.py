@@ -12,6 +12,20 @@ Input: the per-rank dicts :meth:`Recorder.to_dict` produces (the schema of
   so there it is reported as latent (severity ``warning``): the same code deadlocks on NCCL/RCCL.
 - ``sequence_mismatch``: ranks of one group issued different (op, shapes, dtypes) sequences, or
   different numbers of calls: a hang or silent corruption. Needs every member's file.
+
+Role isolation (each role's traffic on its own group; recordings made with a registry):
+
+- ``off_purpose``: collectives on a role's group outside that role's purpose: on a ``checkpoint``
+  role's group (checkpoint-metadata) from anywhere but DCP, e.g. a model reduction DTensor found
+  there.
+- ``device_on_gloo``: device (CUDA, NPU, ...) tensors sent through a gloo group: a host round trip
+  for every call, and a sign that model traffic took a metadata group.
+- ``default_group``: collectives on the default group, which the registry never hands out: code
+  that bypasses the registry (aliasing reports it instead where a role covers the same ranks).
+- ``foreign_group``: collectives on a group the registry did not make (warning: may be the user's
+  own group; torch made it when a mesh was flattened the registry had not prepared).
+- ``uncounted``: a group's own collective count (gloo and NCCL keep one) moved by more than the
+  audit recorded: calls it could not see (another thread, a path that skips the dispatcher).
 """
 
 from __future__ import annotations
@@ -27,7 +41,12 @@ __all__ = [
     "UNIFORM_SHAPE_OPS",
     "Hazard",
     "aliasing_hazards",
+    "default_group_hazards",
+    "device_on_gloo_hazards",
     "find_hazards",
+    "foreign_group_hazards",
+    "off_purpose_hazards",
+    "uncounted_hazards",
     "mixed_stream_hazards",
     "sequence_mismatch_hazards",
 ]
@@ -54,7 +73,9 @@ class Hazard:
     """One named hazard found in recorded collectives.
 
     Args:
-        kind: ``aliasing``, ``mixed_streams`` or ``sequence_mismatch``.
+        kind: ``aliasing``, ``mixed_streams``, ``sequence_mismatch``, ``off_purpose``,
+            ``device_on_gloo``, ``default_group``, ``foreign_group`` or ``uncounted`` (see the
+            module docs).
         severity: ``error`` (breaks on this backend) or ``warning`` (latent here, breaks on
             NCCL/RCCL).
         group: the c10d group name the hazard is on.
@@ -97,16 +118,20 @@ def find_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
             per-rank files).
 
     Returns:
-        The aliasing and mixed-stream hazards of every rank (one hazard per kind and group, listing
-        every rank it was seen on), then, given two or more ranks, the first sequence mismatch of
-        each group.
+        The per-rank hazards of every rank (aliasing, mixed streams, off-purpose use, device
+        tensors on gloo, default-group and foreign-group traffic, uncounted calls: one hazard per
+        kind and group, listing every rank it was seen on), then, given two or more ranks, the
+        first sequence mismatch of each group.
 
     Example::
 
         # ranks 0..3 of cp == world built with plain DeviceMesh, read from their files
         [h.kind for h in find_hazards(datas)]   # ['aliasing', 'mixed_streams']
     """
-    hazards = aliasing_hazards(rank_data) + mixed_stream_hazards(rank_data)
+    hazards = (aliasing_hazards(rank_data) + mixed_stream_hazards(rank_data)
+               + off_purpose_hazards(rank_data) + device_on_gloo_hazards(rank_data)
+               + default_group_hazards(rank_data) + foreign_group_hazards(rank_data)
+               + uncounted_hazards(rank_data))
     if len(rank_data) > 1:
         hazards += sequence_mismatch_hazards(rank_data)
     return hazards
@@ -299,3 +324,210 @@ def sequence_mismatch_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazar
                                   {"index": index, "calls_per_rank": counts}))
             break  # everything after the first divergence is noise
     return hazards
+
+
+def _by_group(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        grouped.setdefault(rec["group"], []).append(rec)
+    return grouped
+
+
+def _traffic(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Counts and first caller of some records, for a hazard's details."""
+    return {"calls": len(records), "ops": dict(Counter(r["op"] for r in records)),
+            "first_caller": records[0]["caller"]}
+
+
+def _roles_of(data: dict[str, Any], group: str) -> tuple[str, ...]:
+    return tuple(data["groups"].get(group, {}).get("roles", []))
+
+
+def off_purpose_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
+    """The ``off_purpose`` rule: a ``checkpoint`` role's group used outside DCP.
+
+    Args:
+        rank_data: per-rank dicts (one or more ranks); only roles with a recorded purpose count.
+
+    Returns:
+        One error per group whose roles are all ``checkpoint`` roles and that carried collectives
+        DCP did not issue (``in_checkpoint`` false), listing the ranks it was seen on.
+
+    Example::
+
+        # torchtitan's grad-norm all_reduce merged onto checkpoint-metadata's group "5"
+        [(h.roles, h.details["calls"]) for h in off_purpose_hazards(datas)]
+        # [(('checkpoint-metadata',), 4)]
+    """
+    found = []
+    for data in rank_data:
+        purposes = data.get("purposes", {})
+        for group, records in _by_group(data["records"]).items():
+            roles = _roles_of(data, group)
+            if not roles or any(purposes.get(role) != "checkpoint" for role in roles):
+                continue
+            outside = [r for r in records if not r.get("in_checkpoint", False)]
+            if not outside:
+                continue
+            message = (
+                f"{len(outside)} collective(s) ran on the group of role(s) {', '.join(roles)} "
+                f"(purpose checkpoint: DCP's plan and metadata exchange only) outside DCP, first "
+                f"{outside[0]['op']} from {outside[0]['caller']}; model traffic there runs on the "
+                "wrong communicator (gloo: device tensors through the host); fix: give that "
+                "traffic a compute role (for DTensor: a role over the mesh dims it reduces over, or "
+                "none, so it reduces per dim) and pass registry.group(role) only to DCP"
+            )
+            found.append((("purpose", group), int(data["rank"]), Hazard(
+                "off_purpose", "error", group, roles, (), message, _traffic(outside))))
+    return _merge_by_key(found)
+
+
+def device_on_gloo_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
+    """The ``device_on_gloo`` rule: accelerator tensors sent through a gloo group.
+
+    Args:
+        rank_data: per-rank dicts (one or more ranks).
+
+    Returns:
+        One error per gloo group that carried tensors on a device other than the CPU.
+
+    Example::
+
+        # a CUDA gradient reduced on the gloo checkpoint group "5"
+        [h.details["devices"] for h in device_on_gloo_hazards(datas)]   # [{'cuda:0': 1}]
+    """
+    found = []
+    for data in rank_data:
+        for group, records in _by_group(data["records"]).items():
+            if data["groups"].get(group, {}).get("backend") != "gloo":
+                continue
+            on_device = [r for r in records if r["device"].split(":")[0] not in ("cpu", "meta")]
+            if not on_device:
+                continue
+            roles = _roles_of(data, group)
+            message = (
+                f"{len(on_device)} collective(s) sent {on_device[0]['device']} tensors through gloo "
+                f"group {group}" + (f" (role(s) {', '.join(roles)})" if roles else "")
+                + f", first {on_device[0]['op']} from {on_device[0]['caller']}: every call copies "
+                "through the host; fix: run that traffic on a device-backend role (backend = "
+                "\"device\"), keep gloo groups for CPU objects (DCP metadata)"
+            )
+            details = _traffic(on_device)
+            details["devices"] = dict(Counter(r["device"] for r in on_device))
+            found.append((("device", group), int(data["rank"]), Hazard(
+                "device_on_gloo", "error", group, roles, (), message, details)))
+    return _merge_by_key(found)
+
+
+def default_group_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
+    """The ``default_group`` rule: collectives on the default group in a registry's recording.
+
+    Args:
+        rank_data: per-rank dicts; ranks recorded without a registry (``registry_groups`` null)
+            are skipped, and so are those :func:`aliasing_hazards` already reports (a role over
+            the default group's ranks).
+
+    Returns:
+        One error per default group that carried collectives, with counts and the first caller.
+
+    Example::
+
+        # a plain dist.all_reduce(t) inside cg.audit.record(registry)
+        [h.details["calls"] for h in default_group_hazards(datas)]   # [1]
+    """
+    found = []
+    for data in rank_data:
+        default = data["default_group"]
+        if data.get("registry_groups") is None or default is None:
+            continue
+        on_default = [r for r in data["records"] if r["group"] == default]
+        default_ranks = data["groups"].get(default, {}).get("ranks")
+        covered = any(ranks is not None and default_ranks is not None
+                      and sorted(ranks) == sorted(default_ranks)
+                      for ranks in data["role_ranks"].values())
+        if not on_default or covered or default in data["roles"].values():
+            continue
+        message = (
+            f"{len(on_default)} collective(s) ran on the default group {default}, which the "
+            f"registry never hands out (first {on_default[0]['op']} from "
+            f"{on_default[0]['caller']}): that code bypasses the registry and shares the default "
+            "communicator with whatever else uses it; fix: pass it a role's group "
+            "(registry.group(role), a registry mesh) or issue through registry.collectives(role)"
+        )
+        found.append((("default", default), int(data["rank"]), Hazard(
+            "default_group", "error", default, (), (), message, _traffic(on_default))))
+    return _merge_by_key(found)
+
+
+def foreign_group_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
+    """The ``foreign_group`` rule: collectives on a group the registry did not make.
+
+    Args:
+        rank_data: per-rank dicts; ranks recorded without a registry are skipped.
+
+    Returns:
+        One warning per such group (not the default group: see :func:`default_group_hazards`).
+
+    Example::
+
+        # FSDP2 flattened a registry mesh over dims no role covers: torch made group "9"
+        [h.group for h in foreign_group_hazards(datas)]   # ['9']
+    """
+    found = []
+    for data in rank_data:
+        made = data.get("registry_groups")
+        if made is None:
+            continue
+        for group, records in _by_group(data["records"]).items():
+            if group in made or group == data["default_group"]:
+                continue
+            ranks = data["groups"].get(group, {}).get("ranks")
+            message = (
+                f"{len(records)} collective(s) ran on group {group} (ranks {ranks}), which the "
+                f"registry did not make, first {records[0]['op']} from {records[0]['caller']}; "
+                "fix: if it carries a role's traffic, declare that role so the registry makes its "
+                "group (torch makes one when a registry mesh is flattened over dims no role spans)"
+            )
+            found.append((("foreign", group), int(data["rank"]), Hazard(
+                "foreign_group", "warning", group, (), (), message, _traffic(records))))
+    return _merge_by_key(found)
+
+
+def uncounted_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
+    """The ``uncounted`` rule: a group's own count disagrees with the recorded calls.
+
+    Args:
+        rank_data: per-rank dicts with ``sequence`` (group -> [count when first met, at the end],
+            from the backend: gloo and NCCL keep one; others are absent).
+
+    Returns:
+        One warning per (group, recorded, counted) where the two differ: calls the audit missed
+        (another thread, a call that skips the dispatcher), or calls it saw that never ran.
+
+    Example::
+
+        # DCP async_save's background thread ran 3 collectives on the checkpoint group "5"
+        [(h.details["recorded"], h.details["counted"]) for h in uncounted_hazards(datas)]
+        # [(0, 3)]
+    """
+    found = []
+    for data in rank_data:
+        recorded = Counter(r["group"] for r in data["records"])
+        for group, (start, end) in data.get("sequence", {}).items():
+            counted = int(end) - int(start)
+            if counted == recorded[group]:
+                continue
+            roles = _roles_of(data, group)
+            message = (
+                f"group {group}" + (f" (role(s) {', '.join(roles)})" if roles else "")
+                + f" counted {counted} collective(s) while the audit recorded {recorded[group]}: "
+                + ("calls the audit could not see (another thread, such as DCP async_save's, or "
+                   "a call that skips the dispatcher)" if counted > recorded[group] else
+                   "recorded calls that did not run")
+                + "; fix: record on every thread that issues collectives, or read these counts "
+                "as the truth for this group"
+            )
+            found.append((("uncounted", group, recorded[group], counted), int(data["rank"]), Hazard(
+                "uncounted", "warning", group, roles, (), message,
+                {"recorded": recorded[group], "counted": counted})))
+    return _merge_by_key(found)

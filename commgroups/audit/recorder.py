@@ -12,6 +12,17 @@ from our wrapper, FSDP2, DCP's object collectives, spmd_types or user code; func
   ``monitored_barrier_`` is always blocking.
 - ``_c10d_functional.*`` ops carry the group *name*; they always take the async path (``async_op`` is
   True). Their inner ``c10d`` calls run with the mode popped, so nothing is counted twice.
+- Ops on tensor subclasses (DTensor, AsyncCollectiveTensor) are handed to the subclass first (the
+  mode returns NotImplemented, as torch's ``CommDebugMode`` does): the subclass desugars them under
+  the mode, so the collectives DTensor issues inside its dispatch (a redistribute an op needs, the
+  reduction of a gradient norm) are recorded like any other. Without this they ran with the mode
+  popped and were never seen.
+- Each record says whether DCP issued it (``in_checkpoint``: a ``torch.distributed.checkpoint``
+  frame on the stack), so the analysis can tell a checkpoint group's proper use from misuse.
+- Cross-check: the recorder reads each group's own count of collectives
+  (:func:`commgroups.torch_internals.group_sequence_number`: gloo and NCCL keep one) when it first
+  meets the group and when the block ends; a difference from what it recorded is reported
+  (``uncounted`` hazard): calls it did not see.
 - The CUDA stream is the caller's current stream at issue time (``"cpu"`` for CPU tensors): where a
   blocking NCCL call runs. An async call runs on the group's own stream, which no public API names;
   the recorder models it as ``group:<name>`` (see :attr:`CollectiveRecord.exec_stream`).
@@ -29,8 +40,9 @@ Real models run more than plain ops inside the recording, and the mode stays out
 
 Not seen either: collectives issued on another thread (dispatch modes are thread-local: DCP
 ``async_save``'s background thread), and calls made straight on a ``Backend`` object, which skip the
-dispatcher. Cost: every aten op of the recorded thread passes through Python while recording; fine
-for a debug run, not for production throughput.
+dispatcher; the sequence cross-check reports both where the backend keeps a count. Cost: every
+aten op of the recorded thread passes through Python while recording; fine for a debug run, not
+for production throughput.
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,17 +61,17 @@ import torch
 import torch.distributed as dist
 
 from commgroups import torch_internals
-from commgroups.audit.call_sites import call_site
+from commgroups.audit.call_sites import call_site, is_plumbing
 from commgroups.audit.hazards import Hazard, find_hazards
 from commgroups.audit.records import (
     AUDIT_DIR_ENV,
+    CHECKPOINT_MODULES,
     COLLECTIVE_NAMESPACES,
     FILE_FORMAT,
     NOT_COLLECTIVES,
     CollectiveRecord,
     rank_file_name,
 )
-from commgroups.errors import NotAMemberError
 from commgroups.registry import GroupRegistry
 from commgroups.torch_internals import TorchDispatchMode, tree_leaves
 
@@ -85,10 +98,22 @@ def _group_by_name(name: str) -> dist.ProcessGroup:
     return torch_internals.resolve_group_name(name)
 
 
-def _resolve_roles(roles: Any) -> dict[str, dist.ProcessGroup]:
-    """role -> this rank's group, from a GroupRegistry or a mapping (None values are skipped)."""
+@dataclasses.dataclass
+class _Roles:
+    """What the recorder knows of the roles: their groups, purposes, and the registry's groups."""
+
+    groups: dict[str, dist.ProcessGroup]
+    """role -> this rank's group."""
+    purposes: dict[str, str]
+    """role -> ``compute`` or ``checkpoint`` (only roles that came from a registry)."""
+    made: dict[str, dist.ProcessGroup] | None
+    """Every group the registry made that holds this rank (None: no registry given)."""
+
+
+def _resolve_roles(roles: Any) -> _Roles:
+    """The roles to name, from a GroupRegistry or a mapping role -> group (None values skipped)."""
     if roles is None:
-        return {}
+        return _Roles({}, {}, None)
     if isinstance(roles, Mapping):
         resolved: dict[str, dist.ProcessGroup] = {}
         for role, group in roles.items():
@@ -100,7 +125,7 @@ def _resolve_roles(roles: Any) -> dict[str, dist.ProcessGroup]:
                     "fix: pass {role: mesh.get_group(dim)} or a GroupRegistry"
                 )
             resolved[str(role)] = group
-        return resolved
+        return _Roles(resolved, {}, None)
     if not isinstance(roles, GroupRegistry):
         raise TypeError(
             f"audit roles: expected a GroupRegistry or a mapping role -> ProcessGroup, got "
@@ -111,13 +136,20 @@ def _resolve_roles(roles: Any) -> dict[str, dist.ProcessGroup]:
             "audit roles: the GroupRegistry has no groups yet; fix: call registry.create() on "
             "every rank before recording"
         )
-    resolved = {}
-    for role in roles.role_names:
-        try:
-            resolved[role] = roles.group(role)
-        except NotAMemberError:
-            continue  # this rank is in no group of the role: nothing to map
-    return resolved
+    made = roles.process_groups()
+    return _Roles({role: group for role, group in made.items() if role in roles.role_names},
+                  {role: roles.spec(role).purpose for role in roles.role_names}, made)
+
+
+def _inside_checkpoint() -> bool:
+    """Whether DCP is on the calling stack (its plan and metadata exchange, reads and writes)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__")
+        if isinstance(module, str) and is_plumbing(module, CHECKPOINT_MODULES):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 class Recorder:
@@ -142,15 +174,54 @@ class Recorder:
     def __init__(self, roles: Any = None) -> None:
         self.records: list[CollectiveRecord] = []
         """Every collective recorded so far, in issue order."""
-        self._role_groups = _resolve_roles(roles)
+        resolved = _resolve_roles(roles)
+        self._role_groups = resolved.groups
+        self._purposes = resolved.purposes
+        self._made = (None if resolved.made is None
+                      else sorted({group.group_name for group in resolved.made.values()}))
         self._groups: dict[str, _GroupInfo] = {}
         self._group_seq: dict[str, int] = {}
         self._roles_by_group: dict[str, list[str]] = {}
+        # Each group's own collective count (where its backend keeps one) when first met and when
+        # the block ended: the cross-check against what was recorded.
+        self._watched: dict[str, dist.ProcessGroup] = {}
+        self._sequence_start: dict[str, int] = {}
+        self._sequence_end: dict[str, int] | None = None
         for role, group in self._role_groups.items():
             self._roles_by_group.setdefault(group.group_name, []).append(role)
             self._group_info(group)
+        default = _default_group()
+        for group in [*(resolved.made or {}).values(), *self._role_groups.values(),
+                      *([default] if default is not None else [])]:
+            self._watch(group)
 
     # ---------------------------------------------------------------------------- observation
+    def _watch(self, group: dist.ProcessGroup) -> None:
+        name = group.group_name
+        if name in self._watched:
+            return
+        self._watched[name] = group
+        count = torch_internals.group_sequence_number(group)
+        if count is not None:
+            self._sequence_start[name] = count
+
+    def finish(self) -> None:
+        """Read every watched group's own collective count once more: the end of the recording.
+
+        :func:`record` calls it when its block ends (also when the block raises); later calls do
+        nothing. Until then :meth:`to_dict` reads the counts live.
+        """
+        if self._sequence_end is None:
+            self._sequence_end = self._read_sequence_end()
+
+    def _read_sequence_end(self) -> dict[str, int]:
+        ends = {}
+        for name in self._sequence_start:
+            count = torch_internals.group_sequence_number(self._watched[name])
+            if count is not None:
+                ends[name] = count
+        return ends
+
     def _group_info(self, group: dist.ProcessGroup) -> _GroupInfo:
         name = group.group_name
         if name not in self._groups:
@@ -211,6 +282,7 @@ class Recorder:
         if device.type == "cuda":
             stream = int(torch.cuda.current_stream(device).stream_id)
         self._group_info(group)  # cache ranks/backend while the group is alive
+        self._watch(group)  # before the op runs: its count does not include this call yet
         group_name = group.group_name
         if async_op is None:
             exec_stream = None
@@ -233,6 +305,7 @@ class Recorder:
             shapes=tuple(tuple(int(d) for d in t.shape) for t in tensors),
             dtypes=tuple(str(t.dtype).replace("torch.", "") for t in tensors),
             caller=call_site(),
+            in_checkpoint=_inside_checkpoint(),
         ))
         logger.debug("audit: %s on group %s async_op=%s", op, group_name, async_op)
 
@@ -242,10 +315,12 @@ class Recorder:
 
         Returns:
             A dict in the schema of :mod:`commgroups.audit.records` (format, rank, world_size,
-            default_group, groups, roles, role_ranks, records).
+            default_group, groups, roles, role_ranks, purposes, registry_groups, sequence,
+            records).
         """
         default_group = _default_group()
         initialized = default_group is not None
+        ends = self._sequence_end if self._sequence_end is not None else self._read_sequence_end()
         default = default_group.group_name if default_group is not None else None
         role_ranks: dict[str, list[int] | None] = {}
         for role, group in self._role_groups.items():
@@ -263,6 +338,10 @@ class Recorder:
             },
             "roles": {role: group.group_name for role, group in self._role_groups.items()},
             "role_ranks": role_ranks,
+            "purposes": dict(self._purposes),
+            "registry_groups": self._made,
+            "sequence": {name: [start, ends[name]] for name, start in self._sequence_start.items()
+                         if name in ends},
             "records": [r.to_dict() for r in self.records],
         }
 
@@ -319,7 +398,12 @@ class _AuditMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if getattr(func, "namespace", None) in COLLECTIVE_NAMESPACES:
+        namespace = getattr(func, "namespace", None)
+        if namespace != "higher_order" and torch_internals.defers_to_subclass(types):
+            # Let DTensor (or another wrapper subclass) desugar the op under this mode: the
+            # collectives it issues then come back through here and are recorded.
+            return NotImplemented
+        if namespace in COLLECTIVE_NAMESPACES:
             try:
                 self.recorder.observe(func, tuple(args), kwargs)
             except Exception:  # the audit must never break the job it watches
@@ -356,8 +440,11 @@ def record(roles: Any = None) -> Iterator[Recorder]:
         # 4 ranks, cp == world through the registry: no hazard on any rank
     """
     recorder = Recorder(roles)
-    with _AuditMode(recorder):
-        yield recorder
+    try:
+        with _AuditMode(recorder):
+            yield recorder
+    finally:
+        recorder.finish()
 
 
 @contextmanager

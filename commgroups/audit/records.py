@@ -9,7 +9,12 @@ A per-rank file (``rank00003.json``) is one JSON object::
     {"format": "commgroups-audit/1", "rank": 3, "world_size": 4, "default_group": "0",
      "groups": {"1": {"ranks": [0, 1, 2, 3], "backend": "gloo", "default": false, "roles": ["cp"]}},
      "roles": {"cp": "1"}, "role_ranks": {"cp": [0, 1, 2, 3]},
+     "purposes": {"cp": "compute"}, "registry_groups": ["1"], "sequence": {"1": [0, 12]},
      "records": [<CollectiveRecord.to_dict()>, ...]}
+
+``purposes``, ``registry_groups`` (null when no registry was given) and ``sequence`` (group ->
+[the group's own collective count when first met, at the end]) may be missing in files written
+before they existed; readers treat them as empty.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "AUDIT_DIR_ENV",
+    "CHECKPOINT_MODULES",
     "COLLECTIVE_NAMESPACES",
     "FILE_FORMAT",
     "NOT_COLLECTIVES",
@@ -42,6 +48,10 @@ COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional
 
 NOT_COLLECTIVES = frozenset({"wait_tensor", "_wrap_tensor_autograd", "wait"})
 """Op names in those namespaces that move no data between ranks."""
+
+CHECKPOINT_MODULES: tuple[str, ...] = ("torch.distributed.checkpoint",)
+"""Module prefixes whose frames mark a collective as checkpoint traffic (DCP's save, load and
+async_save, whoever calls them: commgroups' DCP integration, torchtitan's checkpointer, a user)."""
 
 P2P_OPS = frozenset({"c10d.send", "c10d.recv_", "c10d.recv_any_source_"})
 """Point-to-point ops: no async flag, and not part of a group's collective sequence."""
@@ -68,6 +78,7 @@ class CollectiveRecord:
         dtypes: their dtypes without the ``torch.`` prefix.
         caller: ``path:line in function`` of the first frame outside the plumbing
             (see :mod:`commgroups.audit.call_sites`).
+        in_checkpoint: DCP issued it (a :data:`CHECKPOINT_MODULES` frame was on the stack).
 
     Example::
 
@@ -89,6 +100,7 @@ class CollectiveRecord:
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
     caller: str
+    in_checkpoint: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """This record as JSON-ready data.
