@@ -10,7 +10,7 @@ another dim) runs every check, each in its own recording:
 - the misrouting itself, reproduced by registering the checkpoint group as a flattening as the
   registry used to: the audit names it (``off_purpose`` on checkpoint-metadata);
 - collectives DTensor issues *inside* its dispatch (an op that needs a redistribute) are recorded;
-- c10d calls, object collectives, send/recv, functional collectives and spmd_types' raw calls are
+- c10d calls, object collectives, send/recv, functional collectives and spmd_types' calls are
   recorded once each: gloo's own per-group count agrees (no ``uncounted`` hazard), and a collective
   issued on another thread is reported as ``uncounted``;
 - DCP's exchange on the checkpoint group is its purpose (no hazard); the same group used outside
@@ -115,6 +115,19 @@ def _isolation_world(rank: int, world: int, checkpoint_dir: str) -> dict[str, An
         out["kinds_hazards"] = _kinds(rec)
         out["kinds_sequence"] = rec.to_dict()["sequence"].get(tp.group_name)
 
+        # spmd_types' raw calls (through the async-and-wait dist) on the tp role's group
+        import spmd_types as spmd
+
+        from commgroups.integrations.spmd import activate
+
+        with activate(registry, ["tp"]), cg.audit.record(registry) as rec:
+            gathered = spmd.all_gather(torch.arange(2.0) + rank, "tp", src=spmd.V, dst=spmd.R)
+            spmd.all_reduce(torch.ones(2), "tp", src=spmd.P, dst=spmd.R)
+        out["spmd_roles"] = _by_role(rec)
+        out["spmd_async"] = all(r.async_op for r in rec.records)
+        out["spmd_hazards"] = _kinds(rec)
+        out["spmd_gathered"] = gathered.tolist()
+
         # 4. a collective on another thread is invisible to the dispatch mode: reported
         with cg.audit.record(registry) as rec:
             worker = threading.Thread(target=lambda: dist.all_reduce(torch.ones(1), group=tp))
@@ -199,6 +212,13 @@ def test_every_kind_of_call_is_recorded_once(isolation: list[dict[str, Any]]) ->
         assert end - start == len(ops) == 7
         # blocking and async calls on one group (latent on gloo); nothing uncounted
         assert out["kinds_hazards"] == ["mixed_streams"]
+
+
+def test_spmd_types_calls_are_recorded_on_their_role(isolation: list[dict[str, Any]]) -> None:
+    for out in isolation:
+        assert out["spmd_roles"]["tp"] >= 2, out["spmd_roles"]
+        assert set(out["spmd_roles"]) == {"tp"}
+        assert out["spmd_async"] and out["spmd_hazards"] == []
 
 
 def test_a_collective_the_audit_cannot_see_is_reported(isolation: list[dict[str, Any]]) -> None:
