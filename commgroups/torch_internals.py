@@ -275,6 +275,8 @@ def defers_to_subclass(types: Sequence[type]) -> bool:
     2.14.1, 2.15.0: DTensor, AsyncCollectiveTensor, ...) except the ones compile's own modes own
     (FakeTensor, FunctionalTensor), which have no meaning outside their mode.
     """
+    if not types:  # plain tensors only: the common case, decided without imports
+        return False
     from torch._subclasses.fake_tensor import FakeTensor
     from torch._subclasses.functional_tensor import FunctionalTensor
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type

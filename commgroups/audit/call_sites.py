@@ -11,9 +11,10 @@ No torch import: the rule is plain Python.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["PLUMBING_MODULES", "call_site", "is_plumbing"]
+__all__ = ["PLUMBING_MODULES", "call_site", "inside", "is_plumbing"]
 
 PLUMBING_MODULES: tuple[str, ...] = (
     # torch, and the decorator plumbing between it and its caller (typing_extensions.deprecated
@@ -71,10 +72,34 @@ def call_site(frame: FrameType | None = None, plumbing: tuple[str, ...] = PLUMBI
         # in train.py, line 12, inside step(): dist.all_reduce(t) -> ... -> the recorder
         call_site()   # "train.py:12 in step"
     """
-    current: FrameType | None = sys._getframe(1) if frame is None else frame
-    while current is not None:
-        module = current.f_globals.get("__name__")
-        if not isinstance(module, str) or not is_plumbing(module, plumbing):
+    for module, current in _frames(sys._getframe(1) if frame is None else frame):
+        if module is None or not is_plumbing(module, plumbing):
             return f"{current.f_code.co_filename}:{current.f_lineno} in {current.f_code.co_name}"
-        current = current.f_back
     return "<unknown>"
+
+
+def inside(modules: tuple[str, ...], frame: FrameType | None = None) -> bool:
+    """Whether any frame from ``frame`` outwards belongs to one of ``modules`` (or a submodule).
+
+    Args:
+        modules: module prefixes, e.g. ``("torch.distributed.checkpoint",)``.
+        frame: the innermost frame to look at; None: the caller of this function.
+
+    Returns:
+        True when such a frame is on the stack: the call happens inside that code.
+
+    Example::
+
+        # a collective DCP's save_state_dict issues, observed by the audit
+        inside(("torch.distributed.checkpoint",))   # True
+    """
+    return any(module is not None and is_plumbing(module, modules)
+               for module, _ in _frames(sys._getframe(1) if frame is None else frame))
+
+
+def _frames(frame: FrameType | None) -> Iterator[tuple[str | None, FrameType]]:
+    """Each frame from ``frame`` outwards, with its module name (None where it has none)."""
+    while frame is not None:
+        module = frame.f_globals.get("__name__")
+        yield (module if isinstance(module, str) else None), frame
+        frame = frame.f_back

@@ -51,7 +51,6 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,7 +60,7 @@ import torch
 import torch.distributed as dist
 
 from commgroups import torch_internals
-from commgroups.audit.call_sites import call_site, is_plumbing
+from commgroups.audit.call_sites import call_site, inside
 from commgroups.audit.hazards import Hazard, find_hazards
 from commgroups.audit.records import (
     AUDIT_DIR_ENV,
@@ -139,17 +138,6 @@ def _resolve_roles(roles: Any) -> _Roles:
     made = roles.process_groups()
     return _Roles({role: group for role, group in made.items() if role in roles.role_names},
                   {role: roles.spec(role).purpose for role in roles.role_names}, made)
-
-
-def _inside_checkpoint() -> bool:
-    """Whether DCP is on the calling stack (its plan and metadata exchange, reads and writes)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        module = frame.f_globals.get("__name__")
-        if isinstance(module, str) and is_plumbing(module, CHECKPOINT_MODULES):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
 
 
 class Recorder:
@@ -305,7 +293,7 @@ class Recorder:
             shapes=tuple(tuple(int(d) for d in t.shape) for t in tensors),
             dtypes=tuple(str(t.dtype).replace("torch.", "") for t in tensors),
             caller=call_site(),
-            in_checkpoint=_inside_checkpoint(),
+            in_checkpoint=inside(CHECKPOINT_MODULES),
         ))
         logger.debug("audit: %s on group %s async_op=%s", op, group_name, async_op)
 
