@@ -18,7 +18,7 @@ from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  
 from torch.distributed.device_mesh import DeviceMesh
 from typing_extensions import Self
 
-from commgroups import torch_internals
+from commgroups import limits, torch_internals
 from commgroups.agreement import agree, store_barrier
 from commgroups.backends import BackendAdapter, resolve_backend
 from commgroups.creation import (
@@ -113,12 +113,8 @@ class GroupRegistry:
                 f"{', '.join(CREATION_MODES)}",
                 field="creation_mode",
             )
-        if create_timeout_s <= 0:
-            raise LayoutError(
-                f"create_timeout_s: must be > 0, got {create_timeout_s}; fix: give seconds, e.g. "
-                "300",
-                field="create_timeout_s",
-            )
+        # A bool, nan or inf here would validate and then fail inside create() with a raw error.
+        create_timeout_s = limits.check_timeout(create_timeout_s, "create_timeout_s")
         self.layout = layout
         self.plan = plan(layout)
         self.creation_mode = creation_mode
@@ -369,13 +365,8 @@ class GroupRegistry:
         if role is not None:
             self.spec(role)
         self._check_usable()
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
-            raise LayoutError(
-                f"timeout_s: set_timeout({timeout!r}) needs a timeout > 0; fix: pass a positive "
-                "number of seconds or a timedelta",
-                field="timeout_s",
-            )
+        seconds = limits.check_timeout(
+            timeout.total_seconds() if isinstance(timeout, timedelta) else timeout, "timeout_s")
         new = timedelta(seconds=seconds)
         names = self.role_names if role is None else (role,)
         targets = [self._created[name] for name in names]
