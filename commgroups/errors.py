@@ -14,6 +14,7 @@ __all__ = [
     "AgreementTimeoutError",
     "BackendUnavailableError",
     "CommGroupsError",
+    "ConcurrentRoleUseError",
     "DimOrderError",
     "DimsOrRanksError",
     "DuplicateRoleError",
@@ -32,6 +33,7 @@ __all__ = [
     "RegistryStateError",
     "RoleCollectiveError",
     "RoleTimeoutError",
+    "StoreUnreachableError",
     "TorchVersionError",
     "UnknownBackendError",
     "UnknownDimError",
@@ -211,3 +213,29 @@ class RoleCollectiveError(CommGroupsError, RuntimeError):
 
 class RoleTimeoutError(RoleCollectiveError, TimeoutError):
     """A collective on a role's group timed out; names the role, the op and the sequence number."""
+
+
+class ConcurrentRoleUseError(CommGroupsError, RuntimeError):
+    """A second thread issued on a role another live thread issues on; names the role, both threads
+    and both call sites.
+
+    Ranks pair a group's collectives by issue order, and two threads interleave differently on each
+    rank, so their calls would silently meet the wrong peers' data (wrong sums, no error). A
+    ``registry.collectives(role)`` handle belongs to the first thread that issues on it (or the one
+    that calls ``adopt()``); other threads are refused before anything is issued. Give each thread
+    its own role.
+    """
+
+    def __init__(self, message: str, *, role: str, op: str) -> None:
+        super().__init__(message)
+        self.role = role
+        self.op = op
+
+
+class StoreUnreachableError(CommGroupsError, ConnectionError):
+    """The default group's store stopped answering (its host died); names the host and what waited.
+
+    Raised during agreement and creation instead of a timeout when the store itself fails, which
+    happens at once rather than after ``create_timeout_s``: the rank hosting a TCPStore (rank 0 under
+    ``init_process_group``'s env:// rendezvous) died or its network went away.
+    """
