@@ -327,3 +327,19 @@ def test_cli_prints_one_line_or_a_plan(tmp_path_factory: pytest.TempPathFactory,
     else:
         assert status == 2, err.getvalue()
         assert err.getvalue().count("\n") == 1 and "fix" in err.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("argv", [
+    ["demo", "--world-size", "100000"], ["demo", "--world-size", "0"], ["demo", "--steps", "0"],
+    ["demo", "--timeout", "nan"], ["demo", "--timeout", "inf"], ["demo", "--timeout", "1e10"],
+    ["plan", "examples/layouts/seed_cp4.toml", "--rank", "4"],
+    ["plan", "examples/layouts/seed_cp4.toml", "--max-groups", "100000000"],
+    ["plan", "examples/layouts/seed_cp4.toml", "--measured", "examples"],
+    ["audit", "no/such/dir"],
+], ids=lambda argv: " ".join(argv))
+def test_bad_cli_arguments_are_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.process_time()
+    assert main(argv) == 2  # refused before any process starts
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("commgroups: error: ") and "fix" in err, err
+    assert time.process_time() - started < FAST_S
