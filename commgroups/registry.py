@@ -471,7 +471,15 @@ class GroupRegistry:
         ``registry.device_mesh("fsdp")`` is the 1-D mesh ``[0, 1, 2, 3]`` on the fsdp role's group.
         """
         self._check_usable()
-        names = (dims_or_role,) if isinstance(dims_or_role, str) else tuple(dims_or_role)
+        names = (dims_or_role,) if isinstance(dims_or_role, str) else (
+            tuple(dims_or_role) if isinstance(dims_or_role, (list, tuple)) else ())
+        if not names or not all(isinstance(name, str) for name in names):
+            raise LayoutError(
+                f"device_mesh: {limits.short_repr(dims_or_role)} is not a dim or role name, nor a "
+                "list of them; fix: e.g. registry.device_mesh(['dp_shard', 'cp']) or "
+                "registry.device_mesh('fsdp')",
+                field="dims",
+            )
         if names not in self._meshes:
             axes = [self._mesh_axis(name) for name in names]
             self._check_mesh_axes(names, [dims for dims, _, _ in axes])
