@@ -149,6 +149,7 @@ def _ranked(rank: int, world_size: int) -> dict[str, str]:
         attempt("mesh_ranks", lambda: registry.device_mesh("edge"))
         attempt("not_member", lambda: registry.group("edge"))
         attempt("mesh_order", lambda: registry.device_mesh(["a", "a"]))  # a dim twice
+        attempt("mesh_type", lambda: registry.device_mesh(3))  # type: ignore[arg-type]
     return out
 
 
@@ -163,6 +164,7 @@ def test_rank_dependent_errors_on_a_real_world() -> None:
         assert out["mesh_ranks"].startswith("LayoutError|dims|"), out["mesh_ranks"]
         assert "fix" in out["mesh_ranks"]
         assert out["mesh_order"].startswith("DimOrderError|dims|"), out["mesh_order"]
+        assert out["mesh_type"].startswith("LayoutError|dims|"), out["mesh_type"]
         expected = "no error" if rank == 0 else "NotAMemberError|None|"
         assert out["not_member"].startswith(expected), out["not_member"]
 
