@@ -50,11 +50,14 @@ class LayoutError(CommGroupsError, ValueError):
     """A layout, role spec or registry argument is invalid; raised before any communicator exists.
 
     Catch this to catch every problem with the input; the subclasses below name the kind of
-    problem, and ``field`` names where it is. ``LayoutError`` itself is raised for a required field
-    that is missing (a role without ``name``), a value of the wrong type or out of range outside
-    dims, ranks and options (``timeout_s = -1``), and the registry's own arguments
-    (``creation_mode``, ``create_timeout_s``, ``set_timeout``, ``device_mesh`` over roles that cannot
-    form a mesh).
+    problem, and ``field`` names where it is. Input beyond the bounds of :mod:`commgroups.limits`
+    (world size, dims, nesting, YAML alias expansion, timeout range) is refused the same way.
+    ``LayoutError`` itself is raised for a required field that is missing (a role without
+    ``name``), a value of the wrong type or out of range outside dims, ranks and options
+    (``timeout_s = -1``, ``timeout_s = true``, ``async_and_wait = "yes"``), input nested too deep
+    or too large, and the registry's and CLI's own arguments (``creation_mode``,
+    ``create_timeout_s``, ``set_timeout``, ``device_mesh`` over roles that cannot form a mesh,
+    ``--rank``).
 
     Attributes:
         field: dotted path of the offending field (``roles[1].dims``), or ``None``.

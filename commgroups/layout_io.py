@@ -191,9 +191,9 @@ def _parse(text: str, suffix: str, source: str) -> Any:
         ) from None
     except Exception as error:  # each parser has its own error types; all mean "bad syntax"
         detail = " ".join(str(error).split())  # one line: parsers put marks on several lines
+        detail = detail if len(detail) <= 300 else detail[:296] + " ..."
         raise LayoutFileError(
-            f"{source}: not valid {suffix.lstrip('.').upper()}: {limits.short_repr(detail)[1:-1]}; "
-            "fix: correct the syntax"
+            f"{source}: not valid {suffix.lstrip('.').upper()}: {detail}; fix: correct the syntax"
         ) from None
 
 
