@@ -15,15 +15,17 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
-from commgroups.errors import AgreementTimeoutError, LayoutMismatchError
+from commgroups.errors import AgreementTimeoutError, LayoutMismatchError, StoreUnreachableError
 
-__all__ = ["agree", "describe_differences", "store_barrier"]
+__all__ = ["agree", "describe_differences", "store_barrier", "store_host", "store_calls"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,36 +77,54 @@ def agree(
     world_size: int,
     payload: dict[str, Any],
     timeout: timedelta,
+    finish: Callable[[], None] | None = None,
 ) -> None:
     """Check that every rank holds an identical ``payload``; raise on every rank otherwise.
 
-    ``store`` should be a namespace unique to this creation (a PrefixStore); every rank must call
-    this with the same namespace, in the same order.
+    ``store`` should be a namespace unique to this attempt (a PrefixStore); every rank must call
+    this with the same namespace, in the same order. The attempt ends exactly once, decided by one
+    compare-and-set on the key ``state``: ``complete`` (set by the last rank to arrive) or
+    ``abandoned`` (set by a rank whose wait timed out first). Every rank follows that one outcome,
+    and ``finish`` runs once when it is decided, so the caller can open a fresh namespace for the
+    next attempt: a rank that skipped this attempt then meets the others at the next one instead of
+    reading this one's stale keys.
     """
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    digest = _digest(text)
     started = time.monotonic()
-    store.set(f"digest/{rank}", digest)
-    if rank == 0:
-        store.set("detail/0", text)
-    else:
-        _wait(store, ["digest/0"], timeout, started, world_size, rank)
-        if store.get("digest/0").decode() != digest:
-            store.set(f"detail/{rank}", text)
-            index = store.add("mismatch", 1)
-            store.set(f"mismatch/{index}", str(rank))
-    if store.add("arrived", 1) == world_size:
-        store.set("all", "1")
-    _wait(store, ["all"], timeout, started, world_size, rank)
-
-    mismatches = store.add("mismatch", 0)
-    if mismatches == 0:
-        logger.debug("rank %d: %d ranks agree on %s", rank, world_size, digest[:12])
-        return
-    named = min(mismatches, MAX_NAMED_RANKS)
-    ranks = sorted(int(store.get(f"mismatch/{i}").decode()) for i in range(1, named + 1))
-    reference = json.loads(store.get("detail/0").decode())
-    other = json.loads(store.get(f"detail/{ranks[0]}").decode())
+    with store_calls(store, rank, started, "GroupRegistry.create()"):
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        digest = _digest(text)
+        store.set(f"digest/{rank}", digest)
+        if rank == 0:
+            store.set("detail/0", text)
+        else:
+            _wait_or_abandon(store, ["digest/0"], timeout, started, world_size, rank, finish)
+            if store.get("digest/0").decode() != digest:
+                store.set(f"detail/{rank}", text)
+                index = store.add("mismatch", 1)
+                store.set(f"mismatch/{index}", str(rank))
+        if store.add("arrived", 1) == world_size and _decide(store, "complete") == "complete":
+            if finish is not None:
+                finish()
+            store.set("all", "1")
+        _wait_or_abandon(store, ["all"], timeout, started, world_size, rank, finish)
+        state = store.get("state").decode()
+        if state != "complete":
+            missing = _missing_ranks(store, world_size, "digest/")
+            raise AgreementTimeoutError(
+                f"rank {rank}: not every rank reached GroupRegistry.create() within "
+                f"{timeout.total_seconds():g}s (the attempt was {state} when its wait timed out); "
+                f"ranks that never arrived: {missing or 'unknown'}. fix: make every rank call "
+                "create() (in the same order as other registries), check that no rank died, or "
+                "raise create_timeout_s; calling create() again on every rank starts a fresh attempt"
+            )
+        mismatches = store.add("mismatch", 0)
+        if mismatches == 0:
+            logger.debug("rank %d: %d ranks agree on %s", rank, world_size, digest[:12])
+            return
+        named = min(mismatches, MAX_NAMED_RANKS)
+        ranks = sorted(int(store.get(f"mismatch/{i}").decode()) for i in range(1, named + 1))
+        reference = json.loads(store.get("detail/0").decode())
+        other = json.loads(store.get(f"detail/{ranks[0]}").decode())
     lines = describe_differences(reference, other, ("rank 0", f"rank {ranks[0]}"))
     more = f" (and {mismatches - named} more)" if mismatches > named else ""
     raise LayoutMismatchError(
@@ -117,6 +137,67 @@ def agree(
     )
 
 
+def _decide(store: Store, outcome: str) -> str:
+    """Set the attempt's outcome unless one is set already; returns the outcome that holds."""
+    return bytes(store.compare_set("state", "", outcome)).decode()
+
+
+def _wait_or_abandon(
+    store: Store,
+    keys: list[str],
+    timeout: timedelta,
+    started: float,
+    world_size: int,
+    rank: int,
+    finish: Callable[[], None] | None,
+) -> None:
+    """Wait for ``keys``; on timeout give the attempt up (unless it completed meanwhile) and raise."""
+    try:
+        _wait(store, keys, timeout, started, world_size, rank)
+    except AgreementTimeoutError:
+        if _decide(store, f"abandoned by rank {rank}") == "complete":
+            # The last rank arrived just as this one gave up: the attempt stands, "all" follows.
+            _wait(store, ["all"], timedelta(seconds=30), time.monotonic(), world_size, rank)
+            return
+        if finish is not None:
+            finish()  # idempotent: the next attempt opens however many ranks give up
+        store.set("all", "1")  # wake the ranks still waiting: they read the outcome and raise
+        raise
+
+
+def store_host(store: Store) -> str:
+    """``host:port`` of the TCPStore under ``store`` (through PrefixStores), or a description."""
+    inner = store
+    for _ in range(8):  # PrefixStore over PrefixStore over the real store
+        if not hasattr(inner, "underlying_store"):
+            break
+        inner = inner.underlying_store
+    host, port = getattr(inner, "host", None), getattr(inner, "port", None)
+    if host is not None and port is not None:
+        return f"{host}:{port}"
+    return f"a {type(inner).__name__}"
+
+
+@contextmanager
+def store_calls(store: Store, rank: int, started: float, what: str) -> Iterator[None]:
+    """Turn a failure of the store itself (its host died) into :class:`StoreUnreachableError`.
+
+    Store timeouts stay :class:`AgreementTimeoutError` (raised by the waits inside): a store that
+    answers "connection reset" after 0.06 s must not be reported as ranks missing for 10 s.
+    """
+    try:
+        yield
+    except RuntimeError as error:  # DistNetworkError, DistStoreError: torch's store failures
+        text = " ".join(str(error).split())[:200]
+        raise StoreUnreachableError(
+            f"rank {rank}: the store at {store_host(store)} stopped answering after "
+            f"{time.monotonic() - started:.2f}s while waiting at {what} ({text}); fix: the store's "
+            "host died or is unreachable (rank 0 hosts it under init_process_group's env:// "
+            "rendezvous, torchrun's agent under --rdzv-backend=c10d): restart the job, and host "
+            "the store outside the training ranks to survive a rank's death"
+        ) from error
+
+
 def store_barrier(
     store: Store, name: str, rank: int, world_size: int, timeout: timedelta, what: str
 ) -> None:
@@ -126,10 +207,12 @@ def store_barrier(
     connecting to it, and destroying the group then would break the peer's connection.
     """
     started = time.monotonic()
-    store.set(f"{name}/{rank}", "1")
-    if store.add(f"{name}/count", 1) == world_size:
-        store.set(f"{name}/all", "1")
-    _wait(store, [f"{name}/all"], timeout, started, world_size, rank, key=f"{name}/", what=what)
+    with store_calls(store, rank, started, what):
+        store.set(f"{name}/{rank}", "1")
+        if store.add(f"{name}/count", 1) == world_size:
+            store.set(f"{name}/all", "1")
+        _wait(store, [f"{name}/all"], timeout, started, world_size, rank, key=f"{name}/",
+              what=what)
 
 
 def _wait(
@@ -146,12 +229,15 @@ def _wait(
     try:
         store.wait(keys, timedelta(seconds=max(remaining, 0.001)))
     except (RuntimeError, dist.DistStoreError) as error:
+        if time.monotonic() - started < timeout.total_seconds() - 0.05:
+            raise  # not a timeout: the store itself failed (store_calls names its host)
         missing = _missing_ranks(store, world_size, key)
         raise AgreementTimeoutError(
             f"rank {rank}: not every rank reached {what} within "
             f"{timeout.total_seconds():g}s; ranks that never arrived: {missing or 'unknown'}. "
             "fix: make every rank call create() (in the same order as other registries), check "
-            "that no rank died, or raise create_timeout_s"
+            "that no rank died, or raise create_timeout_s; calling create() again on every rank "
+            "starts a fresh attempt"
         ) from error
 
 

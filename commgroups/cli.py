@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from commgroups.errors import CommGroupsError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "one_line"]
 
 # Sub-command modules; each has register(subparsers) and is imported only when the CLI starts.
 COMMAND_MODULES = ("plan", "demo", "audit", "bench")
@@ -39,6 +39,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.run(args)
     except CommGroupsError as error:
-        print(f"commgroups: error: {error}", file=sys.stderr)
+        # One line, whatever the error holds (a layout error lists every problem on its own line).
+        print(f"commgroups: error: {one_line(str(error))}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as error:
+        # Every input problem is a CommGroupsError above; anything else is a commgroups bug. Say so
+        # in one line rather than a traceback, unless asked for the traceback (-vv).
+        if args.verbose >= 2:
+            raise
+        print(f"commgroups: internal error: {type(error).__name__}: {one_line(str(error))}; this "
+              "is a bug, please report it with the command (-vv shows the traceback)",
+              file=sys.stderr)
+        return 3
     return status
+
+
+def one_line(text: str, width: int = 2000) -> str:
+    """``text`` on one line: its lines joined with ``"; "``, cut to ``width`` characters."""
+    joined = "; ".join(line.strip() for line in text.splitlines() if line.strip())
+    return joined if len(joined) <= width else joined[: width - 4] + " ..."

@@ -12,6 +12,8 @@ follow the same rule. With ``async_and_wait=False`` every call goes to torch exa
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
@@ -22,9 +24,21 @@ import torch.distributed as dist
 
 from commgroups import torch_internals
 from commgroups.async_wait import async_and_wait, issue_and_wait, p2p_issuer, source_rank
-from commgroups.errors import RoleCollectiveError, RoleTimeoutError
+from commgroups.errors import (
+    ConcurrentRoleUseError,
+    RegistryClosedError,
+    RoleCollectiveError,
+    RoleTimeoutError,
+)
 
 __all__ = ["RoleCollectives"]
+
+
+def _caller_site(frame: Any) -> str:
+    """``file:line`` of the first frame outside commgroups and torch, from ``frame`` outwards."""
+    from commgroups.audit.call_sites import call_site  # the slow paths only
+
+    return call_site(frame)
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +60,13 @@ class RoleCollectives:
         group: the process group every call runs on.
         role: the role's name (for messages and logs).
         async_and_wait: issue every call ``async_op=True`` and wait at once (off: pass calls through).
+        owner: the one thread allowed to issue (see :meth:`adopt`); default: the calling thread.
+            The registry passes the thread that ran ``create()``.
+        owner_site: where ``owner`` took the role (``file:line``), for the error naming it.
     """
 
-    def __init__(self, group: dist.ProcessGroup, *, role: str, async_and_wait: bool) -> None:
+    def __init__(self, group: dist.ProcessGroup, *, role: str, async_and_wait: bool,
+                 owner: threading.Thread | None = None, owner_site: str = "") -> None:
         if not isinstance(group, dist.ProcessGroup):
             raise TypeError(
                 f"RoleCollectives for role {role!r} needs a ProcessGroup, got "
@@ -59,6 +77,70 @@ class RoleCollectives:
         self.async_and_wait = async_and_wait
         self.calls = 0
         """How many calls this object has issued: the sequence number errors name."""
+        # The one thread allowed to issue (see _enter), and where it took the role.
+        self._owner_thread = owner if owner is not None else threading.current_thread()
+        self._owner = self._owner_thread.ident
+        self._owner_site = owner_site if owner is not None else _caller_site(sys._getframe(1))
+        self._claim_lock = threading.Lock()
+        self._closed: str | None = None
+
+    def close(self, reason: str) -> None:
+        """Refuse every later call with :class:`RegistryClosedError` saying ``reason``.
+
+        The registry calls it on ``close()``: a handle kept past it would otherwise keep issuing on a
+        destroyed group.
+        """
+        self._closed = reason
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed is not None
+
+    def adopt(self) -> None:
+        """Make the calling thread this role's issuing thread (see :meth:`_enter`).
+
+        For calls that move to another thread in an order that is the same on every rank: a
+        communication thread taking over, or autograd's backward on CUDA (a device thread runs
+        custom Functions' backward) calling ``adopt()`` before its collectives.
+        """
+        with self._claim_lock:
+            self._owner = threading.get_ident()
+            self._owner_thread = threading.current_thread()
+            self._owner_site = _caller_site(sys._getframe(1))
+
+    def _enter(self, op: str) -> None:
+        """Refuse the call when the handle is closed or comes from a thread that does not own it.
+
+        Ranks pair a group's collectives by issue order; two threads issuing on one role
+        interleave differently on each rank and silently meet other calls' data (wrong sums, no
+        error). Neither serialising them nor letting the first one win helps: which thread comes
+        first differs between ranks. So the owner is decided by program order, the same on every
+        rank: the thread that created the registry (or the handle), until a thread calls
+        :meth:`adopt`. Costs one thread-id comparison per call.
+        """
+        if self._closed is not None:
+            raise RegistryClosedError(
+                f"role {self.role!r}: {op} on a RoleCollectives of a closed registry "
+                f"({self._closed}); fix: take a new handle, registry.collectives({self.role!r}), "
+                "from a created registry"
+            )
+        if self._owner != threading.get_ident():
+            raise self._refusal(op, sys._getframe(1))
+
+    def _refusal(self, op: str, frame: Any) -> ConcurrentRoleUseError:
+        owner = self._owner_thread
+        return ConcurrentRoleUseError(
+            f"role {self.role!r}: {op} from thread {threading.current_thread().name!r} at "
+            f"{_caller_site(frame)}, but this role's calls belong to thread {owner.name!r}"
+            f"{' (alive)' if owner.is_alive() else ' (ended)'}"
+            + (f", which took it at {self._owner_site}" if self._owner_site else "")
+            + "; ranks pair calls by issue order, and threads interleave differently on each "
+            "rank, so a second thread would meet the wrong data; fix: give each thread its own "
+            "role, or issue this role's calls from one thread (one that takes over in the same "
+            "order on every rank calls adopt() first)",
+            role=self.role, op=op,
+        )
 
     def __repr__(self) -> str:
         return (f"RoleCollectives(role={self.role!r}, group={self.group.group_name!r}, "
@@ -92,6 +174,7 @@ class RoleCollectives:
     @contextmanager
     def _named(self, op: str) -> Iterator[None]:
         """Number the call and turn a failure into an error naming the role, op and sequence."""
+        self._enter(op)
         self.calls += 1
         seq = self.calls
         try:
@@ -113,13 +196,15 @@ class RoleCollectives:
         handed back unwaited (``async_op=True``) raises torch's own error from its ``wait()``.
         """
         # Inline rather than through _named: this is the hot path (a few microseconds per call).
+        self._enter(fn.__name__)
         self.calls += 1
+        seq = self.calls
         try:
             if not self.async_and_wait:
                 return fn(*args, group=self.group, async_op=async_op, **kwargs)
             return issue_and_wait(fn, *args, group=self.group, async_op=async_op, **kwargs)
         except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
-            raise self._failure(fn.__name__, self.calls, error) from error
+            raise self._failure(fn.__name__, seq, error) from error
 
     @contextmanager
     def _object_scope(self, op: str) -> Iterator[None]:
@@ -229,11 +314,13 @@ class RoleCollectives:
     def isend(self, tensor: torch.Tensor, dst: int | None = None, tag: int = 0,
               group_dst: int | None = None) -> Work | None:
         """``torch.distributed.isend``: the caller's Work, unwaited."""
+        self._enter("isend")
         return dist.isend(tensor, dst=dst, group=self.group, tag=tag, group_dst=group_dst)
 
     def irecv(self, tensor: torch.Tensor, src: int | None = None, tag: int = 0,
               group_src: int | None = None) -> Work | None:
         """``torch.distributed.irecv``: the caller's Work, unwaited."""
+        self._enter("irecv")
         return dist.irecv(tensor, src=src, group=self.group, tag=tag, group_src=group_src)
 
     def p2p_op(self, op: Callable[..., Any], tensor: torch.Tensor, peer: int | None = None,
@@ -255,7 +342,9 @@ class RoleCollectives:
                     f"batch_isend_irecv on role {self.role!r}: op {index} is on {where}, not this "
                     f"role's group; fix: build it with registry.collectives({self.role!r}).p2p_op(...)"
                 )
+        self._enter("batch_isend_irecv")
         return list(dist.batch_isend_irecv(p2p_op_list))
+
 
     # --------------------------------------------------------------------- object collectives
     def all_gather_object(self, object_list: list[Any], obj: Any) -> None:

@@ -14,6 +14,7 @@ __all__ = [
     "AgreementTimeoutError",
     "BackendUnavailableError",
     "CommGroupsError",
+    "ConcurrentRoleUseError",
     "DimOrderError",
     "DimsOrRanksError",
     "DuplicateRoleError",
@@ -32,6 +33,7 @@ __all__ = [
     "RegistryStateError",
     "RoleCollectiveError",
     "RoleTimeoutError",
+    "StoreUnreachableError",
     "TorchVersionError",
     "UnknownBackendError",
     "UnknownDimError",
@@ -48,11 +50,14 @@ class LayoutError(CommGroupsError, ValueError):
     """A layout, role spec or registry argument is invalid; raised before any communicator exists.
 
     Catch this to catch every problem with the input; the subclasses below name the kind of
-    problem, and ``field`` names where it is. ``LayoutError`` itself is raised for a required field
-    that is missing (a role without ``name``), a value of the wrong type or out of range outside
-    dims, ranks and options (``timeout_s = -1``), and the registry's own arguments
-    (``creation_mode``, ``create_timeout_s``, ``set_timeout``, ``device_mesh`` over roles that cannot
-    form a mesh).
+    problem, and ``field`` names where it is. Input beyond the bounds of :mod:`commgroups.limits`
+    (world size, dims, nesting, YAML alias expansion, timeout range) is refused the same way.
+    ``LayoutError`` itself is raised for a required field that is missing (a role without
+    ``name``), a value of the wrong type or out of range outside dims, ranks and options
+    (``timeout_s = -1``, ``timeout_s = true``, ``async_and_wait = "yes"``), input nested too deep
+    or too large, and the registry's and CLI's own arguments (``creation_mode``,
+    ``create_timeout_s``, ``set_timeout``, ``device_mesh`` over roles that cannot form a mesh,
+    ``--rank``).
 
     Attributes:
         field: dotted path of the offending field (``roles[1].dims``), or ``None``.
@@ -211,3 +216,29 @@ class RoleCollectiveError(CommGroupsError, RuntimeError):
 
 class RoleTimeoutError(RoleCollectiveError, TimeoutError):
     """A collective on a role's group timed out; names the role, the op and the sequence number."""
+
+
+class ConcurrentRoleUseError(CommGroupsError, RuntimeError):
+    """A second thread issued on a role another live thread issues on; names the role, both threads
+    and both call sites.
+
+    Ranks pair a group's collectives by issue order, and two threads interleave differently on each
+    rank, so their calls would silently meet the wrong peers' data (wrong sums, no error). A
+    ``registry.collectives(role)`` handle belongs to the first thread that issues on it (or the one
+    that calls ``adopt()``); other threads are refused before anything is issued. Give each thread
+    its own role.
+    """
+
+    def __init__(self, message: str, *, role: str, op: str) -> None:
+        super().__init__(message)
+        self.role = role
+        self.op = op
+
+
+class StoreUnreachableError(CommGroupsError, ConnectionError):
+    """The default group's store stopped answering (its host died); names the host and what waited.
+
+    Raised during agreement and creation instead of a timeout when the store itself fails, which
+    happens at once rather than after ``create_timeout_s``: the rank hosting a TCPStore (rank 0 under
+    ``init_process_group``'s env:// rendezvous) died or its network went away.
+    """

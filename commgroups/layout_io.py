@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from commgroups import limits
 from commgroups.errors import LayoutError, LayoutFileError
 from commgroups.specs import Layout
 
@@ -20,12 +21,152 @@ __all__ = ["SUFFIXES", "load_layout", "parse_layout"]
 SUFFIXES = (".toml", ".yaml", ".yml", ".json")
 
 
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for JSON: a key given twice is an error, not "the last one wins"."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise LayoutFileError(
+                f"key {limits.short_repr(key)} is given twice in one object; fix: keep one of them"
+            )
+        result[key] = value
+    return result
+
+
+def _yaml_loader() -> type:
+    """A SafeLoader that refuses duplicate keys, aliases to a node that holds them (a value that
+    contains itself), nesting past MAX_NESTING and documents that expand past MAX_LAYOUT_NODES.
+
+    Built on first use so that PyYAML stays optional; the checks run on the composed node graph,
+    before any Python object is constructed, so a few bytes of aliases cannot expand for minutes.
+    """
+    import yaml
+
+    MappingNode, ScalarNode, SequenceNode = yaml.MappingNode, yaml.ScalarNode, yaml.SequenceNode
+
+    class LayoutLoader(yaml.SafeLoader):  # type: ignore[misc]  # untyped base
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            # Stop at the first level too deep: PyYAML scans lazily, and deep flow collections
+            # cost it quadratic time, so the document's rest is never read.
+            self.depth += 1
+            try:
+                if self.depth > limits.MAX_NESTING + 1:
+                    raise LayoutFileError(
+                        f"nested more than {limits.MAX_NESTING} levels deep (MAX_NESTING); fix: "
+                        "a layout nests at most 7 levels"
+                    )
+                node: Any = super().compose_node(parent, index)
+                return node
+            finally:
+                self.depth -= 1
+
+        def compose_document(self) -> Any:
+            node: Any = super().compose_document()
+            if node is not None:
+                _check_graph(node)
+            return node
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, ScalarNode):
+                    key = self.construct_scalar(key_node)
+                    if key in seen:
+                        line = key_node.start_mark.line + 1
+                        raise LayoutFileError(
+                            f"key {limits.short_repr(key)} is given twice in one mapping (line "
+                            f"{line}); fix: keep one of them"
+                        )
+                    seen.add(key)
+            mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+            return mapping
+
+    def _check_graph(root: Any) -> None:
+        # Expanded size and depth per node, memoized by identity: aliases share nodes, so this is
+        # linear in the composed graph however far the aliases would expand.
+        sizes: dict[int, int] = {}
+        depths: dict[int, int] = {}
+        open_nodes: set[int] = set()
+        stack: list[tuple[Any, bool]] = [(root, False)]
+        while stack:
+            node, done = stack.pop()
+            key = id(node)
+            if done:
+                open_nodes.discard(key)
+                children = _children(node)
+                sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+                depths[key] = 1 + max((depths[id(c)] for c in children), default=0)
+                if sizes[key] > limits.MAX_LAYOUT_NODES:
+                    raise LayoutFileError(
+                        f"YAML aliases expand to more than {limits.MAX_LAYOUT_NODES:,} values "
+                        f"(MAX_LAYOUT_NODES; line {node.start_mark.line + 1}); fix: write the "
+                        "layout without repeated aliases"
+                    )
+                if depths[key] > limits.MAX_NESTING + 1:
+                    raise LayoutFileError(
+                        f"nested more than {limits.MAX_NESTING} levels deep (MAX_NESTING; line "
+                        f"{node.start_mark.line + 1}); fix: a layout nests at most 7 levels"
+                    )
+                continue
+            if key in sizes:
+                continue
+            if key in open_nodes:
+                raise LayoutFileError(
+                    f"an alias at line {node.start_mark.line + 1} points at a value that contains "
+                    "it (a recursive anchor); fix: remove the alias"
+                )
+            open_nodes.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in _children(node))
+
+    def _children(node: Any) -> list[Any]:
+        if isinstance(node, SequenceNode):
+            return list(node.value)
+        if isinstance(node, MappingNode):
+            return [part for pair in node.value for part in pair]
+        return []
+
+    return LayoutLoader
+
+
+def _flow_nesting(text: str, bound: int) -> bool:
+    """Whether YAML flow brackets (``[`` / ``{`` outside quotes) nest deeper than ``bound``.
+
+    PyYAML's scanner looks up to 1,024 characters ahead for each open bracket (a possible simple
+    key), which is quadratic in the depth: ten thousand ``[`` take it over a second before the
+    composer sees the first node. This linear pass refuses such text first.
+    """
+    depth, quote = 0, ""
+    for char in text:
+        if char == "\n":
+            quote = ""  # an apostrophe in a comment or plain text must not hide the next lines
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char in "[{":
+            depth += 1
+            if depth > bound:
+                return True
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+    return False
+
+
 def _parse(text: str, suffix: str, source: str) -> Any:
+    if len(text) > limits.MAX_LAYOUT_CHARS:
+        raise LayoutFileError(
+            f"{source}: {len(text):,} characters is more than MAX_LAYOUT_CHARS = "
+            f"{limits.MAX_LAYOUT_CHARS:,}; fix: a layout is a few hundred characters, so check "
+            "that this is the right file"
+        )
     try:
         if suffix == ".toml":
-            return tomllib.loads(text)
+            return tomllib.loads(text)  # a key given twice is already a TOML syntax error
         if suffix == ".json":
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_refuse_duplicates)
         try:
             import yaml
         except ImportError as error:
@@ -33,12 +174,26 @@ def _parse(text: str, suffix: str, source: str) -> Any:
                 f"{source}: reading YAML needs PyYAML; fix: pip install 'commgroups[yaml]' or use "
                 "TOML/JSON"
             ) from error
-        return yaml.safe_load(text)
-    except LayoutError:
+        if _flow_nesting(text, limits.MAX_NESTING + 1):
+            raise LayoutFileError(
+                f"flow collections ([...] / {{...}}) nested more than {limits.MAX_NESTING} levels "
+                "deep (MAX_NESTING); fix: a layout nests at most 7 levels"
+            )
+        return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass: safe
+    except LayoutError as error:
+        error.args = (f"{source}: {error.args[0]}",)
         raise
-    except Exception as error:  # each parser has its own error types; all mean "bad syntax"
+    except RecursionError:
+        # json and tomllib recurse per nesting level (the YAML loader is bounded above).
         raise LayoutFileError(
-            f"{source}: not valid {suffix.lstrip('.').upper()}: {error}; fix: correct the syntax"
+            f"{source}: nested too deep to parse; fix: a layout nests at most 7 levels "
+            f"(MAX_NESTING = {limits.MAX_NESTING})"
+        ) from None
+    except Exception as error:  # each parser has its own error types; all mean "bad syntax"
+        detail = " ".join(str(error).split())  # one line: parsers put marks on several lines
+        detail = detail if len(detail) <= 300 else detail[:296] + " ..."
+        raise LayoutFileError(
+            f"{source}: not valid {suffix.lstrip('.').upper()}: {detail}; fix: correct the syntax"
         ) from None
 
 

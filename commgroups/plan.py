@@ -27,6 +27,8 @@ from commgroups.specs import WORLD, Layout, RoleSpec
 __all__ = ["DIMS", "Plan", "RolePlan", "plan"]
 
 FINGERPRINT_VERSION = 1
+MAX_LISTED_RANKS = 65_536
+"""``to_dict`` lists a role's groups only when they hold at most this many ranks in all."""
 DIMS = "dims"
 """The name of the layout's own factorization (its ``dims``) among :attr:`Plan.factorizations`."""
 
@@ -271,7 +273,12 @@ class Plan:
         return hashlib.sha256(text.encode()).hexdigest()
 
     def to_dict(self, rank: int | None = None, max_groups: int | None = 16) -> dict[str, Any]:
-        """A JSON-ready summary (what ``commgroups plan --json`` prints)."""
+        """A JSON-ready summary (what ``commgroups plan --json`` prints).
+
+        A role's ``groups`` are listed when it has at most ``max_groups`` groups holding at most
+        :data:`MAX_LISTED_RANKS` ranks in all, and ``rank_group`` when it holds at most that many
+        (``rank_group_listed`` says which), so the summary of the largest layout stays small.
+        """
         roles: list[dict[str, Any]] = []
         for name, info in self._roles.items():
             entry: dict[str, Any] = {
@@ -283,11 +290,15 @@ class Plan:
                 "spans_world": info.spans_world,
                 "regular": info.regular,
             }
-            if max_groups is None or info.num_groups <= max_groups:
+            listed = info.num_groups * info.group_size <= MAX_LISTED_RANKS
+            if (max_groups is None or info.num_groups <= max_groups) and listed:
                 entry["groups"] = [list(g) for g in self.groups(name)]
             if rank is not None:
-                mine = self.group_of(name, rank)
+                # A group of more than MAX_LISTED_RANKS ranks is not listed (rank_group_listed).
+                small = info.group_size <= MAX_LISTED_RANKS
+                mine = self.group_of(name, rank) if small else None
                 entry["rank_group"] = list(mine) if mine is not None else None
+                entry["rank_group_listed"] = small
             roles.append(entry)
         result: dict[str, Any] = {
             "world_size": self.world_size,

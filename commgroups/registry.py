@@ -7,19 +7,24 @@ the same order. A role's group is never the default group, not even when the rol
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable, Sequence
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import torch.distributed as dist
-from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported at runtime
+from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 from torch.distributed.device_mesh import DeviceMesh
 from typing_extensions import Self
 
-from commgroups import torch_internals
-from commgroups.agreement import agree, store_barrier
+from commgroups import limits, torch_internals
+from commgroups.agreement import agree, store_barrier, store_calls
+from commgroups.audit.call_sites import call_site
 from commgroups.backends import BackendAdapter, resolve_backend
 from commgroups.creation import (
     CREATION_MODES,
@@ -45,6 +50,7 @@ from commgroups.errors import (
 from commgroups.meshes import axes_in_order, build_mesh, forget_flattenings, register_flattening
 from commgroups.plan import RolePlan, plan
 from commgroups.specs import Layout, RoleSpec
+from commgroups.store_keys import AttemptStore, open_attempt
 from commgroups.text_table import format_ranks, format_table
 
 if TYPE_CHECKING:
@@ -56,6 +62,27 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CREATE_TIMEOUT_S = 300.0
 STORE_PREFIX = "commgroups"
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _serialized(
+    method: Callable[Concatenate[GroupRegistry, _P], _R],
+) -> Callable[Concatenate[GroupRegistry, _P], _R]:
+    """Run ``method`` under the registry's lock: one thread at a time creates, meshes or closes.
+
+    Creation is collective (every rank, same order); two threads of one rank racing into it would
+    meet each other's agreement keys and time out. Serialised, the second thread finds the first
+    one's result (a mesh is cached) or a clear state error.
+    """
+
+    @functools.wraps(method)
+    def locked(self: GroupRegistry, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 def _same_device(a: BackendAdapter, b: BackendAdapter) -> bool:
@@ -113,12 +140,8 @@ class GroupRegistry:
                 f"{', '.join(CREATION_MODES)}",
                 field="creation_mode",
             )
-        if create_timeout_s <= 0:
-            raise LayoutError(
-                f"create_timeout_s: must be > 0, got {create_timeout_s}; fix: give seconds, e.g. "
-                "300",
-                field="create_timeout_s",
-            )
+        # A bool, nan or inf here would validate and then fail inside create() with a raw error.
+        create_timeout_s = limits.check_timeout(create_timeout_s, "create_timeout_s")
         self.layout = layout
         self.plan = plan(layout)
         self.creation_mode = creation_mode
@@ -129,9 +152,14 @@ class GroupRegistry:
         self._meshes: dict[tuple[str, ...], DeviceMesh] = {}
         self._timeout_overrides: dict[str, timedelta] = {}
         self._collectives: dict[str, RoleCollectives] = {}
+        self._attempts: list[AttemptStore] = []  # store namespaces to clean on close()
+        self._lock = threading.RLock()
+        self._creator = threading.current_thread()  # owns the role handles (RoleCollectives)
+        self._creator_site = ""
         self._state = "new"
 
     # --------------------------------------------------------------------------------- creation
+    @_serialized
     def create(self) -> Self:
         """Create every role's dedicated group. Collective: every rank must call it.
 
@@ -178,18 +206,23 @@ class GroupRegistry:
             "world_size": world,
             "error": f"{type(local_error).__name__}: {local_error}" if local_error else None,
         }
-        store: Store | None = None
+        store: AttemptStore | None = None
         if default_backend != "fake":
             # One process simulates the world under the fake backend: there is nobody to disagree.
             store = self._agreement_store(rank)
-            agree(store, rank, world, payload, timedelta(seconds=self.create_timeout_s))
+            agree(store, rank, world, payload, timedelta(seconds=self.create_timeout_s),
+                  finish=store.finish)
         if local_error is not None:
             raise local_error
 
         self._rank = rank
+        self._creator = threading.current_thread()
+        self._creator_site = call_site(sys._getframe(1))
         # Regular roles first: keeps every rank's group count equal while local roles are created.
         self._created = self._create_groups(creation_order(self.plan), adapters, methods, store,
                                             "the end of create()")
+        if store is not None:
+            self._attempts.append(store)
         self._state = "created"
         return self
 
@@ -252,12 +285,12 @@ class GroupRegistry:
         logger.debug("rank %d: created %s via %s", self._rank, info.name, method)
         return created
 
-    def _agreement_store(self, rank: int) -> Store:
-        store = torch_internals.default_store()
-        # Each rank counts its own create() calls in the store itself (no process-wide counter), so
-        # the n-th create() of every rank meets in the same namespace.
-        generation = store.add(f"{STORE_PREFIX}/generation/{rank}", 1)
-        return PrefixStore(f"{STORE_PREFIX}/agree/{generation}/", store)
+    def _agreement_store(self, rank: int) -> AttemptStore:
+        # One shared attempt counter, not a count per rank: after a rank skipped an attempt (the
+        # others gave it up), every rank's next create() meets in the same fresh namespace.
+        root = torch_internals.default_store()
+        with store_calls(root, rank, time.monotonic(), "the start of GroupRegistry.create()"):
+            return open_attempt(root, STORE_PREFIX)
 
     # ----------------------------------------------------------------------------------- access
     def _check_usable(self) -> None:
@@ -389,13 +422,8 @@ class GroupRegistry:
         if role is not None:
             self.spec(role)
         self._check_usable()
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
-            raise LayoutError(
-                f"timeout_s: set_timeout({timeout!r}) needs a timeout > 0; fix: pass a positive "
-                "number of seconds or a timedelta",
-                field="timeout_s",
-            )
+        seconds = limits.check_timeout(
+            timeout.total_seconds() if isinstance(timeout, timedelta) else timeout, "timeout_s")
         new = timedelta(seconds=seconds)
         names = self.role_names if role is None else (role,)
         targets = [self._created[name] for name in names]
@@ -407,23 +435,31 @@ class GroupRegistry:
         logger.info("rank %d: timeout of %s set to %ss", self._rank,
                     "every group" if role is None else f"role {role}", seconds)
 
+    @_serialized
     def collectives(self, role: str) -> RoleCollectives:
         """The torch.distributed collective API on ``role``'s group, without ``group=``.
 
         Every call is issued ``async_op=True`` and waited at once (unless the role's ``async_and_wait`` is
-        off); a caller that asks for ``async_op=True`` gets the Work back unwaited.
+        off); a caller that asks for ``async_op=True`` gets the Work back unwaited. The handle issues
+        from the thread that ran :meth:`create` only (another thread gets
+        :class:`~commgroups.errors.ConcurrentRoleUseError` unless it calls ``adopt()``), and
+        refuses to run after :meth:`close`.
         """
         from commgroups.collectives import RoleCollectives
 
         group = self.group(role)
         # One object per role, so its call count (the sequence number errors name) is per role.
         if role not in self._collectives:
+            # Owned by the thread that ran create(): decided by program order, the same on every
+            # rank, never by which thread happens to call first (see RoleCollectives._enter).
             self._collectives[role] = RoleCollectives(
-                group, role=role, async_and_wait=self.spec(role).async_and_wait
+                group, role=role, async_and_wait=self.spec(role).async_and_wait,
+                owner=self._creator, owner_site=self._creator_site,
             )
         return self._collectives[role]
 
     # ----------------------------------------------------------------------------------- meshes
+    @_serialized
     def device_mesh(self, dims_or_role: str | Sequence[str]) -> DeviceMesh:
         """A DeviceMesh over the registry's own groups, named by what was asked for.
 
@@ -455,7 +491,15 @@ class GroupRegistry:
         ``registry.device_mesh("fsdp")`` is the 1-D mesh ``[0, 1, 2, 3]`` on the fsdp role's group.
         """
         self._check_usable()
-        names = (dims_or_role,) if isinstance(dims_or_role, str) else tuple(dims_or_role)
+        names = (dims_or_role,) if isinstance(dims_or_role, str) else (
+            tuple(dims_or_role) if isinstance(dims_or_role, (list, tuple)) else ())
+        if not names or not all(isinstance(name, str) for name in names):
+            raise LayoutError(
+                f"device_mesh: {limits.short_repr(dims_or_role)} is not a dim or role name, nor a "
+                "list of them; fix: e.g. registry.device_mesh(['dp_shard', 'cp']) or "
+                "registry.device_mesh('fsdp')",
+                field="dims",
+            )
         if names not in self._meshes:
             axes = [self._mesh_axis(name) for name in names]
             self._check_mesh_axes(names, [dims for dims, _, _ in axes])
@@ -568,10 +612,12 @@ class GroupRegistry:
             if store is not None:
                 agree(store, self._rank, self.layout.world_size,
                       {"fingerprint": self.plan.fingerprint, "mesh_dim": dim, "creation": methods},
-                      timedelta(seconds=self.create_timeout_s))
+                      timedelta(seconds=self.create_timeout_s), finish=store.finish)
             self._dim_groups.update(self._create_groups(
                 [info], {dim: adapter}, methods, store, f"the creation of mesh dim {dim!r}"
             ))
+            if store is not None:
+                self._attempts.append(store)
         group = self._dim_groups[dim].group
         assert group is not None  # dims cover the world: every rank is in one group
         return adapter, group
@@ -608,12 +654,25 @@ class GroupRegistry:
                 f"state={self._state!r})")
 
     # --------------------------------------------------------------------------------- teardown
+    @_serialized
     def close(self) -> None:
-        """Destroy every group this registry created. Idempotent; the registry is unusable after."""
+        """Destroy every group this registry created and delete its store keys. Idempotent.
+
+        The registry is unusable after, and so is every handle it gave out: a
+        :class:`~commgroups.collectives.RoleCollectives` kept past ``close()`` raises
+        :class:`~commgroups.errors.RegistryClosedError` instead of issuing on a destroyed group.
+        Local: no rank waits for another (the last rank to close deletes the shared keys).
+        """
         if self._state == "closed":
             return
+        for handle in self._collectives.values():
+            handle.close("the registry was closed")
         self._destroy_groups([*self._created.values(), *self._dim_groups.values()])
         self._collectives.clear()
+        if self._rank >= 0:
+            for attempt in self._attempts:
+                attempt.release(self._rank, self.layout.world_size)
+        self._attempts.clear()
         for mesh in self._meshes.values():
             forget_flattenings(mesh)
         if self._meshes:

@@ -27,7 +27,7 @@ from pydantic import (
 )
 from typing_extensions import Self
 
-from commgroups import errors
+from commgroups import errors, limits
 from commgroups.validation_errors import layout_error_from, problem
 
 __all__ = [
@@ -52,28 +52,28 @@ Purpose = Literal["compute", "checkpoint"]
 WORLD = "world"
 CHECKPOINT_ROLE = "checkpoint-metadata"
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_\-]*$"
+# re.fullmatch, not re.match with NAME_PATTERN: Python's "$" also matches before a final newline.
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]*")
+
+
+def _valid_name(name: str) -> bool:
+    """A dim, view or role name: a letter, then letters, digits, '_' or '-'; at most 64 chars."""
+    return len(name) <= limits.MAX_NAME_LENGTH and _NAME.fullmatch(name) is not None
+
+
+def _shown(name: str) -> str:
+    """``name`` for a message or field path: escaped when it holds control characters, cut when long
+    (so an error stays one readable line)."""
+    return name if name.isprintable() and len(name) <= 80 else limits.short_repr(name)[1:-1]
 
 # Dims that FSDP shards over in the built-in roles, following torchtitan (dp_shard x cp; "dp" is the
 # common single data-parallel dim). dp_replicate stays a role of its own: HSDP replicates over it.
 FSDP_DIMS = ("dp", "dp_shard", "cp")
 
 StrictSize = Annotated[int, Strict()]
-
-
-def _check_string_keys(obj: Any, path: str) -> None:
-    """Refuse mappings with non-string keys (YAML's ``? : 1``) before pydantic turns them into
-    keyword arguments, which raises a bare TypeError."""
-    if isinstance(obj, Mapping):
-        for key, value in obj.items():
-            if not isinstance(key, str):
-                raise errors.UnknownFieldError(
-                    f"{path}: key {key!r} is not a name; fix: use text keys such as 'dims'",
-                    field=path,
-                )
-            _check_string_keys(value, f"{path}.{key}")
-    elif isinstance(obj, list):
-        for index, item in enumerate(obj):
-            _check_string_keys(item, f"{path}[{index}]")
+# Where a value has one meaning it has one type: a bool is not a timeout, "yes" is not a bool.
+StrictBool = Annotated[bool, Strict()]
+StrictInt = Annotated[int, Strict()]
 
 
 class SpecModel(BaseModel):
@@ -82,6 +82,7 @@ class SpecModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     def __init__(self, /, **data: Any) -> None:
+        limits.check_input_shape(data, "<layout>")
         try:
             super().__init__(**data)
         except ValidationError as error:
@@ -90,7 +91,7 @@ class SpecModel(BaseModel):
     @classmethod
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
         """Validate ``obj`` (a mapping) into this spec, raising a LayoutError on bad input."""
-        _check_string_keys(obj, cls.__name__)
+        limits.check_input_shape(obj, "<layout>")
         try:
             return super().model_validate(obj, *args, **kwargs)
         except ValidationError as error:
@@ -122,18 +123,18 @@ class NcclOptions(SpecModel):
         16
     """
 
-    high_priority_stream: bool = Field(
+    high_priority_stream: StrictBool = Field(
         default=False, description="Run the group's internal stream at high priority."
     )
-    cga_cluster_size: int | None = Field(default=None, ge=0, le=8, description="NCCL CGA size.")
-    min_ctas: int | None = Field(default=None, ge=1, le=64, description="Minimum CTAs per kernel.")
-    max_ctas: int | None = Field(default=None, ge=1, le=64, description="Maximum CTAs per kernel.")
+    cga_cluster_size: StrictInt | None = Field(default=None, ge=0, le=8, description="NCCL CGA size.")
+    min_ctas: StrictInt | None = Field(default=None, ge=1, le=64, description="Minimum CTAs per kernel.")
+    max_ctas: StrictInt | None = Field(default=None, ge=1, le=64, description="Maximum CTAs per kernel.")
     net_name: str | None = Field(default=None, description="NCCL network plugin name, e.g. 'IB'.")
-    split_share: bool | None = Field(
+    split_share: StrictBool | None = Field(
         default=None,
         description="Share the parent communicator's resources (split creation only).",
     )
-    blocking: bool | None = Field(
+    blocking: StrictBool | None = Field(
         default=None, description="NCCL blocking mode for communicator calls."
     )
 
@@ -174,7 +175,7 @@ class HcclOptions(SpecModel):
         {'hccl_buffer_size': 400}
     """
 
-    buffer_size_mb: int | None = Field(
+    buffer_size_mb: StrictInt | None = Field(
         default=None, ge=1, description="hccl_buffer_size in MB (HCCL's default is 200 MB)."
     )
     op_expansion_mode: str | None = Field(
@@ -295,18 +296,20 @@ class RoleSpec(SpecModel):
     dims: list[str] | Literal["world"] | None = Field(
         default=None, description="Layout dims the role spans (layout order), or 'world'."
     )
-    ranks: list[list[int]] | None = Field(
+    ranks: list[list[StrictInt]] | None = Field(
         default=None, description="Explicit rank groups, instead of dims."
     )
     backend: BackendName = Field(
         default="device",
         description="device (NCCL on CUDA, RCCL on ROCm, HCCL on Ascend, else gloo), or explicit.",
     )
-    timeout_s: float | None = Field(
-        default=None, gt=0, description="Collective timeout in seconds; None: the backend default."
+    timeout_s: Annotated[float, Strict()] | None = Field(
+        default=None, ge=limits.MIN_TIMEOUT_S, le=limits.MAX_TIMEOUT_S, allow_inf_nan=False,
+        description="Collective timeout in seconds (MIN_TIMEOUT_S..MAX_TIMEOUT_S); None: the "
+        "backend default.",
     )
     options: RoleOptions = Field(default_factory=RoleOptions, description="Backend options.")
-    async_and_wait: bool = Field(
+    async_and_wait: StrictBool = Field(
         default=True, description="Issue this role's collectives async_op=True and wait at once."
     )
     purpose: Purpose = Field(
@@ -323,6 +326,17 @@ class RoleSpec(SpecModel):
         if isinstance(data, Mapping) and "purpose" not in data and data.get("name") == CHECKPOINT_ROLE:
             return {**data, "purpose": "checkpoint"}
         return data
+
+    @field_validator("name")
+    @classmethod
+    def _name_short(cls, value: str) -> str:
+        if not _valid_name(value):  # the pattern passed: only the length can be wrong
+            raise problem(
+                errors.InvalidNameError,
+                "name of {length} characters is too long; fix: use at most {most} characters",
+                length=len(value), most=limits.MAX_NAME_LENGTH,
+            )
+        return value
 
     @field_validator("dims")
     @classmethod
@@ -513,13 +527,21 @@ class Layout(SpecModel):
                 errors.EmptyDimsError,
                 "a layout needs at least one dim; fix: e.g. dims = {{ dp_shard = 2, cp = 4 }}",
             )
+        if len(value) > limits.MAX_DIMS:
+            raise problem(
+                errors.InvalidSizeError,
+                "{count} dims is more than MAX_DIMS = {most}; fix: merge dims or drop size-1 "
+                "dims no role uses",
+                count=len(value), most=limits.MAX_DIMS,
+            )
+        world = 1
         for name, size in value.items():
-            if name == WORLD or not re.match(NAME_PATTERN, name):
+            if name == WORLD or not _valid_name(name):
                 raise problem(
                     errors.InvalidNameError,
                     "dim name '{name}' is not allowed; fix: start with a letter, use letters, "
-                    "digits, '_' or '-', and do not use the reserved name 'world'",
-                    name, name=name,
+                    "digits, '_' or '-' (at most 64 characters), and do not use the reserved name 'world'",
+                    _shown(name), name=_shown(name),
                 )
             if size < 1:
                 raise problem(
@@ -527,6 +549,15 @@ class Layout(SpecModel):
                     "dim '{name}' has size {size}; fix: every size must be >= 1 "
                     "(use 1 for an unused dim)",
                     name, name=name, size=size,
+                )
+            world *= size
+            if world > limits.MAX_WORLD_SIZE:  # checked as it grows: huge sizes never multiply
+                raise problem(
+                    errors.InvalidSizeError,
+                    "dims up to '{name}' already cover {world} ranks, more than MAX_WORLD_SIZE = "
+                    "{most}; fix: check the sizes (the world size is their product)",
+                    name, name=name, world=world if world < 10**15 else "more than 1e15",
+                    most=limits.MAX_WORLD_SIZE,
                 )
         return value
 
@@ -544,14 +575,28 @@ class Layout(SpecModel):
         # dims (or another view) must name the same rank grouping, else "cp" would mean two things.
         shapes = _dim_shapes(self.dims)
         owner = dict.fromkeys(self.dims, "dims")
+        if len(self.views) > limits.MAX_VIEWS:
+            raise problem(
+                errors.InvalidViewError,
+                "{count} views is more than MAX_VIEWS = {most}; fix: keep the views roles use",
+                "views", count=len(self.views), most=limits.MAX_VIEWS,
+            )
         for view, dims in self.views.items():
-            field = f"views.{view}"
-            if view == "dims" or not re.match(NAME_PATTERN, view):
+            field = f"views.{_shown(view)}"
+            if len(dims) > limits.MAX_DIMS:
+                raise problem(
+                    errors.InvalidViewError,
+                    "view '{view}' has {count} dims, more than MAX_DIMS = {most}; fix: merge dims "
+                    "or drop size-1 dims no role uses",
+                    field, view=view, count=len(dims), most=limits.MAX_DIMS,
+                )
+            if view == "dims" or not _valid_name(view):
                 raise problem(
                     errors.InvalidNameError,
                     "view name '{view}' is not allowed; fix: start with a letter, use letters, "
-                    "digits, '_' or '-', and do not use the reserved name 'dims'",
-                    field, view=view,
+                    "digits, '_' or '-' (at most 64 characters), and do not use the reserved name "
+                    "'dims'",
+                    field, view=_shown(view),
                 )
             if not dims:
                 raise problem(
@@ -560,12 +605,12 @@ class Layout(SpecModel):
                     field, view=view,
                 )
             for name, size in dims.items():
-                if name == WORLD or not re.match(NAME_PATTERN, name):
+                if name == WORLD or not _valid_name(name):
                     raise problem(
                         errors.InvalidNameError,
                         "dim name '{name}' in view '{view}' is not allowed; fix: start with a "
-                        "letter, use letters, digits, '_' or '-', and not 'world'",
-                        f"{field}.{name}", name=name, view=view,
+                        "letter, use letters, digits, '_' or '-' (at most 64 characters), and not 'world'",
+                        f"{field}.{_shown(name)}", name=_shown(name), view=view,
                     )
                 if size < 1:
                     raise problem(
@@ -629,6 +674,13 @@ class Layout(SpecModel):
 
     @model_validator(mode="after")
     def _roles_fit_dims(self) -> Self:
+        if len(self.roles) > limits.MAX_ROLES:
+            raise problem(
+                errors.LayoutError,
+                "{count} roles is more than MAX_ROLES = {most}; fix: each role costs a communicator "
+                "per rank, so keep the roles the job uses",
+                "roles", count=len(self.roles), most=limits.MAX_ROLES,
+            )
         seen: dict[str, int] = {}
         for index, role in enumerate(self.roles):
             if role.name in seen:

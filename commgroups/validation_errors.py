@@ -13,7 +13,7 @@ from typing import Annotated, Any, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
-from commgroups import errors
+from commgroups import errors, limits
 
 __all__ = ["Problem", "layout_error_from", "problem"]
 
@@ -173,7 +173,8 @@ def _classify_one(
         return (
             errors.UnknownBackendError,
             field,
-            f"unknown backend {item.get('input')!r}; fix: use one of {ctx.get('expected')}",
+            f"unknown backend {limits.short_repr(item.get('input'))}; fix: use one of "
+            f"{ctx.get('expected')}",
         )
     if kind == "literal_error":
         return (
@@ -187,21 +188,37 @@ def _classify_one(
         return (
             errors.InvalidNameError,
             field,
-            f"name {item.get('input')!r} is not allowed; fix: start with a letter and use "
-            "letters, digits, '_' or '-'",
+            f"name {limits.short_repr(item.get('input'))} is not allowed; fix: start with a letter "
+            "and use letters, digits, '_' or '-'",
         )
     if _is_size(model, loc):
         return (
             errors.InvalidSizeError,
             field,
-            f"dim size must be a whole number >= 1, got {item.get('input')!r}; "
+            f"dim size must be a whole number >= 1, got {limits.short_repr(item.get('input'))}; "
             "fix: write the size as an integer such as 4",
         )
-    if kind.startswith(("greater_than", "less_than")):
+    got = limits.short_repr(item.get("input"))
+    if last == "timeout_s":
         return errors.LayoutError, field, (
-            f"{message}, got {item.get('input')!r}; fix: choose a value in range"
+            f"a timeout is a number of seconds in [{limits.MIN_TIMEOUT_S:g}, "
+            f"{limits.MAX_TIMEOUT_S:g}] (MIN_TIMEOUT_S..MAX_TIMEOUT_S; not a bool, text, inf or "
+            f"nan), got {got}; fix: give seconds in that range, e.g. 600, or leave it unset for "
+            "the backend default"
         )
-    return errors.LayoutError, field, f"{message}; fix: give a value of that type"
+    if kind == "bool_type":
+        return errors.LayoutError, field, (
+            f"must be true or false, got {got}; fix: write a boolean (true/false), not text or a "
+            "number"
+        )
+    if kind == "int_type":
+        return errors.LayoutError, field, (
+            f"must be a whole number, got {got}; fix: write an integer such as 4, not text, a "
+            "float or a boolean"
+        )
+    if kind.startswith(("greater_than", "less_than")):
+        return errors.LayoutError, field, f"{message}, got {got}; fix: choose a value in range"
+    return errors.LayoutError, field, f"{message}, got {got}; fix: give a value of that type"
 
 
 def layout_error_from(error: ValidationError, model: type[BaseModel]) -> errors.LayoutError:

@@ -34,10 +34,22 @@ def _parse(text: str, suffix: str) -> Callable[[], object]:
 CASES: list[tuple[type[errors.LayoutError], Callable[[], object], str, str]] = [
     (errors.LayoutError, lambda: cg.Layout(dims={"cp": 4}, roles=[{"dims": ["cp"]}]),
      "roles[0].name", "add it"),
-    (errors.LayoutError, _layout(timeout_s=-1), "roles[0].timeout_s", "choose a value"),
+    (errors.LayoutError, _layout(timeout_s=-1), "roles[0].timeout_s", "in that range"),
     (errors.LayoutError, lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4}), creation_mode="bogus"),
      "creation_mode", "use one of"),
     (errors.LayoutFileError, _parse("[dims\ncp = 4", ".toml"), None, "correct the syntax"),
+    (errors.LayoutFileError, _parse('{"dims": {"cp": 4, "cp": 2}}', ".json"), None, "keep one"),
+    (errors.LayoutFileError, _parse("dims: {cp: 4}\nroles: &r [*r]\n", ".yaml"), None,
+     "remove the alias"),
+    (errors.LayoutError, _layout(timeout_s=True), "roles[0].timeout_s", "in that range"),
+    (errors.LayoutError, _layout(timeout_s=float("inf")), "roles[0].timeout_s", "in that range"),
+    (errors.LayoutError, _layout(async_and_wait="yes"), "roles[0].async_and_wait",
+     "write a boolean"),
+    (errors.LayoutError, lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4}),
+                                                  create_timeout_s=float("nan")),
+     "create_timeout_s", "in that range"),
+    (errors.InvalidSizeError, lambda: cg.Layout(dims={"a": 2**20, "b": 2}), "dims.b",
+     "MAX_WORLD_SIZE"),
     (errors.LayoutFileError, _parse("[dims]", ".ini"), None, "use one of"),
     (errors.InvalidNameError, lambda: cg.Layout(dims={"1cp": 2}), "dims.1cp", "start with a letter"),
     (errors.InvalidNameError, lambda: cg.Layout(dims={"world": 2}), "dims.world", "reserved"),
@@ -137,6 +149,7 @@ def _ranked(rank: int, world_size: int) -> dict[str, str]:
         attempt("mesh_ranks", lambda: registry.device_mesh("edge"))
         attempt("not_member", lambda: registry.group("edge"))
         attempt("mesh_order", lambda: registry.device_mesh(["a", "a"]))  # a dim twice
+        attempt("mesh_type", lambda: registry.device_mesh(3))  # type: ignore[arg-type]
     return out
 
 
@@ -151,6 +164,7 @@ def test_rank_dependent_errors_on_a_real_world() -> None:
         assert out["mesh_ranks"].startswith("LayoutError|dims|"), out["mesh_ranks"]
         assert "fix" in out["mesh_ranks"]
         assert out["mesh_order"].startswith("DimOrderError|dims|"), out["mesh_order"]
+        assert out["mesh_type"].startswith("LayoutError|dims|"), out["mesh_type"]
         expected = "no error" if rank == 0 else "NotAMemberError|None|"
         assert out["not_member"].startswith(expected), out["not_member"]
 

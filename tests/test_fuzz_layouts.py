@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import math
+import time
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import commgroups as cg
-from commgroups import errors
+from commgroups import errors, limits
+from commgroups.cli import main
 from tests.strategies import layouts
 
 NAMES = st.sampled_from(["dp_shard", "cp", "tp", "pp", "world", "", "1x", "a b", "fsdp", "ep"])
@@ -157,3 +164,182 @@ def test_garbage_text_only_raises_layout_errors(text: str, suffix: str) -> None:
         cg.parse_layout(text, suffix, "garbage")
     except errors.LayoutError as error:
         assert "fix" in str(error)
+
+
+# ------------------------------------------------------------------------------------------------
+# Hostile input: what a careful SRE tries (issue 19). Every class below once escaped the LayoutError
+# family or ground for minutes; each must now be a LayoutError naming the fix within a second.
+# Inputs that escaped are kept as files in tests/data/fuzz_corpus/, named <ExpectedClass>__<what>.
+
+CORPUS = Path(__file__).parent / "data" / "fuzz_corpus"
+CORPUS_FILES = sorted(CORPUS.iterdir())
+# Every input is accepted or refused within this much CPU time (an upper bound, never a lower one;
+# CPU rather than wall time: the test machine is shared, its wall clock says little).
+FAST_S = 1.0
+
+
+def _refused_fast(make: Any) -> errors.LayoutError | None:
+    """Run ``make()``; return its LayoutError (None if it validated), checking it took < FAST_S."""
+    started = time.process_time()
+    try:
+        make()
+        caught = None
+    except errors.LayoutError as error:
+        caught = error
+        assert "fix" in str(error), str(error)
+    assert time.process_time() - started < FAST_S, f"took {time.process_time() - started:.2f}s"
+    return caught
+
+
+def test_corpus_is_kept() -> None:
+    assert len(CORPUS_FILES) >= 30, "the corpus only grows: add every input that ever escaped"
+
+
+@pytest.mark.parametrize("path", CORPUS_FILES, ids=[p.name for p in CORPUS_FILES])
+def test_corpus_input_raises_its_class_fast(path: Path) -> None:
+    expected = getattr(errors, path.name.split("__")[0])
+    error = _refused_fast(lambda: cg.load_layout(path))
+    assert type(error) is expected, f"{type(error).__name__}: {error}"
+
+
+@pytest.mark.parametrize("path", CORPUS_FILES, ids=[p.name for p in CORPUS_FILES])
+def test_corpus_through_the_cli_is_one_line(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("commgroups: error: ") and "fix" in err, err
+    assert "Traceback" not in err
+
+
+def _nested(depth: int, leaf: Any, kind: str) -> Any:
+    for _ in range(depth):
+        leaf = [leaf] if kind == "list" else {"k": leaf}
+    return leaf
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(15, 5000), st.sampled_from(["list", "dict"]),
+       st.sampled_from(["timeout_s", "options", "dims", "ranks", "name"]))
+def test_deep_python_values_are_refused(depth: int, kind: str, field: str) -> None:
+    role = {"name": "cp", "dims": ["cp"], field: _nested(depth, 1, kind)}
+    if field == "ranks":
+        role.pop("dims")
+    error = _refused_fast(lambda: cg.Layout.model_validate({"dims": {"cp": 4}, "roles": [role]}))
+    assert error is not None and error.field and error.field.startswith("roles[0]"), error
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.integers(2, 12), st.integers(0, 3))
+def test_yaml_alias_expansion_is_bounded(levels: int, width: int, recursive: int) -> None:
+    """Billion-laughs documents of any shape, some with an alias to a value that holds it."""
+    lines = ["l0: &l0 [" + ", ".join(["x"] * width) + "]"]
+    for level in range(1, levels + 1):
+        lines.append(f"l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * width) + "]")
+    if recursive == 1:
+        lines.append("r: &r [*r]")
+    lines.append("dims: {cp: 2}")
+    error = _refused_fast(lambda: cg.parse_layout("\n".join(lines) + "\n", ".yaml"))
+    assert error is not None  # unknown top-level keys at least
+    if recursive == 1:
+        assert isinstance(error, errors.LayoutFileError), error
+    elif width ** (levels + 1) > limits.MAX_LAYOUT_NODES:
+        assert "aliases expand" in str(error), error
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(st.floats(), st.booleans(), st.integers(-10, 10**12), st.text(max_size=4),
+                 st.sampled_from([1e10, 1e300, 1e-9, 0.001, float("inf"), float("nan")])))
+def test_timeouts_are_real_or_refused(value: Any) -> None:
+    error = _refused_fast(lambda: cg.RoleSpec(name="cp", dims=["cp"], timeout_s=value))
+    good = (not isinstance(value, (bool, str)) and math.isfinite(value)
+            and limits.MIN_TIMEOUT_S <= value <= limits.MAX_TIMEOUT_S)
+    assert (error is None) == good, (value, error)
+    registry_error = _refused_fast(lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4}),
+                                                            create_timeout_s=value))
+    assert (registry_error is None) == good, (value, registry_error)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2**64), min_size=1, max_size=40))
+def test_world_sizes_are_bounded_and_plan_fast(sizes: list[int]) -> None:
+    dims = {f"d{i}": size for i, size in enumerate(sizes)}
+    started = time.process_time()
+    try:
+        plan = cg.plan(cg.Layout(dims=dims))
+    except errors.LayoutError as error:
+        assert type(error) is errors.InvalidSizeError, error
+        assert "fix" in str(error)
+    else:
+        assert plan.world_size <= limits.MAX_WORLD_SIZE and len(dims) <= limits.MAX_DIMS
+        summary = plan.to_dict(rank=plan.world_size - 1)
+        assert len(json.dumps(summary)) < 10_000_000
+    assert time.process_time() - started < 2 * FAST_S
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["json", "yaml"]), st.sampled_from(["dims", "roles", "cp", "name"]))
+def test_duplicate_keys_are_refused(fmt: str, key: str) -> None:
+    if fmt == "json":
+        inner = {"dims": '{"cp": 4}', "roles": "[]", "cp": "4", "name": '"x"'}[key]
+        text = ('{"dims": {"cp": 4, "cp": 4}}' if key == "cp" else
+                f'{{"dims": {{"cp": 4}}, "{key}": {inner}, "{key}": {inner}}}')
+    else:
+        text = "dims: {cp: 4, cp: 4}\n" if key == "cp" else f"dims: {{cp: 4}}\n{key}: 1\n{key}: 1\n"
+    error = _refused_fast(lambda: cg.parse_layout(text, f".{fmt}"))
+    assert isinstance(error, errors.LayoutFileError) and "twice" in str(error), error
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(min_size=1, max_size=8).map(lambda s: "cp" + s), st.sampled_from(["dim", "role"]))
+def test_odd_names_are_refused(name: str, where: str) -> None:
+    data = ({"dims": {name: 1, "tp": 4}} if where == "dim" else
+            {"dims": {"cp": 4}, "roles": [{"name": name, "dims": ["cp"]}]})
+    error = _refused_fast(lambda: cg.Layout.model_validate(data))
+    valid = all(c.isascii() and (c.isalnum() or c in "_-") for c in name)
+    assert (error is None) == valid, (name, error)
+    if error is not None:
+        assert type(error) is errors.InvalidNameError and "\n" not in error.field, error
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(LAYOUT_DICTS, st.sampled_from([".toml", ".yaml", ".json"]),
+       st.lists(st.sampled_from(["--rank", "--max-groups", "--json", "--device", "--measured"]),
+                max_size=3, unique=True), st.integers(-2**40, 2**40))
+def test_cli_prints_one_line_or_a_plan(tmp_path_factory: pytest.TempPathFactory,
+                                       data: dict[str, Any], suffix: str, flags: list[str],
+                                       number: int) -> None:
+    try:
+        text = _serialise(data, suffix)
+    except (ValueError, yaml.YAMLError):
+        return
+    path = tmp_path_factory.mktemp("cli") / f"layout{suffix}"
+    path.write_text(text)
+    argv = ["plan", str(path)]
+    for flag in flags:
+        argv += {"--json": ["--json"], "--device": ["--device", "hccl"],
+                 "--measured": ["--measured", str(path)]}.get(flag, [flag, str(number)])
+    out, err = io.StringIO(), io.StringIO()
+    started = time.process_time()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(argv)
+    assert time.process_time() - started < 2 * FAST_S
+    if status == 0:
+        assert out.getvalue() and not err.getvalue()
+    else:
+        assert status == 2, err.getvalue()
+        assert err.getvalue().count("\n") == 1 and "fix" in err.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("argv", [
+    ["demo", "--world-size", "100000"], ["demo", "--world-size", "0"], ["demo", "--steps", "0"],
+    ["demo", "--timeout", "nan"], ["demo", "--timeout", "inf"], ["demo", "--timeout", "1e10"],
+    ["plan", "examples/layouts/seed_cp4.toml", "--rank", "4"],
+    ["plan", "examples/layouts/seed_cp4.toml", "--max-groups", "100000000"],
+    ["plan", "examples/layouts/seed_cp4.toml", "--measured", "examples"],
+    ["audit", "no/such/dir"],
+], ids=lambda argv: " ".join(argv))
+def test_bad_cli_arguments_are_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.process_time()
+    assert main(argv) == 2  # refused before any process starts
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("commgroups: error: ") and "fix" in err, err
+    assert time.process_time() - started < FAST_S

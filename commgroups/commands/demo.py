@@ -6,8 +6,16 @@ import argparse
 from typing import Any
 
 from commgroups.demo.config import BASELINES, DemoConfig
+from commgroups.errors import LayoutError
+from commgroups.limits import check_timeout
 
 __all__ = ["register", "run"]
+
+MAX_LOCAL_WORLD = 64
+"""The most ranks the demo starts on this machine (one process each) outside torchrun."""
+
+MAX_STEPS = 100_000
+"""The most training steps a demo run takes."""
 
 
 def register(subparsers: Any) -> None:
@@ -56,12 +64,17 @@ def _world_size(args: argparse.Namespace) -> int:
             raise SystemExit(f"commgroups demo: --world-size {args.world_size} but torchrun started "
                              f"{world} processes; fix: drop --world-size under torchrun")
     else:
-        world = args.world_size or layout_world or 4
+        # "is not None": --world-size 0 is an error, not the default
+        world = args.world_size if args.world_size is not None else (layout_world or 4)
     if layout_world is not None and layout_world != world:
         raise SystemExit(f"commgroups demo: the layout {args.layout} describes {layout_world} ranks "
                          f"but the run has {world}; fix: make them agree")
-    if world < 1:
-        raise SystemExit("commgroups demo: --world-size must be >= 1")
+    if world < 1 or (world > MAX_LOCAL_WORLD and not under_torchrun()):
+        raise LayoutError(
+            f"--world-size: {world} is outside 1..{MAX_LOCAL_WORLD} (one process per rank on this "
+            "machine); fix: use a smaller world, or launch with torchrun across machines",
+            field="--world-size",
+        )
     return world
 
 
@@ -70,8 +83,10 @@ def run(args: argparse.Namespace) -> int:
     from commgroups.demo.groups import demo_layout
     from commgroups.demo.launch import launch
 
-    if args.steps < 1:
-        raise SystemExit("commgroups demo: --steps must be >= 1")
+    if not 1 <= args.steps <= MAX_STEPS:
+        raise LayoutError(f"--steps: {args.steps} is outside 1..{MAX_STEPS}; fix: a demo run needs "
+                          "a few steps (default 5)", field="--steps")
+    timeout_s = check_timeout(args.timeout, "--timeout")
     cfg = DemoConfig(
         world_size=_world_size(args),
         steps=args.steps,
@@ -79,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         baseline=args.baseline,
         json_path=args.json_path,
         checkpoint_dir=args.checkpoint_dir,
-        timeout_s=args.timeout,
+        timeout_s=timeout_s,
         audit=not args.no_audit,
         quiet=args.quiet,
     )

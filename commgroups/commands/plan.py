@@ -6,10 +6,14 @@ import argparse
 import json
 from typing import Any
 
+from commgroups.errors import LayoutError
 from commgroups.layout_io import load_layout
 from commgroups.memory import DEVICE_BACKENDS, MeasuredMemory, estimate_memory, load_measured
 from commgroups.plan import Plan
 from commgroups.text_table import format_ranks, format_table
+
+MAX_GROUPS_LISTED = 4096
+"""The most groups per role ``--max-groups`` may ask to list."""
 
 DEFAULT_MEASURED = "benchmarks/results/gpu/memory.json"
 """Where a committed GPU check leaves its measured communicator memory (repository root)."""
@@ -24,7 +28,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--rank", type=int, default=0, help="the rank whose groups to show")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--max-groups", type=int, default=8,
-                        help="list at most this many groups per role (default 8)")
+                        help=f"list at most this many groups per role, 0..{MAX_GROUPS_LISTED} "
+                        "(default 8)")
     parser.add_argument("--device", choices=DEVICE_BACKENDS, default="nccl",
                         help="what backend='device' roles are for the memory estimate (default nccl)")
     parser.add_argument("--measured", nargs="?", const=DEFAULT_MEASURED, metavar="MEMORY_JSON",
@@ -35,15 +40,27 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the plan of ``args.layout``."""
+    if not 0 <= args.max_groups <= MAX_GROUPS_LISTED:
+        raise LayoutError(
+            f"--max-groups: {args.max_groups} is outside 0..{MAX_GROUPS_LISTED}; fix: list fewer "
+            "groups (--json prints every field of the plan)",
+            field="--max-groups",
+        )
     plan = Plan(load_layout(args.layout))
     if not 0 <= args.rank < plan.world_size:
-        raise SystemExit(f"commgroups plan: --rank must be in 0..{plan.world_size - 1}")
+        raise LayoutError(
+            f"--rank: {args.rank} is outside the layout's ranks; fix: use 0..{plan.world_size - 1}",
+            field="--rank",
+        )
     measured: MeasuredMemory | None = None
     if args.measured is not None:
         try:
             measured = load_measured(args.measured)
-        except ValueError as error:
-            raise SystemExit(f"commgroups plan: --measured: {error}") from error
+        except (ValueError, OSError, RecursionError) as error:
+            raise LayoutError(
+                f"--measured: {str(error)[:300]}; fix: pass a memory.json written by make gpu-check",
+                field="--measured",
+            ) from None
     summary = plan.to_dict(rank=args.rank, max_groups=args.max_groups)
     memory = estimate_memory(plan.layout, args.rank, device_backend=args.device, measured=measured)
     if args.json:
@@ -78,6 +95,9 @@ def render(plan: Plan, summary: dict[str, Any], max_groups: int) -> str:
     lines += ["", f"rank {rank} ({coords}): {summary['communicators_per_rank']} communicators"]
     for role in summary["roles"]:
         mine = role["rank_group"]
+        if not role["rank_group_listed"]:
+            lines.append(f"  {role['name']}: {role['group_size']} ranks (not listed)")
+            continue
         lines.append(f"  {role['name']}: {'-' if mine is None else format_ranks(mine)}")
     lines += ["", f"groups (up to {max_groups} per role):"]
     for role in summary["roles"]:

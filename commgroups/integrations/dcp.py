@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from commgroups.errors import CommGroupsError
+from commgroups.errors import CommGroupsError, RoleCollectiveError, RoleTimeoutError
 from commgroups.integrations.common import role_group
 from commgroups.specs import CHECKPOINT_ROLE
 
@@ -173,6 +174,35 @@ def _guard_overwrite(
         (path / METADATA_FILE).unlink(missing_ok=True)
 
 
+@contextmanager
+def _named(op: str, role: str, group: dist.ProcessGroup | None, checkpoint_id: Any) -> Iterator[None]:
+    """Turn a failure of DCP's exchange (a peer died, a timeout) into an error naming the role.
+
+    DCP raises what its collectives raised (a gloo ``RuntimeError``) or a ``CheckpointException``
+    gathering every rank's failures; neither says which communicator failed. The sequence number
+    is 0: DCP's own collectives are not counted.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CommGroupsError:
+        raise
+    except (RuntimeError, CheckpointException) as error:
+        text = " ".join(str(error).split())[:300] or repr(error)
+        timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+        where = (f"role {role!r} (group {group.group_name!r})" if group is not None else
+                 f"the default group ({DEFAULT_GROUP_ENV} is set; role {role!r} not used)")
+        cls = RoleTimeoutError if timed_out else RoleCollectiveError
+        raise cls(
+            f"role {role!r}: dcp.{op} of {checkpoint_id} failed on {where}: "
+            f"{type(error).__name__}: {text}; fix: check that every rank of the role is alive and "
+            "saves/loads the same checkpoint; a save that failed is never complete (load the "
+            "previous one)",
+            role=role, op=f"dcp.{op}", seq=0,
+        ) from error
+
+
 def save(
     state_dict: dict[str, Any],
     *,
@@ -194,9 +224,10 @@ def save(
 
     group = _resolve(registry, role, process_group, "save")
     _guard_overwrite(checkpoint_id, storage_writer, overwrite, group, kwargs)
-    metadata: Metadata = dcp_save(state_dict, checkpoint_id=checkpoint_id,
-                                  storage_writer=storage_writer, planner=planner,
-                                  process_group=group, **kwargs)
+    with _named("save", role, group, checkpoint_id):
+        metadata: Metadata = dcp_save(state_dict, checkpoint_id=checkpoint_id,
+                                      storage_writer=storage_writer, planner=planner,
+                                      process_group=group, **kwargs)
     return metadata
 
 
@@ -224,8 +255,9 @@ def load(
             f"{path} is not a complete checkpoint (no {METADATA_FILE}: its save did not finish, or "
             "the path is wrong); fix: load the previous complete checkpoint"
         )
-    dcp_load(state_dict, checkpoint_id=checkpoint_id, storage_reader=storage_reader,
-             planner=planner, process_group=group, **kwargs)
+    with _named("load", role, group, checkpoint_id):
+        dcp_load(state_dict, checkpoint_id=checkpoint_id, storage_reader=storage_reader,
+                 planner=planner, process_group=group, **kwargs)
 
 
 def async_save(
@@ -250,6 +282,7 @@ def async_save(
 
     group = _resolve(registry, role, process_group, "async_save")
     _guard_overwrite(checkpoint_id, storage_writer, overwrite, group, kwargs)
-    return dcp_async_save(state_dict, checkpoint_id=checkpoint_id,
-                          storage_writer=storage_writer, planner=planner, process_group=group,
-                          **kwargs)
+    with _named("async_save", role, group, checkpoint_id):
+        return dcp_async_save(state_dict, checkpoint_id=checkpoint_id,
+                              storage_writer=storage_writer, planner=planner,
+                              process_group=group, **kwargs)

@@ -1,0 +1,107 @@
+"""The store namespaces of agreement attempts: a fresh one per attempt, and no keys left behind.
+
+Ranks meet in the default group's store before any group exists (:mod:`commgroups.agreement`). Each
+``create()`` (and each mesh-dim creation) is an *attempt* in its own namespace,
+``commgroups/agree/<epoch>/``, where ``epoch`` is one shared counter: it moves on exactly once per
+attempt, when the attempt completes or is given up. So after a rank skipped a ``create()`` (the
+others timed out and gave it up), the next ``create()`` on every rank opens the same new namespace:
+nobody reads the failed attempt's stale keys, and the job can try again.
+
+An :class:`AttemptStore` remembers the keys it wrote; :meth:`AttemptStore.release` (the registry's
+``close()``) deletes them without any rank waiting for another: each rank deletes its own per-rank
+keys at once, and the last rank to release deletes the shared ones, which no rank reads any more.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported at runtime
+
+__all__ = ["AttemptStore", "open_attempt"]
+
+# Keys of an attempt that a single rank writes (the others only read or wait for them); the last
+# rank to release deletes them whether or not it wrote them.
+_SINGLE_WRITER_KEYS = ("all", "state", "created/all", "local/all", "closed")
+
+
+class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Store loosely
+    """One attempt's namespace of ``root``; remembers every key written through it.
+
+    Only the operations commgroups' agreement, barrier and local-creation check use are provided.
+
+    Args:
+        root: the default group's store.
+        prefix: commgroups' key prefix in it.
+        epoch: the attempt's number, from :func:`open_attempt`.
+    """
+
+    def __init__(self, root: Store, prefix: str, epoch: int) -> None:
+        super().__init__()
+        self.underlying_store = PrefixStore(f"{prefix}/agree/{epoch}/", root)
+        self.epoch = epoch
+        self._root = root
+        self._epoch_key = f"{prefix}/epoch"
+        self.written: set[str] = set()
+
+    def set(self, key: str, value: Any) -> None:
+        self.written.add(key)
+        self.underlying_store.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        value: bytes = self.underlying_store.get(key)
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        self.written.add(key)
+        total: int = self.underlying_store.add(key, amount)
+        return total
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        self.written.add(key)
+        value: bytes = self.underlying_store.compare_set(key, expected, desired)
+        return value
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        if timeout is None:
+            self.underlying_store.wait(keys)
+        else:
+            self.underlying_store.wait(keys, timeout)
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self.underlying_store.check(keys))
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self.underlying_store.delete_key(key))
+
+    def finish(self) -> None:
+        """End this attempt: the next :func:`open_attempt` on any rank gets the next epoch.
+
+        Idempotent (a compare-and-set from this epoch to the next), so every rank that gives the
+        attempt up may call it.
+        """
+        self._root.compare_set(self._epoch_key, str(self.epoch), str(self.epoch + 1))
+
+    def release(self, rank: int, world_size: int) -> None:
+        """Delete this attempt's keys: this rank's own now, the shared ones by the last rank.
+
+        Call once per rank, after the attempt succeeded and every wait of this rank in it returned.
+        A store that already failed is left alone: there is nothing left to clean.
+        """
+        own = {key for key in self.written if key.endswith(f"/{rank}")}
+        try:
+            for key in own:
+                self.underlying_store.delete_key(key)
+            if self.underlying_store.add("closed", 1) == world_size:
+                for key in (self.written - own) | set(_SINGLE_WRITER_KEYS):
+                    self.underlying_store.delete_key(key)
+        except RuntimeError:  # DistNetworkError: the store's host is gone, and its keys with it
+            pass
+        self.written.clear()
+
+
+def open_attempt(root: Store, prefix: str) -> AttemptStore:
+    """The namespace of the next attempt: the same on every rank that opens it before it ends."""
+    epoch = int(root.add(f"{prefix}/epoch", 0))
+    return AttemptStore(root, prefix, epoch)
