@@ -15,8 +15,10 @@ from commgroups.collectives import RoleCollectives
 from commgroups.layout_io import load_layout, parse_layout
 from commgroups.plan import Plan, RolePlan, plan
 from commgroups.registry import GroupRegistry
+from commgroups.replan import Replan, replan
 from commgroups.specs import (
     CHECKPOINT_ROLE,
+    ElasticSpec,
     HcclOptions,
     Layout,
     NcclOptions,
@@ -28,6 +30,7 @@ from commgroups.specs import (
 __all__ = [
     "CHECKPOINT_ROLE",
     "AsyncWaitDist",
+    "ElasticSpec",
     "GroupRegistry",
     "HcclOptions",
     "Layout",
@@ -36,6 +39,7 @@ __all__ = [
     "RoleOptions",
     "RolePlan",
     "RoleCollectives",
+    "Replan",
     "RoleSpec",
     "async_and_wait",
     "audit",
@@ -45,6 +49,7 @@ __all__ = [
     "load_layout",
     "parse_layout",
     "plan",
+    "replan",
 ]
 
 __version__ = "0.1.0"

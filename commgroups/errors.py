@@ -21,6 +21,7 @@ __all__ = [
     "EmptyDimsError",
     "GroupCreationError",
     "InvalidNameError",
+    "InvalidElasticError",
     "InvalidOptionError",
     "InvalidRanksError",
     "InvalidSizeError",
@@ -30,6 +31,7 @@ __all__ = [
     "LayoutMismatchError",
     "NotAMemberError",
     "RegistryClosedError",
+    "ReplanError",
     "RegistryStateError",
     "RoleCollectiveError",
     "RoleTimeoutError",
@@ -167,6 +169,26 @@ class InvalidOptionError(LayoutError):
     ``min_ctas > max_ctas``, an ``options.hccl.config`` key that has a typed field
     (``hccl_buffer_size``), or an option section the role's backend does not use (``options.nccl``
     on a gloo role).
+    """
+
+
+class InvalidElasticError(LayoutError):
+    """The layout's ``elastic`` section cannot work.
+
+    Raised for an elastic dim the layout's ``dims`` lack, a dim that may never shrink (``pp``,
+    ``cp``, ``tp``, ``ep``: their shards cannot be redistributed among survivors), a minimum size
+    above the dim's size, an elastic dim missing from a view (the view could not shrink with it),
+    and roles with explicit ``ranks`` (they cannot be re-derived on a smaller world).
+    """
+
+
+class ReplanError(CommGroupsError, ValueError):
+    """The surviving ranks cannot form the layout on a smaller world.
+
+    Raised by :func:`commgroups.replan` when a lost rank sits in a group of a dim that may not
+    shrink (``"cp group [4, 5, 6, 7] lost rank 5; cp may not shrink"``), when shrinking would take an
+    elastic dim below its minimum, and for survivor lists that name ranks outside the world. The
+    message names the dim, the group and the lost ranks.
     """
 
 

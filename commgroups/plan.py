@@ -264,6 +264,9 @@ class Plan:
             **({"views": [[view, [[d, n] for d, n in dims.items()]]
                           for view, dims in self.layout.views.items()]}
                if self.layout.views else {}),
+            # Likewise only when present: ranks that disagree on what may shrink must not agree.
+            **({"elastic": self.layout.elastic.model_dump(mode="json")}
+               if self.layout.elastic is not None else {}),
         }
 
     @cached_property

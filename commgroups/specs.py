@@ -33,7 +33,9 @@ from commgroups.validation_errors import layout_error_from, problem
 __all__ = [
     "CHECKPOINT_ROLE",
     "WORLD",
+    "NEVER_ELASTIC",
     "BackendName",
+    "ElasticSpec",
     "Purpose",
     "HcclOptions",
     "Layout",
@@ -74,6 +76,9 @@ StrictSize = Annotated[int, Strict()]
 # Where a value has one meaning it has one type: a bool is not a timeout, "yes" is not a bool.
 StrictBool = Annotated[bool, Strict()]
 StrictInt = Annotated[int, Strict()]
+
+NEVER_ELASTIC = ("pp", "cp", "tp", "ep")
+"""Dims that never shrink: each rank holds a distinct part of the model or sequence along them."""
 
 
 class SpecModel(BaseModel):
@@ -458,6 +463,33 @@ def default_roles(dims: Mapping[str, int]) -> list[RoleSpec]:
     return roles
 
 
+class ElasticSpec(SpecModel):
+    """Which dims may shrink when ranks are lost, how far, and what becomes of leftover ranks.
+
+    Losing a rank removes its whole slice along one elastic dim (:func:`commgroups.replan`): with
+    ``dp_replicate`` elastic, a lost rank takes its replica with it and the other replicas carry on
+    from memory. In a torchrun restart a sharded dim (``dp_shard``) may shrink too, since the job
+    reloads its checkpoint resharded. ``pp``, ``cp``, ``tp`` and ``ep`` never shrink.
+
+    Args:
+        dims (dict[str, int]): elastic dim -> its minimum size (>= 1), in any order.
+        spares (bool): survivors that the smaller layout has no place for stay in the job as spares
+            (True) or are dropped and should exit (False, the default).
+
+    Raises:
+        InvalidElasticError: see :class:`~commgroups.errors.InvalidElasticError` (checked by
+            :class:`Layout`, which knows the dims).
+
+    Example::
+
+        >>> ElasticSpec(dims={"dp_replicate": 1}).spares
+        False
+    """
+
+    dims: dict[str, StrictSize] = Field(description="Elastic dim -> minimum size (>= 1).")
+    spares: StrictBool = Field(default=False, description="Keep leftover survivors as spares.")
+
+
 class Layout(SpecModel):
     """The job's mesh dims and communicator roles; the single input of planning and creation.
 
@@ -474,6 +506,8 @@ class Layout(SpecModel):
         views (dict[str, dict[str, int]], optional): other row-major factorizations of the same
             ranks (view name -> dims, outermost first), e.g. torchtitan's MoE view
             ``{pp, dp_replicate, efsdp, ep}``; a role takes its dims from ``dims`` or one view.
+        elastic (ElasticSpec, optional): which dims may shrink after a rank loss (see
+            :func:`commgroups.replan`); omitted: none.
 
     Raises:
         EmptyDimsError: ``dims`` or a view is empty (or a role's ``dims`` is).
@@ -486,6 +520,7 @@ class Layout(SpecModel):
         DimOrderError: a role lists a dim twice, out of layout order, or mixes factorizations.
         DuplicateRoleError: two roles share a name.
         InvalidRanksError: a role's explicit ranks are outside the world (or invalid, see RoleSpec).
+        InvalidElasticError: the ``elastic`` section cannot work (see the error's docs).
         LayoutError: any other problem of a role (see :class:`RoleSpec`); every problem is listed
             in the message and the class is the first one's.
 
@@ -517,6 +552,9 @@ class Layout(SpecModel):
         default_factory=dict,
         description="Other factorizations of the same world (view name -> dims, outermost "
         "first), e.g. torchtitan's MoE view {pp, dp_replicate, efsdp, ep} over the same ranks.",
+    )
+    elastic: ElasticSpec | None = Field(
+        default=None, description="Dims that may shrink after a rank loss; omitted: none."
     )
 
     @field_validator("dims")
@@ -640,6 +678,53 @@ class Layout(SpecModel):
                 owner.setdefault(name, field)
         return self
 
+    @model_validator(mode="after")
+    def _elastic_dims_can_shrink(self) -> Self:
+        if self.elastic is None:
+            return self
+        for name, minimum in self.elastic.dims.items():
+            field = f"elastic.dims.{name}"
+            if name not in self.dims:
+                raise problem(
+                    errors.InvalidElasticError,
+                    "elastic dim '{name}' is not one of the layout's dims ({known}); fix: name a "
+                    "dim of dims",
+                    field, name=name, known=", ".join(self.dims),
+                )
+            if name in NEVER_ELASTIC:
+                raise problem(
+                    errors.InvalidElasticError,
+                    "'{name}' may never shrink: every rank along it holds a distinct part of the "
+                    "model or sequence; fix: remove it (replica and data-shard dims such as "
+                    "dp_replicate or dp_shard may shrink)",
+                    field, name=name,
+                )
+            if minimum < 1 or minimum > self.dims[name]:
+                raise problem(
+                    errors.InvalidElasticError,
+                    "elastic minimum {minimum} for '{name}' is outside 1..{size} (its size); fix: "
+                    "give a minimum between 1 and {size}",
+                    field, name=name, minimum=minimum, size=self.dims[name],
+                )
+            for view, dims in self.views.items():
+                if name not in dims:
+                    raise problem(
+                        errors.InvalidElasticError,
+                        "view '{view}' lacks elastic dim '{name}', so it could not shrink with "
+                        "it; fix: keep '{name}' in the view (as torchtitan's MoE view keeps "
+                        "dp_replicate) or make the dim not elastic",
+                        f"views.{view}", view=view, name=name,
+                    )
+        explicit = [role.name for role in self.roles if role.ranks is not None]
+        if explicit and self.elastic.dims:
+            raise problem(
+                errors.InvalidElasticError,
+                "roles {explicit} have explicit ranks, which cannot be re-derived on a smaller "
+                "world; fix: give them dims, or drop the elastic section",
+                "elastic", explicit=explicit,
+            )
+        return self
+
     def factorizations(self) -> dict[str, list[str]]:
         """Dim names of ``dims`` (key ``"dims"``) and of every view, each outermost first."""
         return {"dims": list(self.dims), **{v: list(d) for v, d in self.views.items()}}
@@ -714,7 +799,8 @@ class Layout(SpecModel):
             return NotImplemented
         return (list(self.dims.items()) == list(other.dims.items()) and self.roles == other.roles
                 and [(v, list(d.items())) for v, d in self.views.items()]
-                == [(v, list(d.items())) for v, d in other.views.items()])
+                == [(v, list(d.items())) for v, d in other.views.items()]
+                and self.elastic == other.elastic)
 
     __hash__ = None  # type: ignore[assignment]  # dims is a dict: layouts are not hashable
 

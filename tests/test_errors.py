@@ -101,6 +101,21 @@ CASES: list[tuple[type[errors.LayoutError], Callable[[], object], str, str]] = [
     (errors.InvalidOptionError, _layout(backend="hccl", options={
         "hccl": {"config": {"hccl_buffer_size": 1}}}),
      "roles[0].options.hccl.config.hccl_buffer_size", "set buffer_size_mb"),
+    (errors.InvalidElasticError, lambda: cg.Layout(dims={"dp_replicate": 2, "cp": 2},
+                                                   elastic={"dims": {"cp": 1}}),
+     "elastic.dims.cp", "remove it"),
+    (errors.InvalidElasticError, lambda: cg.Layout(dims={"dp_replicate": 2, "cp": 2},
+                                                   elastic={"dims": {"dp_replicate": 3}}),
+     "elastic.dims.dp_replicate", "between 1 and 2"),
+    (errors.InvalidElasticError, lambda: cg.Layout(dims={"dp_replicate": 2, "cp": 2},
+                                                   elastic={"dims": {"dp": 1}}),
+     "elastic.dims.dp", "name a dim"),
+    (errors.InvalidElasticError, lambda: cg.Layout(
+        dims={"dp_replicate": 2, "cp": 2}, views={"v": {"ep": 4}},
+        elastic={"dims": {"dp_replicate": 1}}), "views.v", "keep 'dp_replicate' in the view"),
+    (errors.InvalidElasticError, lambda: cg.Layout(
+        dims={"dp_replicate": 2, "cp": 2}, roles=[{"name": "e", "ranks": [[0, 3]]}],
+        elastic={"dims": {"dp_replicate": 1}}), "elastic", "give them dims"),
 ]
 
 

@@ -1,0 +1,163 @@
+"""Replanning after a rank loss: the layout the survivors can form, derived by the same layout rules.
+
+Pure (no torch.distributed): every survivor computes the same answer from the same inputs. A lost rank
+takes its whole slice along one elastic dim with it (its replica, for ``dp_replicate``); every other
+dim keeps its size, so every role is re-derived from the same rules on the smaller world. Survivors
+keep their order: new rank ``i`` is the ``i``-th smallest surviving global rank of the kept slices,
+which is exactly the row-major numbering of the smaller grid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from commgroups.errors import ReplanError
+from commgroups.specs import Layout
+from commgroups.specs import _dim_shapes as dim_shapes  # one (size, stride) helper: see shapes
+
+__all__ = ["Replan", "replan"]
+
+
+@dataclass(frozen=True)
+class Replan:
+    """What :func:`replan` decided.
+
+    Attributes:
+        layout: the layout on the survivors (elastic dims shrunk, views with them; roles, options,
+            timeouts and the elastic section kept).
+        ranks: ``ranks[new_rank]`` is the surviving global rank that takes ``new_rank``.
+        lost: the global ranks not in ``alive``.
+        spares: survivors outside the new layout, kept as spares (``elastic.spares``).
+        dropped: survivors outside the new layout that should exit (not ``elastic.spares``).
+        removed: elastic dim -> the coordinates removed along it (old numbering).
+    """
+
+    layout: Layout
+    ranks: tuple[int, ...]
+    lost: tuple[int, ...]
+    spares: tuple[int, ...] = ()
+    dropped: tuple[int, ...] = ()
+    removed: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def new_rank(self, global_rank: int) -> int | None:
+        """The new rank of surviving ``global_rank``, or None when it has no place (spare/dropped)."""
+        index = int(np.searchsorted(self.ranks, global_rank))
+        return index if index < len(self.ranks) and self.ranks[index] == global_rank else None
+
+
+def _shrunk(layout: Layout, sizes: dict[str, int]) -> Layout:
+    """``layout`` with elastic dims at ``sizes``, in ``dims`` and in every view that has them."""
+    data = layout.model_dump()
+    data["dims"] = {name: sizes.get(name, size) for name, size in layout.dims.items()}
+    data["views"] = {view: {name: sizes.get(name, size) for name, size in dims.items()}
+                     for view, dims in layout.views.items()}
+    return Layout.model_validate(data)
+
+
+def _blocking_group(layout: Layout, rank: int) -> tuple[str, list[int]] | None:
+    """The innermost non-elastic dim of size > 1 through ``rank``, with its rank group."""
+    elastic = layout.elastic.dims if layout.elastic is not None else {}
+    shapes = dim_shapes(layout.dims)
+    for name in reversed(list(layout.dims)):
+        size, stride = shapes[name]
+        if name in elastic or size == 1:
+            continue
+        first = rank - ((rank // stride) % size) * stride
+        return name, [first + i * stride for i in range(size)]
+    return None
+
+
+def replan(layout: Layout, alive: Iterable[int]) -> Replan:
+    """The layout the ranks in ``alive`` can form, by shrinking one elastic dim.
+
+    Each candidate elastic dim (of ``layout.elastic``) drops every coordinate that holds a lost rank;
+    a candidate is feasible when the dim stays at or above its minimum. The feasible candidate that
+    keeps the most ranks wins (ties: the outermost dim). Nothing lost: the same layout.
+
+    Args:
+        layout: the layout the job ran on.
+        alive: the global ranks still alive (any order; duplicates ignored).
+
+    Returns:
+        A :class:`Replan`: the new layout, the map new rank -> global rank, the lost ranks, and the
+        survivors left without a place (spares or dropped, per ``elastic.spares``).
+
+    Raises:
+        ReplanError: a rank in ``alive`` is outside the world, nobody is alive, or no elastic dim
+            can absorb the loss; the message names a lost rank's group along a dim that may not
+            shrink (``"cp group [4, 5, 6, 7] lost rank 5; cp may not shrink"``) and why each elastic
+            dim could not.
+
+    Example::
+
+        >>> from commgroups.specs import Layout
+        >>> layout = Layout(dims={"dp_replicate": 2, "dp_shard": 2},
+        ...                 elastic={"dims": {"dp_replicate": 1}, "spares": True})
+        >>> result = replan(layout, alive=[0, 1, 2])
+        >>> result.layout.dims, result.ranks, result.lost, result.spares
+        ({'dp_replicate': 1, 'dp_shard': 2}, (0, 1), (3,), (2,))
+    """
+    world = layout.world_size
+    survivors = np.unique(np.fromiter((int(r) for r in alive), dtype=np.int64))
+    if survivors.size and (survivors[0] < 0 or survivors[-1] >= world):
+        outside = [int(r) for r in survivors if r < 0 or r >= world]
+        raise ReplanError(f"alive: ranks {outside} are outside the world 0..{world - 1}; fix: "
+                          "pass global ranks of the layout's world")
+    if survivors.size == 0:
+        raise ReplanError("alive: no rank survived; fix: restart the job from its checkpoint")
+    is_alive = np.zeros(world, dtype=bool)
+    is_alive[survivors] = True
+    lost = np.flatnonzero(~is_alive)
+    if lost.size == 0:
+        return Replan(layout, tuple(int(r) for r in survivors), ())
+    elastic = layout.elastic
+    shapes = dim_shapes(layout.dims)
+    best: tuple[int, str, np.ndarray] | None = None
+    reasons: list[str] = []
+    for name, minimum in (elastic.dims.items() if elastic is not None else ()):
+        size, stride = shapes[name]
+        gone = np.unique((lost // stride) % size)
+        if size - gone.size < minimum:
+            reasons.append(f"{name} would shrink from {size} to {size - gone.size}, below its "
+                           f"minimum {minimum}")
+            continue
+        keep = ~np.isin((np.arange(world) // stride) % size, gone)
+        kept = int(keep.sum())
+        outer = list(layout.dims).index(name)
+        if best is None or kept > best[0] or (kept == best[0]
+                                              and outer < list(layout.dims).index(best[1])):
+            best = (kept, name, keep)
+    if best is None:
+        rank = int(lost[0])
+        blocking = _blocking_group(layout, rank)
+        where = (f"{blocking[0]} group {blocking[1]} lost rank {rank}; {blocking[0]} may not shrink"
+                 if blocking is not None else f"rank {rank} is lost")
+        others = f" ({len(lost)} ranks lost in all: {[int(r) for r in lost[:16]]}"
+        others += "...)" if len(lost) > 16 else ")"
+        why = ("; " + "; ".join(reasons)) if reasons else "; the layout declares no elastic dim"
+        raise ReplanError(
+            f"{where}{others if len(lost) > 1 else ''}{why}; fix: declare an elastic dim with "
+            "room to shrink (layout elastic.dims, e.g. dp_replicate), or restart from a "
+            "checkpoint on a layout the survivors fill"
+        )
+    _, name, keep = best
+    size, stride = shapes[name]
+    removed = tuple(int(c) for c in np.unique((lost // stride) % size))
+    new_layout = _shrunk(layout, {name: size - len(removed)})
+    placed = np.flatnonzero(keep)
+    leftover = tuple(int(r) for r in np.flatnonzero(~keep & is_alive))
+    assert math.prod(new_layout.dims.values()) == placed.size
+    assert bool(is_alive[placed].all())
+    spare = bool(elastic is not None and elastic.spares)
+    return Replan(
+        layout=new_layout,
+        ranks=tuple(int(r) for r in placed),
+        lost=tuple(int(r) for r in lost),
+        spares=leftover if spare else (),
+        dropped=() if spare else leftover,
+        removed={name: removed},
+    )
