@@ -48,37 +48,14 @@ __all__ = [
     "confirm_local",
     "create_role_group",
     "creation_order",
-    "split_supported_by_torch",
 ]
 
 logger = logging.getLogger(__name__)
 
 CREATION_MODES: tuple[str, ...] = ("auto", "all_ranks", "local", "split")
 
-# torch 2.6.0-2.7.1: a default group bound with init_process_group(device_id=...) hangs in eager
-# communicator init / split (pytorch#153960), so split creation is not used there; all_ranks is.
-_SPLIT_HANG_FIRST = (2, 6, 0)
-_SPLIT_HANG_LAST = (2, 7, 1)
-
 # Where each rank records the hashed group names it has had torch create (see confirm_local).
 _CLAIM_PREFIX = "commgroups/hashed-names/"
-
-
-def _parse_version(text: str) -> tuple[int, int, int]:
-    parts: list[int] = []
-    for piece in text.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    while len(parts) < 3:
-        parts.append(0)
-    return parts[0], parts[1], parts[2]
-
-
-def split_supported_by_torch(version: tuple[int, int, int]) -> bool:
-    """Whether split creation is safe on this torch version (public ``split_group``, no hang)."""
-    if version < _SPLIT_HANG_FIRST:
-        return False  # dist.split_group is not public before 2.6
-    return not (_SPLIT_HANG_FIRST <= version <= _SPLIT_HANG_LAST)
 
 
 @dataclass(frozen=True)
@@ -93,14 +70,10 @@ class CreationContext:
     """``dist.get_backend()`` of the default group (e.g. nccl, gloo, fake, cpu:gloo,cuda:nccl)."""
     device_bound: bool
     """The default group was bound to a device (``init_process_group(device_id=...)``)."""
-    torch_version: tuple[int, int, int]
-    """Major, minor, patch of the running torch."""
     accelerator: bool = False
     """An accelerator is visible (split_group needs one)."""
     torchcomms: bool = False
     """torch delegates new_group to split_group (TorchComms); local creation raises there."""
-    has_split_group: bool = True
-    """``torch.distributed.split_group`` exists."""
 
     @classmethod
     def detect(cls) -> CreationContext:
@@ -114,10 +87,8 @@ class CreationContext:
         return cls(
             default_backend=str(dist.get_backend()),
             device_bound=getattr(default_pg, "bound_device_id", None) is not None,
-            torch_version=_parse_version(torch.__version__),
             accelerator=accelerator,
             torchcomms=torch_internals.torchcomms_enabled(),
-            has_split_group=hasattr(dist, "split_group"),
         )
 
 
@@ -158,11 +129,6 @@ def _split_blocker(adapter: BackendAdapter, context: CreationContext) -> str | N
                 f"{adapter.torch_backend!r} (split children inherit the parent's backends)")
     if not context.accelerator:
         return "no accelerator is visible"
-    if not context.has_split_group:
-        return "torch.distributed.split_group does not exist in this torch"
-    if not split_supported_by_torch(context.torch_version):
-        return (f"torch {'.'.join(map(str, context.torch_version))} hangs with a device-bound "
-                "default group on 2.6.0-2.7.1 (pytorch#153960) and has no public split before 2.6")
     return None
 
 

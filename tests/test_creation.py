@@ -24,17 +24,16 @@ from commgroups.backends.nccl import NcclAdapter
 from commgroups.backends.rccl import RcclAdapter
 from commgroups.creation import (
     CreationContext,
-    _parse_version,
     choose_method,
     create_role_group,
     creation_order,
-    split_supported_by_torch,
 )
 from commgroups.registry import GroupRegistry
+from commgroups.torch_version import torch_version
 from tests.worlds import run_world
 
 PATHS = ("all_ranks", "local", "auto")
-TORCH = _parse_version(torch.__version__)
+TORCH = torch_version()
 
 # ------------------------------------------------------------------------------------ layouts
 
@@ -236,7 +235,7 @@ def test_creation_order_puts_irregular_roles_last() -> None:
 def test_gloo_decisions() -> None:
     """CPU/gloo: local where regular, all_ranks otherwise; split never (no device binding)."""
     plan = cg.plan(_irregular(8))
-    ctx = CreationContext(default_backend="gloo", device_bound=False, torch_version=(2, 13, 0))
+    ctx = CreationContext(default_backend="gloo", device_bound=False)
     gloo = GlooAdapter()
     assert choose_method("auto", plan.role("cp"), gloo, ctx) == "local"
     assert choose_method("local", plan.role("cp"), gloo, ctx) == "local"
@@ -245,7 +244,7 @@ def test_gloo_decisions() -> None:
     assert choose_method("auto", plan.role("embed"), gloo, ctx) == "all_ranks"
     assert choose_method("local", plan.role("pairs"), FakeAdapter(), ctx) == "all_ranks"
     torchcomms = CreationContext(default_backend="gloo", device_bound=False,
-                                 torch_version=(2, 13, 0), torchcomms=True)
+                                 torchcomms=True)
     assert choose_method("auto", plan.role("cp"), gloo, torchcomms) == "all_ranks"
     with pytest.raises(ValueError, match="creation mode"):
         choose_method("fastest", plan.role("cp"), gloo, ctx)
@@ -254,7 +253,7 @@ def test_gloo_decisions() -> None:
 def test_hccl_is_always_all_ranks_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
     """HCCL: member-only creation hangs, so every mode creates on all ranks, logged at INFO."""
     plan = cg.plan(_regular(4))
-    ctx = CreationContext(default_backend="hccl", device_bound=True, torch_version=(2, 13, 0),
+    ctx = CreationContext(default_backend="hccl", device_bound=True,
                           accelerator=True)
     with caplog.at_level(logging.INFO, logger="commgroups.creation"):
         for mode in ("auto", "local", "split"):
@@ -263,24 +262,16 @@ def test_hccl_is_always_all_ranks_and_says_why(caplog: pytest.LogCaptureFixture)
                for r in caplog.records)
 
 
-def test_split_torch_version_gate() -> None:
-    """No split before public split_group (2.6) nor on 2.6.0-2.7.1 (device_id hang)."""
-    assert not split_supported_by_torch((2, 5, 1))
-    assert not split_supported_by_torch((2, 6, 0))
-    assert not split_supported_by_torch((2, 7, 1))
-    assert split_supported_by_torch((2, 7, 2))
-    assert split_supported_by_torch((2, 13, 0))
-
-
 # ---------------------------------------------------------------------------- mock NCCL (split)
 
-BOUND_NCCL = CreationContext(default_backend="nccl", device_bound=True, torch_version=(2, 13, 0),
+BOUND_NCCL = CreationContext(default_backend="nccl", device_bound=True,
                              accelerator=True)
 
 
 @pytest.mark.parametrize("adapter", [NcclAdapter(), RcclAdapter()], ids=["nccl", "rccl"])
 def test_mock_nccl_split_decision(adapter: BackendAdapter) -> None:
-    """Mock NCCL: split exactly when bound, same backend, accelerator and a safe torch."""
+    """Mock NCCL: split exactly when bound, same backend and an accelerator (every supported torch,
+    2.10+, has a public split_group without the 2.6-2.7.1 device_id hang)."""
     plan = cg.plan(_irregular(8))
     assert choose_method("auto", plan.role("cp"), adapter, BOUND_NCCL) == "split"
     assert choose_method("split", plan.role("fsdp"), adapter, BOUND_NCCL) == "split"
@@ -292,10 +283,8 @@ def test_mock_nccl_split_decision(adapter: BackendAdapter) -> None:
     # path (an all-ranks call sends only their non-members into torch's split: pytorch#145376)
     assert choose_method("auto", plan.role("cp"), GlooAdapter(), BOUND_NCCL) == "local"
     for changed in (
-        {"torch_version": (2, 7, 0)},  # device_id hang range
         {"default_backend": "cpu:gloo,cuda:nccl"},  # split would copy the gloo backend too
         {"accelerator": False},
-        {"has_split_group": False},
     ):
         ctx = CreationContext(**{**BOUND_NCCL.__dict__, **changed})
         assert choose_method("auto", plan.role("cp"), adapter, ctx) == "all_ranks", changed

@@ -17,12 +17,12 @@ import torch.distributed as dist
 
 import commgroups as cg
 from commgroups import torch_internals
-from commgroups.creation import _parse_version
 from commgroups.registry import GroupRegistry
+from commgroups.torch_version import torch_version
 from tests.worlds import run_world
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TORCH = _parse_version(torch.__version__)
+TORCH = torch_version()
 # torch 2.14 salts hashed group names with _world.group_count, which grows with every group ever
 # made (until the default group is destroyed): a layout re-created after close() gets new names.
 # Before 2.14 the salt is len(_world.pg_names), which falls back when groups are destroyed.
