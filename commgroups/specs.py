@@ -28,6 +28,7 @@ from pydantic import (
 from typing_extensions import Self
 
 from commgroups import errors
+from commgroups.shapes import dim_shapes
 from commgroups.validation_errors import layout_error_from, problem
 
 __all__ = [
@@ -378,16 +379,6 @@ class RoleSpec(SpecModel):
         return self
 
 
-def _dim_shapes(dims: Mapping[str, int]) -> dict[str, tuple[int, int]]:
-    """(size, stride) of each dim of a row-major factorization, outermost first."""
-    shapes: dict[str, tuple[int, int]] = {}
-    stride = math.prod(dims.values())
-    for name, size in dims.items():
-        stride //= size
-        shapes[name] = (size, stride)
-    return shapes
-
-
 def default_roles(dims: Mapping[str, int]) -> list[RoleSpec]:
     """Built-in roles for ``dims``, following torchtitan's conventions.
 
@@ -518,7 +509,7 @@ class Layout(SpecModel):
     def _views_factor_the_world(self) -> Self:
         # A view is another row-major factorization of the same ranks; a dim name it shares with
         # dims (or another view) must name the same rank grouping, else "cp" would mean two things.
-        shapes = _dim_shapes(self.dims)
+        shapes = dim_shapes(self.dims)
         owner = dict.fromkeys(self.dims, "dims")
         for view, dims in self.views.items():
             field = f"views.{view}"
@@ -557,7 +548,7 @@ class Layout(SpecModel):
                     "product of the view's sizes equal {world}",
                     field, view=view, product=product, world=self.world_size,
                 )
-            for name, shape in _dim_shapes(dims).items():
+            for name, shape in dim_shapes(dims).items():
                 if name in shapes and shapes[name] != shape:
                     raise problem(
                         errors.InvalidViewError,
