@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from typing import Any
 
 from commgroups.demo.config import BASELINES, DemoConfig
@@ -72,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise SystemExit("commgroups demo: --steps must be >= 1")
+    # The demo gathers K/V over cp with spmd_types (an extra): say so once, before any rank starts.
+    if importlib.util.find_spec("spmd_types") is None:
+        raise SystemExit("commgroups demo: needs spmd_types (its cp collectives are what the demo "
+                         "shows); fix: pip install 'commgroups[spmd]'")
     cfg = DemoConfig(
         world_size=_world_size(args),
         steps=args.steps,
