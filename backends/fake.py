@@ -20,6 +20,9 @@ class FakeAdapter(BackendAdapter):
     name: ClassVar[str] = "fake"
     torch_backend: ClassVar[str] = "fake"
     device_type: ClassVar[str] = "cpu"
+    # Fake collectives move no data and never wait: there is no timeout to change, and torch warns
+    # ("only supported for either nccl or gloo") when asked to.
+    has_timeout: ClassVar[bool] = False
 
     def default_timeout(self) -> timedelta:
         """torch's default process-group timeout."""
