@@ -1,12 +1,15 @@
 """Fingerprint agreement: before any group exists, every rank checks that all ranks plan the same.
 
 Ranks compare a small payload (layout fingerprint, resolved backends, creation mode, and any local
-error) through the default group's store. Rank 0's payload is the reference; a rank that differs
-publishes its details. Then all ranks meet at a store barrier and every rank raises the same
-:class:`~commgroups.errors.LayoutMismatchError` naming the ranks that differ and the fields, or the same
-:class:`~commgroups.errors.AgreementTimeoutError` naming the ranks that never arrived. No collective
-runs on a group, so disagreement can never hang a communicator. The success path costs each rank a
-handful of store operations, O(1) in the world size.
+error) through the default group's store, in one round: each rank counts itself under its payload's
+digest and meets the others at one store barrier (:func:`store_barrier`, the one barrier commgroups
+has); the digest's count is then the world size exactly when every rank agrees. Counters other
+decisions need (local creation's votes) ride in the same round. Only when ranks disagree does a second
+round run: rank 0's payload is the reference, the ranks that differ publish their details, and every
+rank raises the same :class:`~commgroups.errors.LayoutMismatchError` naming them and the fields. A rank
+that never arrives makes every other one raise :class:`~commgroups.errors.AgreementTimeoutError`
+naming it. No collective runs on a group, so disagreement can never hang a communicator. The success
+path costs each rank a handful of store operations, O(1) in the world size.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -75,32 +79,36 @@ def agree(
     world_size: int,
     payload: dict[str, Any],
     timeout: timedelta,
-) -> None:
+    tallies: Mapping[str, int] | None = None,
+) -> dict[str, int]:
     """Check that every rank holds an identical ``payload``; raise on every rank otherwise.
 
     ``store`` should be a namespace unique to this creation (a PrefixStore); every rank must call
-    this with the same namespace, in the same order.
+    this with the same namespace, in the same order. ``tallies``: counters this rank adds to in the
+    same store round; returns each one's total over all ranks (read after every rank has added).
     """
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     digest = _digest(text)
     started = time.monotonic()
-    store.set(f"digest/{rank}", digest)
     if rank == 0:
         store.set("detail/0", text)
-    else:
-        _wait(store, ["digest/0"], timeout, started, world_size, rank)
-        if store.get("digest/0").decode() != digest:
-            store.set(f"detail/{rank}", text)
-            index = store.add("mismatch", 1)
-            store.set(f"mismatch/{index}", str(rank))
-    if store.add("arrived", 1) == world_size:
-        store.set("all", "1")
-    _wait(store, ["all"], timeout, started, world_size, rank)
-
-    mismatches = store.add("mismatch", 0)
-    if mismatches == 0:
+    store.set(f"digest/{rank}", digest)
+    store.add(f"votes/{digest}", 1)
+    for key, value in (tallies or {}).items():
+        store.add(f"tally/{key}", value)
+    store_barrier(store, "agreed", rank, world_size, timeout, "GroupRegistry.create()",
+                  started=started)
+    if store.add(f"votes/{digest}", 0) == world_size:
         logger.debug("rank %d: %d ranks agree on %s", rank, world_size, digest[:12])
-        return
+        return {key: store.add(f"tally/{key}", 0) for key in (tallies or {})}
+    # Some rank differs (every rank sees it: no digest counts every rank). Name who and how.
+    if store.get("digest/0").decode() != digest:
+        store.set(f"detail/{rank}", text)
+        index = store.add("mismatch", 1)
+        store.set(f"mismatch/{index}", str(rank))
+    store_barrier(store, "compared", rank, world_size, timeout, "GroupRegistry.create()",
+                  started=started)
+    mismatches = store.add("mismatch", 0)
     named = min(mismatches, MAX_NAMED_RANKS)
     ranks = sorted(int(store.get(f"mismatch/{i}").decode()) for i in range(1, named + 1))
     reference = json.loads(store.get("detail/0").decode())
@@ -118,14 +126,19 @@ def agree(
 
 
 def store_barrier(
-    store: Store, name: str, rank: int, world_size: int, timeout: timedelta, what: str
+    store: Store, name: str, rank: int, world_size: int, timeout: timedelta, what: str,
+    started: float | None = None,
 ) -> None:
     """Every rank reaches ``name`` before any leaves; O(1) store operations per rank.
 
-    Used after group creation: on gloo a rank can return from ``new_group`` while a peer is still
-    connecting to it, and destroying the group then would break the peer's connection.
+    The one store barrier: the agreement round, the end of creation on backends that connect on
+    creation (on gloo a rank can return from ``new_group`` while a peer is still connecting to it,
+    and destroying the group then would break the peer's connection), torchtitan's timeout
+    switch. ``timeout`` counts from ``started`` (``time.monotonic()``; default: now). A rank that
+    does not arrive in time makes the others raise
+    :class:`~commgroups.errors.AgreementTimeoutError` naming it.
     """
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
     store.set(f"{name}/{rank}", "1")
     if store.add(f"{name}/count", 1) == world_size:
         store.set(f"{name}/all", "1")
@@ -139,8 +152,8 @@ def _wait(
     started: float,
     world_size: int,
     rank: int,
-    key: str = "digest/",
-    what: str = "GroupRegistry.create()",
+    key: str,
+    what: str,
 ) -> None:
     remaining = timeout.total_seconds() - (time.monotonic() - started)
     try:

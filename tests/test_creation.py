@@ -168,7 +168,7 @@ RUNS: list[tuple[str, str, str, bool]] = [
     ("irregular-local", "irregular", "local", True),
     # Before torch 2.14 the name salt (groups registered) now differs between ranks (members of the
     # irregular groups have more): local would hang. From 2.14 the salt counts every new_group call,
-    # the same on every rank, so local is safe (torch's own naming code says so, see confirm_local).
+    # the same on every rank, so local is safe (torch's own naming code says so, see local_vote).
     ("after-irregular", "regular", "local", True),
     ("close-kept", "", "", False),
     ("local-fresh", "regular", "local", False),
