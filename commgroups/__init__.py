@@ -13,7 +13,7 @@ from commgroups import audit, errors, integrations
 from commgroups.async_wait import AsyncWaitDist, async_and_wait
 from commgroups.collectives import RoleCollectives
 from commgroups.layout_io import load_layout, parse_layout
-from commgroups.plan import Plan, RolePlan, plan
+from commgroups.planning import Plan, RolePlan, plan
 from commgroups.registry import GroupRegistry
 from commgroups.specs import (
     CHECKPOINT_ROLE,

@@ -28,7 +28,7 @@ from torch.distributed import PrefixStore  # type: ignore[attr-defined]  # re-ex
 
 from commgroups import torch_internals
 from commgroups.backends import BackendAdapter
-from commgroups.plan import Plan, RolePlan
+from commgroups.planning import Plan, RolePlan
 from commgroups.specs import RoleOptions
 from commgroups.torch_internals import (
     GroupCall,

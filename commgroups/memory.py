@@ -21,7 +21,7 @@ Measured figures replace the published ones where a GPU check measured them
 measurement changes only one-rank groups and split_share children; everything else stays the
 estimate above.
 
-Nothing here touches torch.distributed: like :mod:`commgroups.plan`, it is arithmetic over the layout.
+Nothing here touches torch.distributed: like :mod:`commgroups.planning`, it is arithmetic over the layout.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commgroups.plan import Plan
+from commgroups.planning import Plan
 from commgroups.specs import Layout
 
 __all__ = [

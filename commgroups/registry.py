@@ -44,7 +44,7 @@ from commgroups.errors import (
     WorldSizeMismatchError,
 )
 from commgroups.meshes import axes_in_order, build_mesh, forget_flattenings, register_flattening
-from commgroups.plan import RolePlan, plan
+from commgroups.planning import RolePlan, plan
 from commgroups.specs import Layout, RoleSpec
 from commgroups.text_table import format_ranks, format_table
 

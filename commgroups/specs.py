@@ -447,7 +447,7 @@ class Layout(SpecModel):
         >>> layout = Layout(dims={"dp_shard": 2, "cp": 2})
         >>> layout.role_names
         ('dp_shard', 'cp', 'fsdp', 'checkpoint-metadata')
-        >>> from commgroups.plan import plan
+        >>> from commgroups.planning import plan
         >>> p = plan(layout)
         >>> for rank in range(layout.world_size):
         ...     print(rank, {role: p.group_of(role, rank) for role in ("dp_shard", "cp", "fsdp")})
