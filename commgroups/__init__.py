@@ -10,7 +10,7 @@ checkpoint-metadata, ...), never the default group, each with its own backend, o
 """
 
 from commgroups import audit, errors, integrations
-from commgroups.async_wait import AsyncWaitDist, async_and_wait
+from commgroups.async_wait import AsyncWaitDist, async_and_wait_scope
 from commgroups.collectives import RoleCollectives
 from commgroups.layout_io import load_layout, parse_layout
 from commgroups.planning import Plan, RolePlan, plan
@@ -37,7 +37,7 @@ __all__ = [
     "RolePlan",
     "RoleCollectives",
     "RoleSpec",
-    "async_and_wait",
+    "async_and_wait_scope",
     "audit",
     "default_roles",
     "errors",

@@ -95,7 +95,7 @@ def _variants(group: Any, x: Any, out: Any, rs_out: Any) -> list[Variant]:
     wrapped = cg.AsyncWaitDist()
 
     def scope() -> None:
-        with cg.async_and_wait():
+        with cg.async_and_wait_scope():
             dist.all_gather_into_tensor(out, x, group=group)
 
     variants: list[Variant] = [
@@ -112,7 +112,7 @@ def _variants(group: Any, x: Any, out: Any, rs_out: Any) -> list[Variant]:
          lambda: collectives.all_gather_into_tensor(out, x)),
         ("async_wait_dist", WAITED, "cg.AsyncWaitDist().all_gather_into_tensor",
          lambda: wrapped.all_gather_into_tensor(out, x, group=group)),
-        ("async_and_wait_scope", WAITED, "dist.all_gather_into_tensor inside cg.async_and_wait()",
+        ("async_and_wait_scope", WAITED, "dist.all_gather_into_tensor inside cg.async_and_wait_scope()",
          scope),
         ("functional_all_gather", WAITED,
          "DTensor's functional all_gather_into_tensor + wait_tensor", _functional_all_gather(x, group)),
