@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import ClassVar
-
-from torch.distributed import constants
 
 from .base import BackendAdapter
 
@@ -24,6 +21,3 @@ class FakeAdapter(BackendAdapter):
     # ("only supported for either nccl or gloo") when asked to.
     has_timeout: ClassVar[bool] = False
 
-    def default_timeout(self) -> timedelta:
-        """torch's default process-group timeout."""
-        return constants.default_pg_timeout

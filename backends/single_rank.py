@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
-from torch.distributed import constants
 
 from commgroups import torch_internals
 
@@ -498,6 +497,3 @@ class SingleRankAdapter(BackendAdapter):
         """Always available: it needs nothing but torch.distributed; registers the backend."""
         ensure_registered()
 
-    def default_timeout(self) -> timedelta:
-        """torch's default process-group timeout (never reached: nothing here waits)."""
-        return constants.default_pg_timeout
