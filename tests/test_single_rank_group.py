@@ -334,8 +334,19 @@ def _local_creation(rank: int, world: int) -> dict[str, Any]:
     return {"ok": torch.equal(out, t), "later_sum": float(total), "later_name": later.group_name}
 
 
-def test_creation_is_local_to_the_rank_and_later_groups_still_agree() -> None:
-    results = run_world(_local_creation, 4)
+def _local_then_dtensor(rank: int, world: int) -> dict[str, Any]:
+    # Independent checks share one 4-rank world; local creation first (it checks group naming).
+    return {"local": _local_creation(rank, world), "dtensor": _dtensor_world(rank, world)}
+
+
+@pytest.fixture(scope="module")
+def four_rank_results() -> list[dict[str, Any]]:
+    return run_world(_local_then_dtensor, 4)
+
+
+def test_creation_is_local_to_the_rank_and_later_groups_still_agree(
+        four_rank_results: list[dict[str, Any]]) -> None:
+    results = [result["local"] for result in four_rank_results]
     assert all(r["ok"] for r in results)
     assert [r["later_sum"] for r in results] == [4.0] * 4
     assert len({r["later_name"] for r in results}) == 1
@@ -443,8 +454,9 @@ def _dtensor_world(rank: int, world: int) -> dict[str, Any]:
     return results
 
 
-def test_functional_collectives_and_dtensor_on_a_2d_mesh_with_a_single_rank_dim() -> None:
-    for rank, res in enumerate(run_world(_dtensor_world, 4)):
+def test_functional_collectives_and_dtensor_on_a_2d_mesh_with_a_single_rank_dim(
+        four_rank_results: list[dict[str, Any]]) -> None:
+    for rank, res in enumerate(result["dtensor"] for result in four_rank_results):
         assert res["mismatches"] == [], f"rank {rank}"
         assert res["sub"] == [(1, True), (1, True)]
 
