@@ -97,7 +97,7 @@ def _layouts_then_disagreements(rank: int, world_size: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def four_rank_results() -> list[dict[str, Any]]:
-    return run_world(_layouts_then_disagreements, 4)
+    return run_world(_layouts_then_disagreements, 4, timeout=240)  # two checks: twice the default
 
 
 @pytest.mark.parametrize("name", ["seed", "2x2", "4x1"])
