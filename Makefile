@@ -1,7 +1,7 @@
 # Every target sets up .venv itself (scripts/setup-env) on first use.
 PY := .venv/bin/python
 
-.PHONY: setup demo test lint bench ci
+.PHONY: setup demo test test-fast lint bench wheel-check ci
 setup:
 	@scripts/setup-env
 
@@ -11,12 +11,20 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
+# The fast loop: pure logic only, no process worlds (tests/conftest.py marks those `world`).
+test-fast: setup
+	$(PY) -m pytest -q -m "not world"
+
 lint: setup
-	.venv/bin/ruff check commgroups backends tests benchmarks
+	.venv/bin/ruff check commgroups backends tests benchmarks tools
 	.venv/bin/mypy
 
 bench: setup
 	$(PY) -m commgroups bench --quick --json out/bench.json --plot out
+
+# The wheel in a clean venv: commgroups plan, demo and bench --smoke from outside the tree.
+wheel-check: setup
+	@scripts/wheel-check
 
 ci:
 	.ci/run

@@ -6,10 +6,12 @@ nothing of roles, layouts or registries: they only speak torch.distributed.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
+
+from torch.distributed import constants
 
 from commgroups.specs import RoleOptions
 
@@ -51,9 +53,10 @@ class BackendAdapter(ABC):
     def check_available(self) -> None:
         """Raise BackendUnavailableError when this backend cannot run on this machine."""
 
-    @abstractmethod
     def default_timeout(self) -> timedelta:
-        """torch's default collective timeout for this backend."""
+        """torch's default collective timeout for this backend: its general process-group default
+        (30 minutes) unless the backend has its own."""
+        return constants.default_pg_timeout
 
     def make_options(self, options: RoleOptions, timeout: timedelta) -> Any | None:
         """A fresh backend options object (never shared between groups), or None."""

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import ClassVar
-
-from torch.distributed import constants
 
 from .base import BackendAdapter
 
@@ -18,6 +15,3 @@ class GlooAdapter(BackendAdapter):
     device_type: ClassVar[str] = "cpu"
     connects_on_create: ClassVar[bool] = True
 
-    def default_timeout(self) -> timedelta:
-        """torch's default process-group timeout (30 minutes)."""
-        return constants.default_pg_timeout

@@ -11,8 +11,6 @@ from datetime import timedelta
 from types import ModuleType
 from typing import Any, ClassVar
 
-from torch.distributed import constants
-
 from commgroups import torch_internals
 from commgroups.errors import BackendUnavailableError
 from commgroups.specs import RoleOptions
@@ -64,9 +62,6 @@ class HcclAdapter(BackendAdapter):
                 "role's backend to 'device' or 'gloo'"
             )
 
-    def default_timeout(self) -> timedelta:
-        """torch's default process-group timeout."""
-        return constants.default_pg_timeout
 
     def make_options(self, options: RoleOptions, timeout: timedelta) -> Any | None:
         """A fresh ``ProcessGroupHCCL.Options``; ``hccl_config`` is assigned as one whole dict."""

@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
-from torch.distributed import constants
 
 from commgroups import torch_internals
 
@@ -37,7 +36,6 @@ __all__ = [
     "SingleRankAdapter",
     "SingleRankProcessGroup",
     "ensure_registered",
-    "new_single_rank_group",
     "single_rank_device_types",
 ]
 
@@ -108,60 +106,6 @@ def ensure_registered() -> str:
         if defaults.get(device) == TORCH_BACKEND:
             del defaults[device]
     return TORCH_BACKEND
-
-
-def new_single_rank_group(
-    *, group_desc: str | None = None, timeout: timedelta | None = None,
-) -> dist.ProcessGroup:
-    """This rank's own 1-rank group on the single-rank backend; only this rank calls it.
-
-    Member-only creation (``use_local_synchronization=True``) is exactly right for a 1-rank group:
-    the other ranks neither call nor wait, nothing crosses the store, and on a default group bound to
-    a device (``init_process_group(device_id=...)``) no rank joins a communicator split (torch
-    2.10-2.14 make *non-members* of an all-ranks ``new_group`` split the default NCCL communicator,
-    which hangs for any non-NCCL group; member-only creation has no non-members).
-
-    Every rank must make the same number of member-only groups before the next all-ranks
-    ``new_group``: torch >= 2.14 counts member-only groups in the names of later groups
-    (``_world.group_count``), so give every rank its single-rank group for the same dims, in the same
-    order (a registry does: a size-1 dim gives every rank one).
-
-    Args:
-        group_desc: the group's description (``pg.group_desc``), e.g. the role's name.
-        timeout: recorded for torch's bookkeeping only; nothing here can time out.
-
-    Returns:
-        A :class:`SingleRankProcessGroup` over ``[dist.get_rank()]``, registered with torch like any
-        other group (``dist.destroy_process_group(group)`` releases it).
-
-    Raises:
-        ValueError: torch's name for the group collides with a live group of this rank (torch
-            <= 2.13 names member-only groups ``sha1(ranks + number of live groups)``, so destroying
-            an older such group while a newer one lives can repeat a name; the message says so).
-
-    Example::
-
-        >>> group = new_single_rank_group(group_desc="dp_replicate")
-        >>> dist.all_gather_into_tensor(out, x, group=group)   # out == x
-    """
-    backend = ensure_registered()
-    rank = dist.get_rank()
-    try:
-        # torch >= 2.14 types this ProcessGroup | NON_GROUP_MEMBER; the caller is its one member.
-        group: dist.ProcessGroup = dist.new_group(  # type: ignore[assignment]
-            [rank], timeout=timeout, backend=backend, use_local_synchronization=True,
-            group_desc=group_desc,
-        )
-    except ValueError as error:
-        if "already been created" not in str(error):
-            raise
-        raise ValueError(
-            f"rank {rank}: torch named the new single-rank group like a live group of this rank "
-            "(member-only names hash the ranks and the number of live groups, and a group "
-            "destroyed before a newer one lowered that number); fix: destroy groups in reverse "
-            "creation order, or create this group before destroying older ones"
-        ) from error
-    return group
 
 
 # ---- private torch attributes: reached through commgroups.torch_internals ------------------------
@@ -259,7 +203,8 @@ class SingleRankProcessGroup(dist.ProcessGroup):
 
     Example::
 
-        >>> group = new_single_rank_group()
+        >>> group = dist.new_group([dist.get_rank()], backend=ensure_registered(),
+        ...                        use_local_synchronization=True)
         >>> out = torch.empty(4); dist.all_gather_into_tensor(out, torch.arange(4.), group=group)
         >>> out
         tensor([0., 1., 2., 3.])
@@ -481,8 +426,9 @@ class SingleRankAdapter(BackendAdapter):
     """Adapter for 1-rank groups that hold no communicator (size-1 dims and roles).
 
     Only for groups of exactly one rank; each rank creates its own with member-only creation
-    (:func:`new_single_rank_group`), never all-ranks. ``device_type`` is a placeholder: the group
-    serves every device, so a DeviceMesh takes its device type from its other dims.
+    (``new_group([rank], use_local_synchronization=True)``), never all-ranks. ``device_type`` is
+    a placeholder: the group serves every device, so a DeviceMesh takes its device type from its
+    other dims.
     """
 
     name: ClassVar[str] = "single"
@@ -498,6 +444,3 @@ class SingleRankAdapter(BackendAdapter):
         """Always available: it needs nothing but torch.distributed; registers the backend."""
         ensure_registered()
 
-    def default_timeout(self) -> timedelta:
-        """torch's default process-group timeout (never reached: nothing here waits)."""
-        return constants.default_pg_timeout

@@ -10,10 +10,10 @@ checkpoint-metadata, ...), never the default group, each with its own backend, o
 """
 
 from commgroups import audit, errors, integrations
-from commgroups.async_wait import AsyncWaitDist, async_and_wait
+from commgroups.async_wait import AsyncWaitDist, async_and_wait_scope
 from commgroups.collectives import RoleCollectives
 from commgroups.layout_io import load_layout, parse_layout
-from commgroups.plan import Plan, RolePlan, plan
+from commgroups.planning import Plan, RolePlan, plan
 from commgroups.registry import GroupRegistry
 from commgroups.replan import Replan, replan
 from commgroups.specs import (
@@ -41,7 +41,7 @@ __all__ = [
     "RoleCollectives",
     "Replan",
     "RoleSpec",
-    "async_and_wait",
+    "async_and_wait_scope",
     "audit",
     "default_roles",
     "errors",

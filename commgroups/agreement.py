@@ -1,8 +1,9 @@
 """Fingerprint agreement: before any group exists, every rank checks that all ranks plan the same.
 
 Ranks compare a small payload (layout fingerprint, resolved backends, creation mode, and any local
-error) through the default group's store. Rank 0's payload is the reference; a rank that differs
-publishes its details. Then all ranks meet at a store barrier and every rank raises the same
+error) through the default group's store, in one round. Rank 0's payload is the reference; a rank
+that differs publishes its details; counters other decisions need (local creation's votes) ride in
+the same round. Then all ranks meet and every rank raises the same
 :class:`~commgroups.errors.LayoutMismatchError` naming the ranks that differ and the fields, or the same
 :class:`~commgroups.errors.AgreementTimeoutError` naming the ranks that never arrived. No collective
 runs on a group, so disagreement can never hang a communicator. The success path costs each rank a
@@ -15,7 +16,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -78,7 +79,8 @@ def agree(
     payload: dict[str, Any],
     timeout: timedelta,
     finish: Callable[[], None] | None = None,
-) -> None:
+    tallies: Mapping[str, int] | None = None,
+) -> dict[str, int]:
     """Check that every rank holds an identical ``payload``; raise on every rank otherwise.
 
     ``store`` should be a namespace unique to this attempt (a PrefixStore); every rank must call
@@ -87,7 +89,8 @@ def agree(
     ``abandoned`` (set by a rank whose wait timed out first). Every rank follows that one outcome,
     and ``finish`` runs once when it is decided, so the caller can open a fresh namespace for the
     next attempt: a rank that skipped this attempt then meets the others at the next one instead of
-    reading this one's stale keys.
+    reading this one's stale keys. ``tallies``: counters this rank adds to in the same round;
+    returns each one's total over all ranks (read once every rank has added).
     """
     started = time.monotonic()
     with store_calls(store, rank, started, "GroupRegistry.create()"):
@@ -102,6 +105,8 @@ def agree(
                 store.set(f"detail/{rank}", text)
                 index = store.add("mismatch", 1)
                 store.set(f"mismatch/{index}", str(rank))
+        for key, value in (tallies or {}).items():
+            store.add(f"tally/{key}", value)
         if store.add("arrived", 1) == world_size and _decide(store, "complete") == "complete":
             if finish is not None:
                 finish()
@@ -120,7 +125,7 @@ def agree(
         mismatches = store.add("mismatch", 0)
         if mismatches == 0:
             logger.debug("rank %d: %d ranks agree on %s", rank, world_size, digest[:12])
-            return
+            return {key: store.add(f"tally/{key}", 0) for key in (tallies or {})}
         named = min(mismatches, MAX_NAMED_RANKS)
         ranks = sorted(int(store.get(f"mismatch/{i}").decode()) for i in range(1, named + 1))
         reference = json.loads(store.get("detail/0").decode())
@@ -199,14 +204,19 @@ def store_calls(store: Store, rank: int, started: float, what: str) -> Iterator[
 
 
 def store_barrier(
-    store: Store, name: str, rank: int, world_size: int, timeout: timedelta, what: str
+    store: Store, name: str, rank: int, world_size: int, timeout: timedelta, what: str,
+    started: float | None = None,
 ) -> None:
     """Every rank reaches ``name`` before any leaves; O(1) store operations per rank.
 
-    Used after group creation: on gloo a rank can return from ``new_group`` while a peer is still
-    connecting to it, and destroying the group then would break the peer's connection.
+    The one store barrier: the end of creation on backends that connect on creation (on gloo a rank
+    can return from ``new_group`` while a peer is still connecting to it, and destroying the group
+    then would break the peer's connection), torchtitan's timeout switch. ``timeout`` counts from
+    ``started`` (``time.monotonic()``; default: now). A rank that does not arrive in time makes the
+    others raise :class:`~commgroups.errors.AgreementTimeoutError` naming it; a store that stops
+    answering raises :class:`~commgroups.errors.StoreUnreachableError`.
     """
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
     with store_calls(store, rank, started, what):
         store.set(f"{name}/{rank}", "1")
         if store.add(f"{name}/count", 1) == world_size:

@@ -13,7 +13,7 @@ Three ways to apply the rule:
 - :class:`commgroups.collectives.RoleCollectives` (``registry.collectives(role)``) for our own calls;
 - :class:`AsyncWaitDist`, a module-like stand-in for ``torch.distributed`` for libraries that accept a
   dist module (``spmd_types.set_dist(cg.AsyncWaitDist())``);
-- :func:`async_and_wait`, a scope that patches ``torch.distributed``'s collective entry points for
+- :func:`async_and_wait_scope`, a scope that patches ``torch.distributed``'s collective entry points for
   libraries that call ``torch.distributed`` directly.
 
 A caller that explicitly asks for ``async_op=True`` always gets its Work back unwaited.
@@ -39,8 +39,7 @@ __all__ = [
     "ASYNC_OP_FUNCTIONS",
     "BLOCKING_P2P_FUNCTIONS",
     "AsyncWaitDist",
-    "async_and_wait",
-    "async_and_wait_active",
+    "async_and_wait_scope",
     "issue_and_wait",
     "p2p_issuer",
     "source_rank",
@@ -239,7 +238,7 @@ class AsyncWaitDist:
 
 
 class _PatchState:
-    """Process-wide bookkeeping of the :func:`async_and_wait` patch.
+    """Process-wide bookkeeping of the :func:`async_and_wait_scope` patch.
 
     The patch itself is process-wide (it replaces attributes of torch.distributed), so its bookkeeping
     must be too: this object is stored on ``torch.distributed.distributed_c10d`` itself, next to what
@@ -296,13 +295,8 @@ def _restore(state: _PatchState) -> None:
     state.originals.clear()
 
 
-def async_and_wait_active() -> bool:
-    """True while an :func:`async_and_wait` scope is open anywhere in this process."""
-    return _patch_state().depth > 0
-
-
 @contextlib.contextmanager
-def async_and_wait() -> Iterator[None]:
+def async_and_wait_scope() -> Iterator[None]:
     """A scope in which ``torch.distributed``'s collectives are issued async and waited at once.
 
     Inside it, ``torch.distributed.<fn>`` and ``torch.distributed.distributed_c10d.<fn>`` for every
@@ -310,7 +304,7 @@ def async_and_wait() -> Iterator[None]:
     issue ``async_op=True`` (``isend``/``irecv``) and wait at once; all are restored on exit, also
     when the body raises. Use it for libraries that call ``torch.distributed`` directly::
 
-        with cg.async_and_wait():
+        with cg.async_and_wait_scope():
             loss = model(batch)        # spmd_types' blocking CP collectives become async-and-wait
 
     Reach (read this before using it):

@@ -5,7 +5,7 @@ Every method has torch.distributed's signature without ``group=``. With the role
 group's own stream behind a fence instead of unfenced on the caller's stream (see
 :mod:`commgroups.async_wait`); a caller that asks for ``async_op=True`` gets the Work back unwaited.
 Object collectives (``all_gather_object`` ...) pass through to torch, run inside
-:func:`~commgroups.async_wait.async_and_wait` so that the tensor collectives torch issues for them
+:func:`~commgroups.async_wait.async_and_wait_scope` so that the tensor collectives torch issues for them
 follow the same rule. With ``async_and_wait=False`` every call goes to torch exactly as given.
 """
 
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from commgroups import torch_internals
-from commgroups.async_wait import async_and_wait, issue_and_wait, p2p_issuer, source_rank
+from commgroups.async_wait import async_and_wait_scope, issue_and_wait, p2p_issuer, source_rank
 from commgroups.errors import (
     ConcurrentRoleUseError,
     RegistryClosedError,
@@ -208,7 +208,7 @@ class RoleCollectives:
 
     @contextmanager
     def _object_scope(self, op: str) -> Iterator[None]:
-        with self._named(op), async_and_wait() if self.async_and_wait else nullcontext():
+        with self._named(op), async_and_wait_scope() if self.async_and_wait else nullcontext():
             yield
 
     # -------------------------------------------------------------------------- collectives

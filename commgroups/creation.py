@@ -1,7 +1,7 @@
 """How a role's groups are created: the same calls, in the same order, on every rank.
 
 Three paths, chosen per role by :func:`choose_method` from facts that are the same on every rank (the
-plan, the role's backend adapter, the torch version and the default group's device binding):
+plan, the role's backend adapter and the default group's device binding):
 
 ``all_ranks``
     torch's default contract: every rank calls ``new_group`` for every group of the role
@@ -10,7 +10,7 @@ plan, the role's backend adapter, the torch version and the default group's devi
     ``new_group(my_ranks, use_local_synchronization=True)``: one call per role per rank, non-members
     skip it. torch names such a group by hashing its ranks with a per-process counter (which counter
     changed in torch 2.14), so every member must be in the same naming state when it calls.
-    :func:`creation_order` and :func:`confirm_local` (which asks torch for the names, see
+    :func:`creation_order` and :func:`local_vote` (which asks torch for the names, see
     :mod:`commgroups.torch_internals`) guarantee that, or the role falls back to ``all_ranks``.
 ``split``
     ``split_group(split_ranks=all groups of the role)``: one call per role per rank (ncclCommSplit),
@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported at runtime
+from torch.distributed import PrefixStore  # type: ignore[attr-defined]  # re-exported at runtime
 
 from commgroups import torch_internals
 from commgroups.backends import BackendAdapter
-from commgroups.errors import AgreementTimeoutError
-from commgroups.plan import Plan, RolePlan
+from commgroups.planning import Plan, RolePlan
 from commgroups.specs import RoleOptions
 from commgroups.torch_internals import (
     GroupCall,
@@ -45,40 +43,19 @@ __all__ = [
     "CreatedRole",
     "CreationContext",
     "choose_method",
-    "confirm_local",
+    "LocalVote",
+    "decide_local",
+    "local_vote",
     "create_role_group",
     "creation_order",
-    "split_supported_by_torch",
 ]
 
 logger = logging.getLogger(__name__)
 
 CREATION_MODES: tuple[str, ...] = ("auto", "all_ranks", "local", "split")
 
-# torch 2.6.0-2.7.1: a default group bound with init_process_group(device_id=...) hangs in eager
-# communicator init / split (pytorch#153960), so split creation is not used there; all_ranks is.
-_SPLIT_HANG_FIRST = (2, 6, 0)
-_SPLIT_HANG_LAST = (2, 7, 1)
-
-# Where each rank records the hashed group names it has had torch create (see confirm_local).
+# Where each rank records the hashed group names it has had torch create (see local_vote).
 _CLAIM_PREFIX = "commgroups/hashed-names/"
-
-
-def _parse_version(text: str) -> tuple[int, int, int]:
-    parts: list[int] = []
-    for piece in text.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    while len(parts) < 3:
-        parts.append(0)
-    return parts[0], parts[1], parts[2]
-
-
-def split_supported_by_torch(version: tuple[int, int, int]) -> bool:
-    """Whether split creation is safe on this torch version (public ``split_group``, no hang)."""
-    if version < _SPLIT_HANG_FIRST:
-        return False  # dist.split_group is not public before 2.6
-    return not (_SPLIT_HANG_FIRST <= version <= _SPLIT_HANG_LAST)
 
 
 @dataclass(frozen=True)
@@ -93,14 +70,10 @@ class CreationContext:
     """``dist.get_backend()`` of the default group (e.g. nccl, gloo, fake, cpu:gloo,cuda:nccl)."""
     device_bound: bool
     """The default group was bound to a device (``init_process_group(device_id=...)``)."""
-    torch_version: tuple[int, int, int]
-    """Major, minor, patch of the running torch."""
     accelerator: bool = False
     """An accelerator is visible (split_group needs one)."""
     torchcomms: bool = False
     """torch delegates new_group to split_group (TorchComms); local creation raises there."""
-    has_split_group: bool = True
-    """``torch.distributed.split_group`` exists."""
 
     @classmethod
     def detect(cls) -> CreationContext:
@@ -114,10 +87,8 @@ class CreationContext:
         return cls(
             default_backend=str(dist.get_backend()),
             device_bound=getattr(default_pg, "bound_device_id", None) is not None,
-            torch_version=_parse_version(torch.__version__),
             accelerator=accelerator,
             torchcomms=torch_internals.torchcomms_enabled(),
-            has_split_group=hasattr(dist, "split_group"),
         )
 
 
@@ -158,11 +129,6 @@ def _split_blocker(adapter: BackendAdapter, context: CreationContext) -> str | N
                 f"{adapter.torch_backend!r} (split children inherit the parent's backends)")
     if not context.accelerator:
         return "no accelerator is visible"
-    if not context.has_split_group:
-        return "torch.distributed.split_group does not exist in this torch"
-    if not split_supported_by_torch(context.torch_version):
-        return (f"torch {'.'.join(map(str, context.torch_version))} hangs with a device-bound "
-                "default group on 2.6.0-2.7.1 (pytorch#153960) and has no public split before 2.6")
     return None
 
 
@@ -260,66 +226,69 @@ def _planned_calls(
     return calls, local_calls
 
 
-def confirm_local(
-    plan: Plan,
-    order: list[RolePlan],
-    methods: dict[str, str],
-    rank: int,
-    world_size: int,
-    store: Store | None,
-    timeout: timedelta,
-) -> dict[str, str]:
-    """Check, collectively, that local creation of ``methods``' local roles cannot hang.
+@dataclass(frozen=True)
+class LocalVote:
+    """This rank's vote on whether member-only creation is safe (see :func:`local_vote`)."""
 
-    Every rank must call it with the same arguments shape, after agreement. torch names a member-only
-    group by hashing its ranks with a per-process counter, so every member must compute the same name
-    and the name must be new. Rather than re-implement torch's private naming rule (2.14 changed it),
-    this asks torch (see :func:`commgroups.torch_internals.predict_group_names`): local creation is
-    kept only when (1) every rank's naming state is the same now (torch's own hash of a probe group),
-    (2) torch's own naming code predicts each local group's name, and (3) no rank has had torch create
-    one of those names before (a name reused after ``destroy_process_group`` meets its predecessor's
-    stale rendezvous keys in the store: a hang on gloo) nor holds a live group by that name. Where
-    torch's names never repeat (2.14+: the counter grows with every group), a layout re-created after
-    ``close()`` therefore stays local. Otherwise every local role becomes all_ranks, on every rank
-    alike. ``store`` is a namespace unique to this call (None: the default group is fake, one process
-    simulates the world and nothing can disagree).
+    state: str
+    """torch's group-naming state of this rank (a hash of a probe group's name), or "unknown"."""
+    unsafe: int
+    """1 when this rank cannot predict a local group's name or would reuse one, else 0."""
 
-    Cost: a handful of store operations per rank, O(1) in the world size.
+    def tallies(self) -> dict[str, int]:
+        """What this rank adds to the agreement round's counters: ranks in the same naming state
+        add to the same key, which reaches the world size only if every rank is in it."""
+        return {f"local/state/{self.state}": 1, "local/unsafe": self.unsafe}
+
+
+def local_vote(
+    plan: Plan, order: list[RolePlan], methods: dict[str, str], rank: int, world_size: int
+) -> LocalVote | None:
+    """This rank's vote on local creation of ``methods``' local roles; None when there are none.
+
+    torch names a member-only group by hashing its ranks with a per-process counter, so every member
+    must compute the same name and the name must be new. Rather than re-implement torch's private
+    naming rule (2.14 changed it), this asks torch (see
+    :func:`commgroups.torch_internals.predict_group_names`): local creation is kept only when (1)
+    every rank's naming state is the same now (torch's own hash of a probe group), (2) torch's own
+    naming code predicts each local group's name, and (3) no rank has had torch create one of those
+    names before (a name reused after ``destroy_process_group`` meets its predecessor's stale
+    rendezvous keys in the store: a hang on gloo) nor holds a live group by that name. Where torch's
+    names never repeat (2.14+: the counter grows with every group), a layout re-created after
+    ``close()`` therefore stays local. The votes travel in the agreement's one store round
+    (:func:`commgroups.agreement.agree`'s ``tallies``); :func:`decide_local` reads the totals.
     """
-    if "local" not in methods.values() or store is None:
-        return dict(methods)
+    if "local" not in methods.values():
+        return None
     state = group_naming_state(world_size)
     planned = _planned_calls(plan, order, methods, rank)
     names = None if planned is None else predict_group_names(planned[0], world_size)
-    unsafe = 0
     if state is None or planned is None or names is None:
         # torch changed its naming internals: the names are unknown, so do not risk a hang.
-        unsafe, state = 1, "unknown"
         if rank == 0:
             logger.info("torch %s: commgroups cannot predict member-only group names here; "
                         "creating local roles on every rank (all_ranks)", torch.__version__)
-    else:
-        live = registered_group_names() or set()
-        claims = PrefixStore(_CLAIM_PREFIX, default_store())
-        for index in planned[1].values():
-            name = names[index]
-            if name in live or claims.add(f"{name}/{rank}", 1) > 1:
-                unsafe = 1
-    # Ranks in the same naming state add to the same key: it reaches world_size only if all agree.
-    store.add(f"local/state/{state}", 1)
-    store.add("local/unsafe", unsafe)
-    if store.add("local/arrived", 1) == world_size:
-        store.set("local/all", "1")
-    try:
-        store.wait(["local/all"], timeout)
-    except (RuntimeError, dist.DistStoreError) as error:
-        raise AgreementTimeoutError(
-            f"rank {rank}: not every rank reached the local-creation check within "
-            f"{timeout.total_seconds():g}s; fix: make every rank call create()/device_mesh() in "
-            "the same order, check that no rank died, or raise create_timeout_s"
-        ) from error
-    uniform = store.add(f"local/state/{state}", 0) == world_size
-    flagged = store.add("local/unsafe", 0)
+        return LocalVote("unknown", 1)
+    live = registered_group_names() or set()
+    claims = PrefixStore(_CLAIM_PREFIX, default_store())
+    unsafe = 0
+    for index in planned[1].values():
+        name = names[index]
+        if name in live or claims.add(f"{name}/{rank}", 1) > 1:
+            unsafe = 1
+    return LocalVote(state, unsafe)
+
+
+def decide_local(
+    methods: dict[str, str], vote: LocalVote | None, totals: dict[str, int], world_size: int,
+    rank: int,
+) -> dict[str, str]:
+    """``methods`` with every local role kept local only if every rank voted it safe (``totals``:
+    the summed :meth:`LocalVote.tallies` of all ranks); else all_ranks, on every rank alike."""
+    if vote is None:
+        return dict(methods)
+    uniform = totals.get(f"local/state/{vote.state}", 0) == world_size
+    flagged = totals.get("local/unsafe", 0)
     if uniform and flagged == 0:
         return dict(methods)
     why = ("ranks are in different torch group-naming states (they created different groups "

@@ -15,13 +15,13 @@ them to compare layouts (how many communicators, which ones share resources), no
   explicit-ranks role) costs.
 
 Measured figures replace the published ones where a GPU check measured them
-(``benchmarks/results/gpu/memory.json``, written by ``python -m commgroups.bench.gpu``; read with
+(``benchmarks/results/gpu/memory.json``, written by ``python -m tools.gpu_check``; read with
 :func:`load_measured`, shown by ``commgroups plan --measured``): each is keyed by backend, case
 (``fresh`` communicator, ``split`` child, ``split_share`` child) and group size, so a one-GPU
 measurement changes only one-rank groups and split_share children; everything else stays the
 estimate above.
 
-Nothing here touches torch.distributed: like :mod:`commgroups.plan`, it is arithmetic over the layout.
+Nothing here touches torch.distributed: like :mod:`commgroups.planning`, it is arithmetic over the layout.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commgroups.plan import Plan
+from commgroups.planning import Plan
 from commgroups.specs import Layout
 
 __all__ = [
@@ -114,11 +114,11 @@ def parse_measured(document: Mapping[str, Any], path: str | None = None) -> Meas
     if document.get("schema") != MEASURED_SCHEMA:
         raise ValueError(f"{where}: schema is {document.get('schema')!r}, expected "
                          f"{MEASURED_SCHEMA!r}; fix: pass a memory.json written by "
-                         "python -m commgroups.bench.gpu")
+                         "python -m tools.gpu_check")
     rows = document.get("communicators")
     if not isinstance(rows, list):
         raise ValueError(f"{where}: communicators must be a list; fix: re-run "
-                         "python -m commgroups.bench.gpu analyze on the results folder")
+                         "python -m tools.gpu_check analyze on the results folder")
     figures = []
     for index, row in enumerate(rows):
         field = f"communicators[{index}]"

@@ -31,9 +31,10 @@ from commgroups.creation import (
     CreatedRole,
     CreationContext,
     choose_method,
-    confirm_local,
     create_role_group,
     creation_order,
+    decide_local,
+    local_vote,
 )
 from commgroups.errors import (
     BackendUnavailableError,
@@ -48,7 +49,7 @@ from commgroups.errors import (
     WorldSizeMismatchError,
 )
 from commgroups.meshes import axes_in_order, build_mesh, forget_flattenings, register_flattening
-from commgroups.plan import RolePlan, plan
+from commgroups.planning import RolePlan, plan
 from commgroups.specs import Layout, RoleSpec
 from commgroups.store_keys import AttemptStore, open_attempt
 from commgroups.text_table import format_ranks, format_table
@@ -206,21 +207,21 @@ class GroupRegistry:
             "world_size": world,
             "error": f"{type(local_error).__name__}: {local_error}" if local_error else None,
         }
+        # Regular roles first: keeps every rank's group count equal while local roles are created.
+        order = creation_order(self.plan)
         store: AttemptStore | None = None
         if default_backend != "fake":
             # One process simulates the world under the fake backend: there is nobody to disagree.
             store = self._agreement_store(rank)
-            agree(store, rank, world, payload, timedelta(seconds=self.create_timeout_s),
-                  finish=store.finish)
+            methods = self._agree(store, rank, world, payload, order, methods,
+                                  vote=local_error is None)
         if local_error is not None:
             raise local_error
 
         self._rank = rank
         self._creator = threading.current_thread()
         self._creator_site = call_site(sys._getframe(1))
-        # Regular roles first: keeps every rank's group count equal while local roles are created.
-        self._created = self._create_groups(creation_order(self.plan), adapters, methods, store,
-                                            "the end of create()")
+        self._created = self._create_groups(order, adapters, methods, store, "the end of create()")
         if store is not None:
             self._attempts.append(store)
         self._state = "created"
@@ -236,14 +237,14 @@ class GroupRegistry:
     ) -> dict[str, CreatedRole]:
         """Create the groups of ``infos`` in order: the one creation path (roles and mesh dims).
 
-        Collective over all ranks, after agreement: checks that local creation is safe, creates each
-        group under ``create_timeout_s``, then waits until every rank is done (``what`` names that
-        point in errors), so no rank can destroy a group a peer is still connecting to. On failure
+        Collective over all ranks, after agreement (which settled ``methods``, local creation's safety
+        included): creates each group under ``create_timeout_s``, then, where a backend connects on
+        creation, waits until every rank is done (``what`` names that point in errors), so no rank can
+        destroy a group a peer is still connecting to. On failure
         it destroys what it made and raises :class:`GroupCreationError` naming the role or step.
         """
         world = self.layout.world_size
         timeout = timedelta(seconds=self.create_timeout_s)
-        methods = confirm_local(self.plan, infos, methods, self._rank, world, store, timeout)
         created: dict[str, CreatedRole] = {}
         current: RolePlan | None = None
         try:
@@ -252,7 +253,9 @@ class GroupRegistry:
                     current, adapters[current.name], methods[current.name]
                 )
             current = None
-            if store is not None:
+            # Meet at the end only where a backend connects on creation (gloo; NCCL eager init):
+            # single-rank and fake groups have no peer that could still be connecting.
+            if store is not None and any(adapters[info.name].connects_on_create for info in infos):
                 store_barrier(store, "created", self._rank, world, timeout, what)
         except Exception as error:
             # Leave nothing half-made: destroy what this rank created, then say what failed.
@@ -284,6 +287,17 @@ class GroupRegistry:
             _set_group_timeout(created, timeout)
         logger.debug("rank %d: created %s via %s", self._rank, info.name, method)
         return created
+
+    def _agree(self, store: AttemptStore, rank: int, world: int, payload: dict[str, Any],
+               order: list[RolePlan], methods: dict[str, str], vote: bool = True) -> dict[str, str]:
+        """Agree on ``payload`` and, in the same store round, on whether local creation is safe;
+        returns the methods to create with. ``vote=False``: this rank holds an error that the
+        agreement reports (its methods may be incomplete), so it casts no local vote."""
+        ballot = local_vote(self.plan, order, methods, rank, world) if vote else None
+        totals = agree(store, rank, world, payload, timedelta(seconds=self.create_timeout_s),
+                       finish=store.finish,
+                       tallies=ballot.tallies() if ballot is not None else None)
+        return decide_local(methods, ballot, totals, world, rank)
 
     def _agreement_store(self, rank: int) -> AttemptStore:
         # One shared attempt counter, not a count per rank: after a rank skipped an attempt (the
@@ -610,9 +624,10 @@ class GroupRegistry:
             collective = default_backend != "fake" and not adapter.created_by_members
             store = self._agreement_store(self._rank) if collective else None
             if store is not None:
-                agree(store, self._rank, self.layout.world_size,
-                      {"fingerprint": self.plan.fingerprint, "mesh_dim": dim, "creation": methods},
-                      timedelta(seconds=self.create_timeout_s), finish=store.finish)
+                methods = self._agree(
+                    store, self._rank, self.layout.world_size,
+                    {"fingerprint": self.plan.fingerprint, "mesh_dim": dim, "creation": methods},
+                    [info], methods)
             self._dim_groups.update(self._create_groups(
                 [info], {dim: adapter}, methods, store, f"the creation of mesh dim {dim!r}"
             ))

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from commgroups.errors import ReplanError
+from commgroups.shapes import dim_shapes
 from commgroups.specs import Layout
-from commgroups.specs import _dim_shapes as dim_shapes  # one (size, stride) helper: see shapes
 
 __all__ = ["Replan", "replan"]
 

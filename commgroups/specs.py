@@ -28,6 +28,7 @@ from pydantic import (
 from typing_extensions import Self
 
 from commgroups import errors, limits
+from commgroups.shapes import dim_shapes
 from commgroups.validation_errors import layout_error_from, problem
 
 __all__ = [
@@ -421,16 +422,6 @@ class RoleSpec(SpecModel):
         return self
 
 
-def _dim_shapes(dims: Mapping[str, int]) -> dict[str, tuple[int, int]]:
-    """(size, stride) of each dim of a row-major factorization, outermost first."""
-    shapes: dict[str, tuple[int, int]] = {}
-    stride = math.prod(dims.values())
-    for name, size in dims.items():
-        stride //= size
-        shapes[name] = (size, stride)
-    return shapes
-
-
 def default_roles(dims: Mapping[str, int]) -> list[RoleSpec]:
     """Built-in roles for ``dims``, following torchtitan's conventions.
 
@@ -529,7 +520,7 @@ class Layout(SpecModel):
         >>> layout = Layout(dims={"dp_shard": 2, "cp": 2})
         >>> layout.role_names
         ('dp_shard', 'cp', 'fsdp', 'checkpoint-metadata')
-        >>> from commgroups.plan import plan
+        >>> from commgroups.planning import plan
         >>> p = plan(layout)
         >>> for rank in range(layout.world_size):
         ...     print(rank, {role: p.group_of(role, rank) for role in ("dp_shard", "cp", "fsdp")})
@@ -611,7 +602,7 @@ class Layout(SpecModel):
     def _views_factor_the_world(self) -> Self:
         # A view is another row-major factorization of the same ranks; a dim name it shares with
         # dims (or another view) must name the same rank grouping, else "cp" would mean two things.
-        shapes = _dim_shapes(self.dims)
+        shapes = dim_shapes(self.dims)
         owner = dict.fromkeys(self.dims, "dims")
         if len(self.views) > limits.MAX_VIEWS:
             raise problem(
@@ -664,7 +655,7 @@ class Layout(SpecModel):
                     "product of the view's sizes equal {world}",
                     field, view=view, product=product, world=self.world_size,
                 )
-            for name, shape in _dim_shapes(dims).items():
+            for name, shape in dim_shapes(dims).items():
                 if name in shapes and shapes[name] != shape:
                     raise problem(
                         errors.InvalidViewError,

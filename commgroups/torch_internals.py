@@ -335,12 +335,11 @@ def devicemesh_rows(sizes: Sequence[int]) -> list[list[int]] | None:
         from torch.distributed import _mesh_layout
     except ImportError:
         return None
+    from commgroups.shapes import row_major_strides
+
     mesh_layout: Any = _mesh_layout._MeshLayout
-    world = 1
-    strides: list[int] = []
-    for size in reversed(sizes):
-        strides.insert(0, world)
-        world *= size
+    strides = row_major_strides(sizes)
+    world = strides[0] * sizes[0] if sizes else 1
     rank_map = torch.arange(world, dtype=torch.int)
     rows: list[list[int]] = []
     try:

@@ -1,4 +1,4 @@
-"""AsyncWaitDist and the async_and_wait() scope: what they patch, restore and issue.
+"""AsyncWaitDist and the async_and_wait_scope() scope: what they patch, restore and issue.
 
 In-process checks use a real 1-rank gloo world; spmd_types' raw blocking paths are checked on a real
 4-rank gloo world, observed at the c10d op level through the audit recorder.
@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import commgroups as cg
-from commgroups.async_wait import ASYNC_OP_FUNCTIONS, async_and_wait_active, wrap_async_wait
+from commgroups.async_wait import ASYNC_OP_FUNCTIONS, wrap_async_wait
 from tests.gloo_support import NO_ALL_TO_ALL, all_to_all_or_note
 from tests.worlds import run_world
 
@@ -26,6 +26,14 @@ ENTRY_POINTS = (*ASYNC_OP_FUNCTIONS, "send", "recv")
 
 def _snapshot() -> dict[tuple[str, str], Any]:
     return {(m.__name__, n): getattr(m, n, None) for m in (dist, c10d) for n in ENTRY_POINTS}
+
+
+UNPATCHED_ALL_REDUCE = dist.all_reduce  # read at import, before any scope opens
+
+
+def async_and_wait_active() -> bool:
+    """Whether a scope's patch is in place (torch.distributed.all_reduce is not torch's own)."""
+    return dist.all_reduce is not UNPATCHED_ALL_REDUCE
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +56,7 @@ def _async_flags(rec: cg.audit.Recorder) -> list[tuple[str, bool | None]]:
 def test_scope_patches_every_entry_point_and_restores_them() -> None:
     before = _snapshot()
     assert not async_and_wait_active()
-    with cg.async_and_wait():
+    with cg.async_and_wait_scope():
         assert async_and_wait_active()
         inside = _snapshot()
         for key, original in before.items():
@@ -63,16 +71,16 @@ def test_scope_patches_every_entry_point_and_restores_them() -> None:
 
 def test_scope_restores_on_exception() -> None:
     before = _snapshot()
-    with pytest.raises(KeyError, match="boom"), cg.async_and_wait():
+    with pytest.raises(KeyError, match="boom"), cg.async_and_wait_scope():
         raise KeyError("boom")
     assert _snapshot() == before
 
 
 def test_nested_scopes_restore_only_at_the_outermost_exit() -> None:
     before = _snapshot()
-    with cg.async_and_wait():
+    with cg.async_and_wait_scope():
         patched = _snapshot()
-        with cg.async_and_wait():
+        with cg.async_and_wait_scope():
             assert _snapshot() == patched  # nothing wrapped twice
         assert _snapshot() == patched  # the inner exit kept the outer scope's patch
     assert _snapshot() == before
@@ -84,7 +92,7 @@ def test_overlapping_scopes_across_threads() -> None:
     seen: dict[str, bool] = {}
 
     def thread_a() -> None:
-        with cg.async_and_wait():
+        with cg.async_and_wait_scope():
             entered.set()
             release_a.wait(10)
         a_done.set()
@@ -92,7 +100,7 @@ def test_overlapping_scopes_across_threads() -> None:
     worker = threading.Thread(target=thread_a)
     worker.start()
     assert entered.wait(10)
-    with cg.async_and_wait():
+    with cg.async_and_wait_scope():
         release_a.set()
         assert a_done.wait(10)
         seen["still_patched_after_a_left"] = async_and_wait_active()
@@ -107,7 +115,7 @@ def test_replacement_inside_scope_is_left_alone(caplog: pytest.LogCaptureFixture
     def theirs(*args: Any, **kwargs: Any) -> None:
         """someone else's patch"""
 
-    with cg.async_and_wait():
+    with cg.async_and_wait_scope():
         dist.barrier = theirs
     try:
         assert dist.barrier is theirs
@@ -129,7 +137,7 @@ def test_scope_issues_async_whatever_the_caller_passed(one_rank: dist.ProcessGro
     t = torch.ones(3)
     with cg.audit.record() as rec:
         dist.all_reduce(t, group=one_rank)  # raw, outside the scope: blocking
-        with cg.async_and_wait():
+        with cg.async_and_wait_scope():
             assert dist.all_reduce(t, group=one_rank) is None
             assert dist.all_reduce(t, dist.ReduceOp.SUM, one_rank, False) is None  # positional
             work = dist.all_reduce(t, dist.ReduceOp.SUM, one_rank, True)
@@ -212,7 +220,7 @@ def _spmd_world(rank: int, world: int) -> dict[str, Any]:
             spmd.set_dist(None)
         result["set_dist_calls"] = _async_flags(rec)
         result["callers"] = sorted({r.caller.split(":")[0].rsplit("/", 1)[-1] for r in rec.records})
-        with cg.audit.record(registry) as rec, cg.async_and_wait():
+        with cg.audit.record(registry) as rec, cg.async_and_wait_scope():
             result["scope"] = _spmd_paths(spmd, pg, rank)
         result["scope_calls"] = _async_flags(rec)
         result["dist_after"] = spmd._dist.dist is dist

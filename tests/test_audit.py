@@ -81,7 +81,7 @@ def _registry_layout(rank: int) -> dict[str, Any]:
         # COMMGROUPS_AUDIT_DIR comes from the launcher (run_world's env): the whole-run switch
         with cg.audit.from_env(registry) as rec:
             assert rec is not None
-            with cg.async_and_wait():  # FSDP2 issues blocking collectives: make them async-and-wait
+            with cg.async_and_wait_scope():  # FSDP2 issues blocking collectives: make them async-and-wait
                 loss = _train_step(model, rank)
             spmd.set_dist(cg.AsyncWaitDist())
             try:

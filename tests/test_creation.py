@@ -7,7 +7,6 @@ workers return plain data and the assertions run in the parent against the pure 
 from __future__ import annotations
 
 import logging
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -24,17 +23,16 @@ from commgroups.backends.nccl import NcclAdapter
 from commgroups.backends.rccl import RcclAdapter
 from commgroups.creation import (
     CreationContext,
-    _parse_version,
     choose_method,
     create_role_group,
     creation_order,
-    split_supported_by_torch,
 )
 from commgroups.registry import GroupRegistry
+from commgroups.torch_version import torch_version
 from tests.worlds import run_world
 
 PATHS = ("all_ranks", "local", "auto")
-TORCH = _parse_version(torch.__version__)
+TORCH = torch_version()
 
 # ------------------------------------------------------------------------------------ layouts
 
@@ -97,26 +95,14 @@ def paths_worker(rank: int, world: int, runs: list[tuple[str, str, str, bool]]) 
             kept.clear()
             continue
         layout = _regular(world) if kind == "regular" else _irregular(world)
-        started = time.perf_counter()
         registry = GroupRegistry(layout, creation_mode=mode, create_timeout_s=60).create()
-        elapsed = time.perf_counter() - started
-        out[label] = {"roles": _exercise(registry, rank), "seconds": elapsed,
-                      "describe": registry.describe()}
+        out[label] = {"roles": _exercise(registry, rank), "describe": registry.describe()}
         if keep:
             kept.append(registry)
         else:
             registry.close()
     for registry in kept:
         registry.close()
-    # The same dims through torch's own path, for the timing comparison (made last: its groups
-    # stay until the world is torn down).
-    from torch.distributed.device_mesh import init_device_mesh
-
-    dims = _regular(world).dims
-    started = time.perf_counter()
-    mesh = init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
-    mesh["dp_shard", "cp"]._flatten()
-    out["device_mesh"] = {"seconds": time.perf_counter() - started}
     return out
 
 
@@ -169,7 +155,7 @@ RUNS: list[tuple[str, str, str, bool]] = [
     ("irregular-local", "irregular", "local", True),
     # Before torch 2.14 the name salt (groups registered) now differs between ranks (members of the
     # irregular groups have more): local would hang. From 2.14 the salt counts every new_group call,
-    # the same on every rank, so local is safe (torch's own naming code says so, see confirm_local).
+    # the same on every rank, so local is safe (torch's own naming code says so, see local_vote).
     ("after-irregular", "regular", "local", True),
     ("close-kept", "", "", False),
     ("local-fresh", "regular", "local", False),
@@ -180,7 +166,7 @@ RUNS: list[tuple[str, str, str, bool]] = [
 
 
 @pytest.mark.parametrize("world", [4, 8])
-def test_every_path_creates_correct_groups(world: int, capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_path_creates_correct_groups(world: int) -> None:
     """all_ranks, local and auto give the planned groups; unsafe local falls back, never hangs."""
     results = run_world(paths_worker, world, RUNS, timeout=180)
     # torch >= 2.14 salts hashed names with a counter of every new_group call (never repeats).
@@ -202,14 +188,6 @@ def test_every_path_creates_correct_groups(world: int, capsys: pytest.CaptureFix
         assert set(_methods(result["local-fresh"]["roles"]).values()) == {"local"}
         assert set(_methods(result["local-again"]["roles"]).values()) == {repeat}
     assert "local" in results[0]["local"]["describe"]
-    with capsys.disabled():
-        slowest = {label: max(r[label]["seconds"] for r in results)
-                   for label in [*labels, "device_mesh"]}
-        print(f"\n[gloo {world} ranks] seconds (slowest rank): "
-              + ", ".join(f"{k}={v:.3f}" for k, v in slowest.items())
-              + f"; all_ranks/local {slowest['all_ranks'] / slowest['local']:.2f}"
-              + f"; local/(init_device_mesh+_flatten) "
-              f"{slowest['local'] / slowest['device_mesh']:.2f}")
 
 
 def test_mesh_dim_groups_are_dedicated() -> None:
@@ -236,7 +214,7 @@ def test_creation_order_puts_irregular_roles_last() -> None:
 def test_gloo_decisions() -> None:
     """CPU/gloo: local where regular, all_ranks otherwise; split never (no device binding)."""
     plan = cg.plan(_irregular(8))
-    ctx = CreationContext(default_backend="gloo", device_bound=False, torch_version=(2, 13, 0))
+    ctx = CreationContext(default_backend="gloo", device_bound=False)
     gloo = GlooAdapter()
     assert choose_method("auto", plan.role("cp"), gloo, ctx) == "local"
     assert choose_method("local", plan.role("cp"), gloo, ctx) == "local"
@@ -245,7 +223,7 @@ def test_gloo_decisions() -> None:
     assert choose_method("auto", plan.role("embed"), gloo, ctx) == "all_ranks"
     assert choose_method("local", plan.role("pairs"), FakeAdapter(), ctx) == "all_ranks"
     torchcomms = CreationContext(default_backend="gloo", device_bound=False,
-                                 torch_version=(2, 13, 0), torchcomms=True)
+                                 torchcomms=True)
     assert choose_method("auto", plan.role("cp"), gloo, torchcomms) == "all_ranks"
     with pytest.raises(ValueError, match="creation mode"):
         choose_method("fastest", plan.role("cp"), gloo, ctx)
@@ -254,7 +232,7 @@ def test_gloo_decisions() -> None:
 def test_hccl_is_always_all_ranks_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
     """HCCL: member-only creation hangs, so every mode creates on all ranks, logged at INFO."""
     plan = cg.plan(_regular(4))
-    ctx = CreationContext(default_backend="hccl", device_bound=True, torch_version=(2, 13, 0),
+    ctx = CreationContext(default_backend="hccl", device_bound=True,
                           accelerator=True)
     with caplog.at_level(logging.INFO, logger="commgroups.creation"):
         for mode in ("auto", "local", "split"):
@@ -263,24 +241,16 @@ def test_hccl_is_always_all_ranks_and_says_why(caplog: pytest.LogCaptureFixture)
                for r in caplog.records)
 
 
-def test_split_torch_version_gate() -> None:
-    """No split before public split_group (2.6) nor on 2.6.0-2.7.1 (device_id hang)."""
-    assert not split_supported_by_torch((2, 5, 1))
-    assert not split_supported_by_torch((2, 6, 0))
-    assert not split_supported_by_torch((2, 7, 1))
-    assert split_supported_by_torch((2, 7, 2))
-    assert split_supported_by_torch((2, 13, 0))
-
-
 # ---------------------------------------------------------------------------- mock NCCL (split)
 
-BOUND_NCCL = CreationContext(default_backend="nccl", device_bound=True, torch_version=(2, 13, 0),
+BOUND_NCCL = CreationContext(default_backend="nccl", device_bound=True,
                              accelerator=True)
 
 
 @pytest.mark.parametrize("adapter", [NcclAdapter(), RcclAdapter()], ids=["nccl", "rccl"])
 def test_mock_nccl_split_decision(adapter: BackendAdapter) -> None:
-    """Mock NCCL: split exactly when bound, same backend, accelerator and a safe torch."""
+    """Mock NCCL: split exactly when bound, same backend and an accelerator (every supported torch,
+    2.10+, has a public split_group without the 2.6-2.7.1 device_id hang)."""
     plan = cg.plan(_irregular(8))
     assert choose_method("auto", plan.role("cp"), adapter, BOUND_NCCL) == "split"
     assert choose_method("split", plan.role("fsdp"), adapter, BOUND_NCCL) == "split"
@@ -292,10 +262,8 @@ def test_mock_nccl_split_decision(adapter: BackendAdapter) -> None:
     # path (an all-ranks call sends only their non-members into torch's split: pytorch#145376)
     assert choose_method("auto", plan.role("cp"), GlooAdapter(), BOUND_NCCL) == "local"
     for changed in (
-        {"torch_version": (2, 7, 0)},  # device_id hang range
         {"default_backend": "cpu:gloo,cuda:nccl"},  # split would copy the gloo backend too
         {"accelerator": False},
-        {"has_split_group": False},
     ):
         ctx = CreationContext(**{**BOUND_NCCL.__dict__, **changed})
         assert choose_method("auto", plan.role("cp"), adapter, ctx) == "all_ranks", changed

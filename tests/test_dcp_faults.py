@@ -29,9 +29,12 @@ def _all_states(world_size: int, step: int) -> dict[str, torch.Tensor]:
     return merged
 
 
+GROUP_TIMEOUT_S = 20
+
+
 def _save_then_die(rank: int, world_size: int, root: str) -> dict[str, Any]:
     layout = cg.Layout(dims={"dp": world_size}, roles=[
-        cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo", timeout_s=20)])
+        cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo", timeout_s=GROUP_TIMEOUT_S)])
     registry = cg.GroupRegistry(layout).create()
     step1, step2 = Path(root, "step1"), Path(root, "step2")
     dcp.save(_state(rank, 1), checkpoint_id=step1, registry=registry)
@@ -73,7 +76,7 @@ def test_killed_save_never_complete_and_previous_loads(fault_results: tuple[Path
         assert out["step2_error"] is not None, "survivors must see the failed save"
         assert out["step2_error"].startswith(("RoleCollectiveError", "RoleTimeoutError")), out
         assert "role 'checkpoint-metadata'" in out["step2_error"], out
-        assert out["seconds"] < 25
+        assert out["seconds"] < 3 * GROUP_TIMEOUT_S  # generous: no hang, not a speed test
     step1, step2 = root / "step1", root / "step2"
     assert dcp.checkpoint_complete(step1)
     assert not dcp.checkpoint_complete(step2)

@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from commgroups.bench.gpu.analysis import (
+from commgroups.memory import load_measured
+from tools.gpu_check.analysis import (
     NOT_WAITED,
     ON_CALLER,
     WAITED,
     analyze,
     stream_verdict,
 )
-from commgroups.bench.gpu.outputs import MEMORY, REPORT_MD, REPORT_PNG, write_derived
-from commgroups.bench.gpu.trace import OUTSIDE, parse_trace, trim_trace
-from commgroups.memory import load_measured
+from tools.gpu_check.outputs import MEMORY, REPORT_MD, REPORT_PNG, write_derived
+from tools.gpu_check.trace import OUTSIDE, parse_trace, trim_trace
 
 DATA = Path(__file__).parent / "data" / "gpu"
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,11 +132,11 @@ def test_analysis_imports_no_torch(tmp_path: Path) -> None:
     code = textwrap.dedent("""
         import sys, types
         sys.modules["torch"] = None  # any import of torch now raises ImportError
-        for name in ("commgroups", "commgroups.bench", "commgroups.bench.gpu"):
+        for name in ("commgroups", "commgroups.bench", "tools.gpu_check"):
             module = types.ModuleType(name)
             module.__path__ = [name.replace(".", "/")]
             sys.modules[name] = module
-        from commgroups.bench.gpu.outputs import load_and_write
+        from tools.gpu_check.outputs import load_and_write
         print(sorted(p.name for p in load_and_write(sys.argv[1])))
     """)
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,

@@ -4,7 +4,7 @@ A raw blocking collective (``async_op=False``) runs on the caller's current stre
 the async-and-wait one (``registry.collectives(role)``'s rule) runs on the group's own stream and
 the caller's stream waits for it. No public API names a collective's stream, so the trace does:
 each call is profiled on a side stream between two marker kernels and judged by the same analysis
-the GPU check uses (:mod:`commgroups.bench.gpu.trace`, :func:`~commgroups.bench.gpu.analysis.
+the GPU check uses (:mod:`tools.gpu_check.trace`, :func:`~tools.gpu_check.analysis.
 stream_verdict`). Skips without CUDA or NCCL. Prints the trace figures (run with ``-s``).
 """
 
@@ -27,10 +27,10 @@ if not torch.cuda.is_available():
 if not dist.is_nccl_available():
     pytest.skip("needs NCCL; this torch build has none", allow_module_level=True)
 
-from commgroups.bench.gpu.analysis import ON_CALLER, WAITED, stream_verdict  # noqa: E402
-from commgroups.bench.gpu.streams import profile_call  # noqa: E402
-from commgroups.bench.gpu.trace import parse_trace  # noqa: E402
-from commgroups.bench.gpu.world import dedicated_group  # noqa: E402
+from tools.gpu_check.analysis import ON_CALLER, WAITED, stream_verdict  # noqa: E402
+from tools.gpu_check.streams import profile_call  # noqa: E402
+from tools.gpu_check.trace import parse_trace  # noqa: E402
+from tools.gpu_check.world import dedicated_group  # noqa: E402
 
 
 @pytest.fixture(scope="module")

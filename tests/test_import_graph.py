@@ -116,3 +116,23 @@ def test_the_scan_sees_function_level_imports() -> None:
 def test_the_cycle_finder_finds_cycles() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_package_imports_no_repository_tooling() -> None:
+    # What ships must run from a wheel: neither the test tree nor tools/ (the GPU check, the
+    # torchtitan benchmark scenario) is installed, so no package module may import them, even lazily.
+    modules = _modules()
+    offenders = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                targets = [node.module]
+            offenders += [f"{name} imports {t}" for t in targets
+                          if t.split(".")[0] in ("tests", "tools", "benchmarks")]
+        text = path.read_text()
+        offenders += [f"{name} names {t}" for t in ('"tests.', "'tests.", '"tools.', "'tools.")
+                      if t in text]
+    assert offenders == []

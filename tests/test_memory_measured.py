@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 import commgroups as cg
-from commgroups.bench.gpu.outputs import MEMORY, write_derived
 from commgroups.cli import main
 from commgroups.memory import (
     MEASURED_SCHEMA,
@@ -24,6 +23,7 @@ from commgroups.memory import (
     load_measured,
     parse_measured,
 )
+from tools.gpu_check.outputs import MEMORY, write_derived
 
 DATA = Path(__file__).parent / "data" / "gpu"
 

@@ -23,7 +23,8 @@ def test_wheel_layout(tmp_path: Path) -> None:
     assert "commgroups/backends/nccl.py" in names
     assert "commgroups/py.typed" in names
     assert not any(n.startswith("backends/") for n in names), "bare top-level backends package"
-    assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+    assert not any(n.startswith(("tests/", "benchmarks/", "tools/", "scripts/")) for n in names)
+    assert not any(n.startswith("commgroups/bench/gpu") for n in names)
     # the installed wheel imports commgroups.backends away from the source tree
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",

@@ -126,7 +126,7 @@ def test_plan_imports_nothing_from_torch_distributed() -> None:
     code = ("import importlib.util, sys, types;"
             "pkg = types.ModuleType('commgroups'); pkg.__path__ = ['commgroups']; "
             "sys.modules['commgroups'] = pkg;"
-            "import commgroups.plan, commgroups.layout_io;"
+            "import commgroups.planning, commgroups.layout_io;"
             "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('torch')}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -137,3 +137,14 @@ def test_rank_out_of_range(rank: int) -> None:
     plan = cg.plan(cg.Layout(dims={"cp": 4}))
     with pytest.raises(ValueError, match="outside"):
         plan.group_of("cp", rank)
+
+
+def test_cg_plan_is_the_function_and_shadows_no_module() -> None:
+    # `cg.plan(layout)` is the public function; the module is commgroups.planning, so importing a
+    # submodule never rebinds the name (a module named plan would, depending on import order).
+    import importlib
+
+    import commgroups.planning
+
+    assert callable(cg.plan) and cg.plan is commgroups.planning.plan
+    assert importlib.util.find_spec("commgroups.plan") is None

@@ -91,3 +91,16 @@ def test_torch_finds_only_compute_roles_on_registry_meshes(layout: cg.Layout,
                     registry.device_mesh(role)
     finally:
         dist.destroy_process_group()
+
+
+def test_set_timeout_on_fake_groups_is_silent(fake_world: Callable[..., None]) -> None:
+    # Fake groups never time out; torch warns when asked to change their timeout, so the registry
+    # does not ask (the fake adapter has no timeout).
+    import warnings
+
+    fake_world(8)
+    with cg.GroupRegistry(cg.Layout(dims={"dp_shard": 2, "cp": 4})) as registry, \
+            warnings.catch_warnings():
+        warnings.simplefilter("error")
+        registry.set_timeout(30)
+        registry.set_timeout(60, role="cp")

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -23,13 +24,65 @@ from commgroups.backends.single_rank import (
     TORCH_BACKEND,
     SingleRankAdapter,
     SingleRankProcessGroup,
-    new_single_rank_group,
+    ensure_registered,
 )
 from tests.worlds import run_world
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 Case = Callable[[dist.ProcessGroup, bool, int], list[torch.Tensor]]
+
+
+def new_single_rank_group(
+    *, group_desc: str | None = None, timeout: timedelta | None = None,
+) -> dist.ProcessGroup:
+    """This rank's own 1-rank group on the single-rank backend; only this rank calls it.
+
+    Member-only creation (``use_local_synchronization=True``) is exactly right for a 1-rank group:
+    the other ranks neither call nor wait, nothing crosses the store, and on a default group bound to
+    a device (``init_process_group(device_id=...)``) no rank joins a communicator split (torch
+    2.10-2.14 make *non-members* of an all-ranks ``new_group`` split the default NCCL communicator,
+    which hangs for any non-NCCL group; member-only creation has no non-members).
+
+    Every rank must make the same number of member-only groups before the next all-ranks
+    ``new_group``: torch >= 2.14 counts member-only groups in the names of later groups
+    (``_world.group_count``), so give every rank its single-rank group for the same dims, in the same
+    order (a registry does: a size-1 dim gives every rank one).
+
+    Args:
+        group_desc: the group's description (``pg.group_desc``), e.g. the role's name.
+        timeout: recorded for torch's bookkeeping only; nothing here can time out.
+
+    Returns:
+        A :class:`SingleRankProcessGroup` over ``[dist.get_rank()]``, registered with torch like any
+        other group (``dist.destroy_process_group(group)`` releases it).
+
+    Raises:
+        ValueError: torch's name for the group collides with a live group of this rank (torch
+            <= 2.13 names member-only groups ``sha1(ranks + number of live groups)``, so destroying
+            an older such group while a newer one lives can repeat a name; the message says so).
+
+    The registry creates its single-rank groups on its own member-only path
+    (``commgroups.creation``); this is the same call, made directly, for these tests.
+    """
+    backend = ensure_registered()
+    rank = dist.get_rank()
+    try:
+        # torch >= 2.14 types this ProcessGroup | NON_GROUP_MEMBER; the caller is its one member.
+        group: dist.ProcessGroup = dist.new_group(  # type: ignore[assignment]
+            [rank], timeout=timeout, backend=backend, use_local_synchronization=True,
+            group_desc=group_desc,
+        )
+    except ValueError as error:
+        if "already been created" not in str(error):
+            raise
+        raise ValueError(
+            f"rank {rank}: torch named the new single-rank group like a live group of this rank "
+            "(member-only names hash the ranks and the number of live groups, and a group "
+            "destroyed before a newer one lowered that number); fix: destroy groups in reverse "
+            "creation order, or create this group before destroying older ones"
+        ) from error
+    return group
 
 
 def _x(rank: int, n: int = 6, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -334,8 +387,19 @@ def _local_creation(rank: int, world: int) -> dict[str, Any]:
     return {"ok": torch.equal(out, t), "later_sum": float(total), "later_name": later.group_name}
 
 
-def test_creation_is_local_to_the_rank_and_later_groups_still_agree() -> None:
-    results = run_world(_local_creation, 4)
+def _local_then_dtensor(rank: int, world: int) -> dict[str, Any]:
+    # Independent checks share one 4-rank world; local creation first (it checks group naming).
+    return {"local": _local_creation(rank, world), "dtensor": _dtensor_world(rank, world)}
+
+
+@pytest.fixture(scope="module")
+def four_rank_results() -> list[dict[str, Any]]:
+    return run_world(_local_then_dtensor, 4, timeout=240)  # two checks: twice the default
+
+
+def test_creation_is_local_to_the_rank_and_later_groups_still_agree(
+        four_rank_results: list[dict[str, Any]]) -> None:
+    results = [result["local"] for result in four_rank_results]
     assert all(r["ok"] for r in results)
     assert [r["later_sum"] for r in results] == [4.0] * 4
     assert len({r["later_name"] for r in results}) == 1
@@ -443,8 +507,9 @@ def _dtensor_world(rank: int, world: int) -> dict[str, Any]:
     return results
 
 
-def test_functional_collectives_and_dtensor_on_a_2d_mesh_with_a_single_rank_dim() -> None:
-    for rank, res in enumerate(run_world(_dtensor_world, 4)):
+def test_functional_collectives_and_dtensor_on_a_2d_mesh_with_a_single_rank_dim(
+        four_rank_results: list[dict[str, Any]]) -> None:
+    for rank, res in enumerate(result["dtensor"] for result in four_rank_results):
         assert res["mismatches"] == [], f"rank {rank}"
         assert res["sub"] == [(1, True), (1, True)]
 

@@ -35,3 +35,4 @@ def test_parse_version() -> None:
     assert parse_version("2.15.0+cu132") == (2, 15, 0)
     assert parse_version("2.10.0a0+git1234") == (2, 10, 0)
     assert parse_version("2.14") == (2, 14, 0)
+    assert parse_version("2.10.0rc1") == (2, 10, 0)  # a release candidate of 2.10.0, not 2.10.1

@@ -245,7 +245,7 @@ def mixed_stream_hazards(rank_data: Sequence[dict[str, Any]]) -> list[Hazard]:
                 + (f" (first from {asynchronous[0]['caller']})" if asynchronous else "")
                 + "; nothing orders them, so ranks can deadlock; fix: issue every call "
                 "async_op=True and wait (registry.collectives(role), cg.AsyncWaitDist for "
-                "spmd_types.set_dist, or a cg.async_and_wait() scope) and give the role a "
+                "spmd_types.set_dist, or a cg.async_and_wait_scope()) and give the role a "
                 "dedicated group"
             )
             blocking_ops = Counter(r["op"] for r in blocking)

@@ -9,9 +9,11 @@ HCCL win of the design (device staging of pickled plans), which needs an acceler
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -61,6 +63,14 @@ def _slowest(value: float) -> float:
     tensor = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return float(tensor.item())
+
+
+def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
+    """The slowest rank's wall time of ``fn(*args, **kwargs)``, every rank starting together."""
+    dist.barrier()
+    start = time.perf_counter()
+    fn(*args, **kwargs)
+    return _slowest(time.perf_counter() - start)
 
 
 def _exchange(plan: Any, rank: int, world: int, group: dist.ProcessGroup | None) -> None:
@@ -115,22 +125,12 @@ def measure_dcp(rank: int, world_size: int, progress: Progress, config: BenchCon
     for repetition in range(config.dcp_repetitions):
         for name in interleaved(VARIANTS, repetition):
             path = os.path.join(directory, f"w{world_size}-r{repetition}-{name.replace(' ', '_')}")
-            writer = FileSystemWriter(path, sync_files=False)
-            dist.barrier()
-            start = time.perf_counter()
-            if name == "checkpoint group":
-                cg_dcp.save(state, storage_writer=writer, registry=registry)
-            else:
-                dcp_save(state, storage_writer=writer)
-            samples["save"][name].append(_slowest(time.perf_counter() - start))
-            reader = FileSystemReader(path)
-            dist.barrier()
-            start = time.perf_counter()
-            if name == "checkpoint group":
-                cg_dcp.load(state, storage_reader=reader, registry=registry)
-            else:
-                dcp_load(state, storage_reader=reader)
-            samples["load"][name].append(_slowest(time.perf_counter() - start))
+            writer, reader = FileSystemWriter(path, sync_files=False), FileSystemReader(path)
+            ours = name == "checkpoint group"
+            save = functools.partial(cg_dcp.save, registry=registry) if ours else dcp_save
+            load = functools.partial(cg_dcp.load, registry=registry) if ours else dcp_load
+            samples["save"][name].append(_timed(save, state, storage_writer=writer))
+            samples["load"][name].append(_timed(load, state, storage_reader=reader))
         progress.advance()
     return {"world": world_size, "tensors": config.dcp_tensors,
             "tensor_bytes": config.dcp_tensor_bytes, "samples": samples}

@@ -36,11 +36,6 @@ class BenchConfig:
     """WriteItems per SavePlan in the metadata exchange."""
     metadata_repetitions: int
     timeout_s: float = 600.0
-    titan_repetitions: int = 0
-    """Interleaved pairs of torchtitan trainings (commgroups, stock); 0 leaves torchtitan out."""
-    titan_steps: int = 6
-    titan_fake_world: int = 65536
-    titan_fake_repetitions: int = 3
 
 
 def full_config() -> BenchConfig:
@@ -62,9 +57,6 @@ def full_config() -> BenchConfig:
         dcp_tensor_bytes=256 * KiB,
         metadata_items=(10, 100, 1000, 3000),
         metadata_repetitions=9,
-        titan_repetitions=5,
-        titan_steps=8,
-        titan_fake_repetitions=5,
     )
 
 
@@ -89,9 +81,6 @@ def quick_config() -> BenchConfig:
         dcp_tensor_bytes=64 * KiB,
         metadata_items=(10, 100, 1000),
         metadata_repetitions=7,
-        titan_repetitions=2,
-        titan_steps=5,
-        titan_fake_repetitions=2,
     )
 
 

@@ -18,7 +18,7 @@ from commgroups.bench.config import BenchConfig
 from commgroups.bench.creation import bench_layout
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
-from commgroups.plan import Plan
+from commgroups.planning import Plan
 from commgroups.specs import Layout
 
 __all__ = ["devicemesh_rows", "run"]

@@ -13,13 +13,13 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from commgroups.bench import async_wait_cost, checkpoint, creation, memory, planning
-from commgroups.bench import torchtitan as titan
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import NullProgress, Progress
 from commgroups.bench.stats import Table
@@ -27,11 +27,23 @@ from commgroups.bench.world import run_world
 from commgroups.registry import GroupRegistry
 from commgroups.specs import Layout
 
-__all__ = ["BenchResult", "expected_units", "gloo_job", "machine_info", "run_bench"]
+__all__ = ["BenchResult", "Scenario", "expected_units", "gloo_job", "machine_info", "run_bench"]
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
+
+
+class Scenario(Protocol):
+    """A scenario run after the built-in ones, e.g. the repository's torchtitan measurements
+    (``benchmarks/run.py``), which need more than the package ships."""
+
+    def units(self, config: BenchConfig) -> int:
+        """Progress units :meth:`run` reports for ``config``."""
+
+    def run(self, config: BenchConfig, progress: Progress,
+            directory: str) -> tuple[list[Table], dict[str, Any]]:
+        """Measure; returns its tables and its summary figures."""
 
 
 @dataclass
@@ -114,14 +126,12 @@ def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig
     return out if rank == 0 else None
 
 
-def expected_units(config: BenchConfig) -> int:
+def expected_units(config: BenchConfig, scenarios: Sequence[Scenario] = ()) -> int:
     """How many progress units a run of ``config`` reports (the bar's total, known up front)."""
     per_gloo_world = config.creation_repetitions + len(config.metadata_items)
     first_world = len(config.async_and_wait_ops) * len(config.async_and_wait_sizes) + config.dcp_repetitions
-    titan_units = 0
-    if config.titan_repetitions and titan.available() is None:
-        titan_units = config.titan_repetitions + config.titan_fake_repetitions * len(titan.FAKE_LAYOUTS)
-    return (titan_units + len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
+    extra_units = sum(scenario.units(config) for scenario in scenarios)
+    return (extra_units + len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
             + len(config.fake_worlds) * config.fake_repetitions
             + len(config.gloo_worlds) * per_gloo_world + first_world)
 
@@ -146,10 +156,12 @@ class _Planned:
         self._inner.describe(text)
 
 
-def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
-    """Run every scenario; returns the tables and the summary (headline ratios included)."""
+def run_bench(config: BenchConfig, progress: Progress | None = None,
+              scenarios: Sequence[Scenario] = ()) -> BenchResult:
+    """Run every scenario, then ``scenarios``; returns the tables and the summary (headline ratios
+    included)."""
     bar: Progress = _Planned(progress if progress is not None else NullProgress(),
-                             expected_units(config))
+                             expected_units(config, scenarios))
     result = BenchResult(config=config, machine=machine_info())
     started = time.perf_counter()
 
@@ -171,7 +183,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
             logger.info("gloo world of %d: %s", world, ", ".join(sections))
             gloo[world] = run_world(gloo_job, world, config, sections, directory,
                                     timeout_s=config.timeout_s, progress=bar)[0]
-        titan_tables, titan_summary = titan.run(config, bar, directory)
+        extras = [scenario.run(config, bar, directory) for scenario in scenarios]
     creation_results += [gloo[w]["creation"] for w in config.gloo_worlds]
 
     creation_table, creation_summary = creation.tables(creation_results)
@@ -180,9 +192,9 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
         [gloo[smallest]["dcp"]], [gloo[w]["exchange"] for w in config.gloo_worlds]
     )
     result.tables = [creation_table, planning_table, async_and_wait_table, *checkpoint_tables,
-                     memory_table, *titan_tables]
+                     memory_table, *(table for tables, _ in extras for table in tables)]
     for part in (creation_summary, planning_summary, async_and_wait_summary, checkpoint_summary,
-                 memory_summary, titan_summary):
+                 memory_summary, *(summary for _, summary in extras)):
         result.summary.update(part)
     result.duration_s = time.perf_counter() - started
     return result

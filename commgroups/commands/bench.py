@@ -9,10 +9,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from commgroups.errors import CommGroupsError
+
+if TYPE_CHECKING:
+    from commgroups.bench.runner import Scenario
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +57,9 @@ def _require(module: str, purpose: str) -> None:
         ) from None
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmarks and write what was asked for."""
+def run(args: argparse.Namespace, scenarios: Sequence[Scenario] = ()) -> int:
+    """Run the benchmarks (plus ``scenarios``, which repository tooling adds) and write what was
+    asked for."""
     # Check optional dependencies first: failing after minutes of measuring would waste the run.
     if not args.no_progress:
         _require("tqdm", "the progress bar (or pass --no-progress)")
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
               else configs.smoke_config() if args.smoke else configs.full_config())
     bar: Progress = NullProgress() if args.no_progress else TqdmProgress()
     try:
-        result = run_bench(config, bar)
+        result = run_bench(config, bar, scenarios)
     finally:
         if isinstance(bar, TqdmProgress):
             bar.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from typing import Any
 
 from commgroups.demo.config import BASELINES, DemoConfig
@@ -87,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         raise LayoutError(f"--steps: {args.steps} is outside 1..{MAX_STEPS}; fix: a demo run needs "
                           "a few steps (default 5)", field="--steps")
     timeout_s = check_timeout(args.timeout, "--timeout")
+    # The demo gathers K/V over cp with spmd_types (an extra): say so once, before any rank starts.
+    if importlib.util.find_spec("spmd_types") is None:
+        raise SystemExit("commgroups demo: needs spmd_types (its cp collectives are what the demo "
+                         "shows); fix: pip install 'commgroups[spmd]'")
     cfg = DemoConfig(
         world_size=_world_size(args),
         steps=args.steps,

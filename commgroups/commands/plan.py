@@ -9,7 +9,7 @@ from typing import Any
 from commgroups.errors import LayoutError
 from commgroups.layout_io import load_layout
 from commgroups.memory import DEVICE_BACKENDS, MeasuredMemory, estimate_memory, load_measured
-from commgroups.plan import Plan
+from commgroups.planning import Plan
 from commgroups.text_table import format_ranks, format_table
 
 MAX_GROUPS_LISTED = 4096

@@ -154,7 +154,7 @@ def install_async_and_wait_comms(module: nn.Module, *, recurse: bool = True) -> 
     if comms is None or not all(hasattr(m, "set_custom_all_gather") for m in targets):
         logger.warning(
             "this torch has no FSDP2 custom-comm hooks: FSDP's collectives stay as FSDP2 issues "
-            "them; wrap training in commgroups.async_and_wait() instead"
+            "them; wrap training in commgroups.async_and_wait_scope() instead"
         )
         return 0
     for target in targets:

@@ -1,4 +1,4 @@
-"""Render an :class:`~commgroups.bench.gpu.analysis.Analysis` as markdown and one PNG.
+"""Render an :class:`~tools.gpu_check.analysis.Analysis` as markdown and one PNG.
 
 Pure (no torch). The PNG has four panels: the GPU timeline of each stream variant (caller's stream
 vs others), communicator memory measured vs estimated, the async-and-wait cost ratio per message size, and
@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from commgroups.bench.gpu.analysis import Analysis, fmt, summary_text
-from commgroups.bench.gpu.trace import parse_trace
 from commgroups.text_table import markdown_table
+from tools.gpu_check.analysis import Analysis, fmt, summary_text
+from tools.gpu_check.trace import parse_trace
 
 __all__ = ["markdown", "write_png"]
 

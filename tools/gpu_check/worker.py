@@ -1,4 +1,4 @@
-"""One part of the GPU check in its own process: ``python -m commgroups.bench.gpu.worker PART``.
+"""One part of the GPU check in its own process: ``python -m tools.gpu_check.worker PART``.
 
 The orchestrator runs every part this way so that a hang (an NCCL call that never returns) or a
 crash costs that part alone: it is killed at its timeout and the others still report. The part's
@@ -26,25 +26,25 @@ def run_part(part: str, *, smoke: bool, trial: str | None = None,
              methods: Sequence[str] | None = None) -> dict[str, Any]:
     """Collect one part in this process and return its data (raises on failure)."""
     if part == "machine":
-        from commgroups.bench.gpu.machine import machine_info
+        from tools.gpu_check.machine import machine_info
 
         return machine_info()
     if part == "streams":
-        from commgroups.bench.gpu.streams import collect_streams
+        from tools.gpu_check.streams import collect_streams
 
         return collect_streams(smoke)
     if part == "async_wait_cost":
-        from commgroups.bench.gpu.async_wait_cost import collect_async_wait_cost
+        from tools.gpu_check.async_wait_cost import collect_async_wait_cost
 
         return collect_async_wait_cost(smoke)
     if part == "memory":
-        from commgroups.bench.gpu.memory_probe import collect_memory_trial
+        from tools.gpu_check.memory_probe import collect_memory_trial
 
         if trial is None:
             raise ValueError("the memory part needs --trial NAME")
         return collect_memory_trial(trial, smoke)
     if part == "creation":
-        from commgroups.bench.gpu.creation_time import METHODS, collect_creation
+        from tools.gpu_check.creation_time import METHODS, collect_creation
 
         return collect_creation(smoke, tuple(methods) if methods else METHODS)
     raise ValueError(f"unknown part {part!r}; one of {', '.join(PARTS)}")
@@ -52,7 +52,7 @@ def run_part(part: str, *, smoke: bool, trial: str | None = None,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one part and write its result file."""
-    parser = argparse.ArgumentParser(prog="python -m commgroups.bench.gpu.worker")
+    parser = argparse.ArgumentParser(prog="python -m tools.gpu_check.worker")
     parser.add_argument("part", choices=PARTS)
     parser.add_argument("--result", required=True, help="where to write the part's JSON")
     parser.add_argument("--smoke", action="store_true", help="gloo on the CPU, no GPU figures")

@@ -1,7 +1,7 @@
 """The files a GPU check leaves, and how to rebuild the derived ones from the measured ones.
 
 Measured (written by the orchestrator): ``measurements.json`` and ``traces.json``. Derived (pure,
-rebuilt by :func:`write_derived` or ``python -m commgroups.bench.gpu analyze DIR``):
+rebuilt by :func:`write_derived` or ``python -m tools.gpu_check analyze DIR``):
 ``analysis.json``, ``report.md``, ``report.png`` and ``memory.json``, the measured per-communicator
 figures that ``commgroups plan --measured`` reads (schema in :mod:`commgroups.memory`). No torch.
 """
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from commgroups.bench.gpu.analysis import Analysis, analyze
-from commgroups.bench.gpu.report import markdown, write_png
 from commgroups.memory import MEASURED_SCHEMA
+from tools.gpu_check.analysis import Analysis, analyze
+from tools.gpu_check.report import markdown, write_png
 
 __all__ = [
     "ANALYSIS",

@@ -4,7 +4,7 @@ Three variants on one one-rank NCCL group, timed with CUDA events on the caller'
 batch of calls (so host launch cost counts where it dominates, as it does for a caller): the raw
 blocking call, the same call issued ``async_op=True`` and waited by hand, and
 :class:`~commgroups.RoleCollectives`, what ``registry.collectives(role)`` returns (the product's
-path: the manual rule plus the wrapper), on a dedicated group (:func:`~commgroups.bench.gpu.world.
+path: the manual rule plus the wrapper), on a dedicated group (:func:`~tools.gpu_check.world.
 dedicated_group`). Variants are
 interleaved, their order rotated every repetition. The gloo smoke run uses the host clock instead.
 """
@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from commgroups.bench.gpu.world import dedicated_group, device, init_world, sync
 from commgroups.bench.stats import interleaved
+from tools.gpu_check.world import dedicated_group, device, init_world, sync
 
 __all__ = ["GPU_SIZES", "SMOKE_SIZES", "calls_for", "collect_async_wait_cost"]
 

@@ -1,8 +1,11 @@
 """torchtitan through commgroups vs stock torchtitan: step time, communicators, mesh building.
 
-Three measurements (skipped, with a note, when torchtitan is not installed, or when the source
-tree's CPU support ``tests/titan`` is not importable: torchtitan targets accelerators and needs
-process-local CPU patches that the package does not ship):
+Repository tooling, not part of the package: ``benchmarks/run.py`` adds this scenario to
+``commgroups bench`` when regenerating the committed results. torchtitan targets accelerators; on
+CPU it needs the process-local patches and assets of the test tree (``tests/titan``), which the
+package does not ship. Skipped, with a note, when torchtitan is not installed.
+
+Three measurements:
 
 - step time: torchtitan's llama3 debug model, cp=4 on a 4-rank gloo world (spmd_types on torch >=
   2.14, else partial_dtensor), through commgroups and stock, interleaved trainings; per training
@@ -21,19 +24,22 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from commgroups import torch_internals
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
+from commgroups.bench.world import run_world
+from commgroups.torch_version import torch_version
 
-__all__ = ["FAKE_LAYOUTS", "available", "measure_meshes", "measure_steps", "run", "tables"]
+__all__ = ["FAKE_LAYOUTS", "TitanConfig", "TitanScenario", "available", "measure_meshes",
+           "measure_steps", "tables", "titan_config"]
 
 FAKE_LAYOUTS: dict[str, tuple[int, int, int, int, int, int]] = {
     # name: (pp, dp_replicate, dp_shard, cp, tp, ep); 65,536 ranks each
@@ -43,26 +49,39 @@ FAKE_LAYOUTS: dict[str, tuple[int, int, int, int, int, int]] = {
 VARIANTS = ("commgroups", "stock")
 
 
+@dataclass(frozen=True)
+class TitanConfig:
+    """How much torchtitan to run, per ``commgroups bench`` size (:func:`titan_config`)."""
+
+    repetitions: int
+    """Interleaved pairs of torchtitan trainings (commgroups, stock); 0 leaves torchtitan out."""
+    steps: int = 6
+    fake_world: int = 65536
+    fake_repetitions: int = 3
+
+
+def titan_config(name: str) -> TitanConfig:
+    """The torchtitan sizes that go with the ``commgroups bench`` configuration called ``name``."""
+    if name == "full":
+        return TitanConfig(repetitions=5, steps=8, fake_repetitions=5)
+    if name == "quick":
+        return TitanConfig(repetitions=2, steps=5, fake_repetitions=2)
+    return TitanConfig(repetitions=0)
+
+
 def available() -> str | None:
     """None when the scenario can run here, else why not."""
     if importlib.util.find_spec("torchtitan") is None:
         return "torchtitan is not installed (pip install 'commgroups[torchtitan]')"
-    try:
-        importlib.util.find_spec("tests.titan.cpu")
-    except (ImportError, ValueError):
-        return "needs the source tree's tests/titan (torchtitan's CPU patches)"
-    if importlib.util.find_spec("tests.titan.cpu") is None:
-        return "needs the source tree's tests/titan (torchtitan's CPU patches)"
     return None
 
 
 def _spmd_backend() -> str:
-    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-    return "spmd_types" if version >= (2, 14) else "partial_dtensor"
+    return "spmd_types" if torch_version() >= (2, 14, 0) else "partial_dtensor"
 
 
 # ------------------------------------------------------------------------------------- step time
-def measure_steps(rank: int, world_size: int, progress: Progress, config: BenchConfig,
+def measure_steps(rank: int, world_size: int, progress: Progress, config: TitanConfig,
                   directory: str) -> dict[str, Any] | None:
     """Interleaved trainings on this gloo world; rank 0 returns step times per variant."""
     from commgroups.agreement import store_barrier
@@ -76,11 +95,11 @@ def measure_steps(rank: int, world_size: int, progress: Progress, config: BenchC
     store_barrier(store, "bench/titan/assets", rank, world_size, timedelta(seconds=300), "assets")
     steps: dict[str, list[float]] = {v: [] for v in VARIANTS}
     progress.describe("torchtitan step time")
-    for repetition in range(config.titan_repetitions):
+    for repetition in range(config.repetitions):
         for variant in interleaved(VARIANTS, repetition):
             run = TitanRun(dump_folder=f"{directory}/titan-{variant}-{repetition}", assets=assets,
                            registry=variant == "commgroups", cp=world_size,
-                           spmd_backend=_spmd_backend(), steps=config.titan_steps,
+                           spmd_backend=_spmd_backend(), steps=config.steps,
                            checkpoint_interval=0, step_times=True)
             result = train_rank(rank, world_size, None, run)
             times = result.notes["step_seconds"][1:]  # step 1 compiles and warms caches
@@ -133,7 +152,7 @@ def _communicators(calls: list[tuple[Any, Any]], gloo_groups: tuple[Any, ...] = 
 
 
 def measure_meshes(rank: int, world_size: int, progress: Progress,
-                   config: BenchConfig) -> dict[str, Any]:
+                   config: TitanConfig) -> dict[str, Any]:
     """Rank 0 of a fake world: stock build_mesh vs registry meshes, per layout, interleaved."""
     fake_store = torch_internals.import_fake_backend()  # registers backend "fake"
     from tests.titan.cpu import apply_cpu_patches
@@ -155,7 +174,7 @@ def measure_meshes(rank: int, world_size: int, progress: Progress,
         layout = titan_layout(degrees)
         samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
         facts: dict[str, dict[str, Any]] = {}
-        for repetition in range(config.titan_fake_repetitions):
+        for repetition in range(config.fake_repetitions):
             for variant in interleaved(VARIANTS, repetition):
                 dist.init_process_group("fake", store=fake_store(), rank=rank,
                                         world_size=world_size)
@@ -254,17 +273,25 @@ def tables(steps: dict[str, Any] | None, meshes: dict[str, Any] | None, world: i
     return [step_table, mesh_table], summary
 
 
-def run(config: BenchConfig, progress: Progress, directory: str) -> tuple[list[Table],
-                                                                         dict[str, Any]]:
-    """Both measurements (each in its own world) and their tables."""
-    from commgroups.bench.world import run_world
+class TitanScenario:
+    """The torchtitan measurements as an extra scenario of :func:`commgroups.bench.runner.run_bench`."""
 
-    reason = available()
-    if reason is not None or config.titan_repetitions == 0:
-        return tables(None, None, config.titan_fake_world,
-                      reason or "disabled in this configuration")
-    meshes = run_world(measure_meshes, config.titan_fake_world, config, backend="fake",
-                       timeout_s=config.timeout_s, progress=progress)[0]
-    steps = run_world(measure_steps, 4, config, directory, timeout_s=config.timeout_s * 2,
-                      progress=progress)[0]
-    return tables(steps, meshes, config.titan_fake_world)
+    def units(self, config: BenchConfig) -> int:
+        """Progress units a run reports (0 when it is left out)."""
+        titan = titan_config(config.name)
+        if titan.repetitions == 0 or available() is not None:
+            return 0
+        return titan.repetitions + titan.fake_repetitions * len(FAKE_LAYOUTS)
+
+    def run(self, config: BenchConfig, progress: Progress,
+            directory: str) -> tuple[list[Table], dict[str, Any]]:
+        """Both measurements (each in its own world) and their tables."""
+        titan = titan_config(config.name)
+        reason = available()
+        if reason is not None or titan.repetitions == 0:
+            return tables(None, None, titan.fake_world, reason or "disabled in this configuration")
+        meshes = run_world(measure_meshes, titan.fake_world, titan, backend="fake",
+                           timeout_s=config.timeout_s, progress=progress)[0]
+        steps = run_world(measure_steps, 4, titan, directory, timeout_s=config.timeout_s * 2,
+                          progress=progress)[0]
+        return tables(steps, meshes, titan.fake_world)

@@ -1,7 +1,7 @@
 """Read a PyTorch profiler (Kineto) Chrome trace: which stream each GPU event ran on, and why.
 
 Pure: reads the JSON ``torch.profiler.profile.export_chrome_trace`` writes (or its ``traceEvents``
-list), imports no torch. The collector (:mod:`commgroups.bench.gpu.streams`) brackets what it measures
+list), imports no torch. The collector (:mod:`tools.gpu_check.streams`) brackets what it measures
 with three ``record_function`` ranges on the caller's stream:
 
 ``cg:before``  a marker kernel: its stream is the caller's current stream;

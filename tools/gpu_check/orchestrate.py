@@ -4,8 +4,8 @@ Order: machine, streams, async_wait_cost, memory (one process per trial), creati
 (alone: it may hang on a device-bound NCCL group), ``pytest tests/test_gpu_streams.py``. A part that
 fails, crashes or hangs leaves its error in ``measurements.json`` and the next part runs; the whole
 check stays inside ``budget_s`` (each part's timeout is cut to what is left, less a reserve for the
-analysis). Output goes to ``out_dir`` and, when ``also_out`` is given (``$OUT`` on the device
-machine, which returns only what lands there), is copied there too: at most 8 flat files.
+analysis). Output goes to ``out_dir`` and, when ``also_out`` is given (e.g. a folder the GPU node
+hands back), is copied there too: at most 8 flat files.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from commgroups.bench.gpu.outputs import MEASUREMENTS, TRACES, write_derived
+from tools.gpu_check.outputs import MEASUREMENTS, TRACES, write_derived
 
 __all__ = ["LOG", "PYTEST_FILE", "Step", "plan_steps", "run_check"]
 
@@ -51,9 +51,9 @@ class Step:
 
 def plan_steps(python: str, smoke: bool, parts: Sequence[str] | None = None) -> list[Step]:
     """The processes to run, in order (``parts`` limits them to those part names)."""
-    from commgroups.bench.gpu.memory_probe import TRIALS
+    from tools.gpu_check.memory_probe import TRIALS
 
-    worker = (python, "-m", "commgroups.bench.gpu.worker")
+    worker = (python, "-m", "tools.gpu_check.worker")
     flag = ("--smoke",) if smoke else ()
     steps = [
         Step("machine", "machine", (*worker, "machine", *flag), 60),
@@ -136,7 +136,7 @@ def run_check(out_dir: str | Path, *, smoke: bool, budget_s: float = 360.0,
         smoke: gloo on the CPU: every part runs its plumbing, nothing is a GPU figure.
         budget_s: wall-clock limit for the whole check, analysis included.
         python: the interpreter for the parts (default: this one).
-        also_out: a second folder that receives copies of the files (``$OUT`` on the device).
+        also_out: a second folder that receives copies of the files.
         parts: only these parts (machine, streams, async_wait_cost, memory, creation, pytest).
         say: progress lines (default: print); every line also lands in ``log.txt``.
     """

@@ -1,8 +1,8 @@
 """Turn the GPU check's measurements into findings: stream verdicts, ratios, memory vs estimates.
 
 Pure: reads the measurement dict (``measurements.json``) and the trimmed traces (``traces.json``)
-that :mod:`commgroups.bench.gpu.orchestrate` wrote, imports no torch, and can be re-run anywhere on
-committed results (``python -m commgroups.bench.gpu analyze DIR``). Four findings:
+that :mod:`tools.gpu_check.orchestrate` wrote, imports no torch, and can be re-run anywhere on
+committed results (``python -m tools.gpu_check analyze DIR``). Four findings:
 
 - streams: per variant, the stream of every collective GPU event against the caller's stream, and
   whether the caller's stream waited for it (a ``Stream Wait Event``, else the order of the marker
@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from commgroups.bench.gpu.trace import ParsedTrace, parse_trace
 from commgroups.bench.stats import number, paired_ratios, summarize
 from commgroups.memory import communicator_cost_mb
+from tools.gpu_check.trace import ParsedTrace, parse_trace
 
 __all__ = [
     "Analysis",
@@ -92,7 +92,7 @@ def stream_verdict(variant: str, parsed: ParsedTrace, expected: str | None = Non
 
     Args:
         variant: the variant's name (for the report).
-        parsed: its trace, from :func:`commgroups.bench.gpu.trace.parse_trace`.
+        parsed: its trace, from :func:`tools.gpu_check.trace.parse_trace`.
         expected: the verdict the collector expects (checked, not assumed).
 
     Returns:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from commgroups.shapes import dim_shapes, row_major_strides
 from commgroups.specs import WORLD, Layout, RoleSpec
 
 __all__ = ["DIMS", "Plan", "RolePlan", "plan"]
@@ -31,13 +32,6 @@ MAX_LISTED_RANKS = 65_536
 """``to_dict`` lists a role's groups only when they hold at most this many ranks in all."""
 DIMS = "dims"
 """The name of the layout's own factorization (its ``dims``) among :attr:`Plan.factorizations`."""
-
-
-def _row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
-    strides = [1] * len(sizes)
-    for i in range(len(sizes) - 2, -1, -1):
-        strides[i] = strides[i + 1] * sizes[i + 1]
-    return tuple(strides)
 
 
 @dataclass(frozen=True)
@@ -83,15 +77,12 @@ class Plan:
         self.world_size = layout.world_size
         self.dim_names: tuple[str, ...] = tuple(layout.dims)
         self.dim_sizes: tuple[int, ...] = tuple(layout.dims.values())
-        self.dim_strides: tuple[int, ...] = _row_major_strides(self.dim_sizes)
+        self.dim_strides: tuple[int, ...] = row_major_strides(self.dim_sizes)
         self.factorizations: dict[str, tuple[str, ...]] = {DIMS: self.dim_names}
-        self._shape: dict[str, tuple[int, int]] = dict(
-            zip(self.dim_names, zip(self.dim_sizes, self.dim_strides))
-        )
+        self._shape: dict[str, tuple[int, int]] = dim_shapes(layout.dims)
         for view, dims in layout.views.items():
             self.factorizations[view] = tuple(dims)
-            sizes = tuple(dims.values())
-            for name, shape in zip(dims, zip(sizes, _row_major_strides(sizes))):
+            for name, shape in dim_shapes(dims).items():
                 self._shape.setdefault(name, shape)  # the layout checked that repeats agree
         self._roles: dict[str, RolePlan] = {
             spec.name: self._role_plan(spec) for spec in layout.roles

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from commgroups.bench.gpu.world import FOUR_ROLES, device, four_role_layout, init_world, sync
+from tools.gpu_check.world import FOUR_ROLES, device, four_role_layout, init_world, sync
 
 __all__ = ["METHODS", "collect_creation"]
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from commgroups.bench.gpu.machine import smi_process_mib, smi_query
-from commgroups.bench.gpu.world import device, init_world, sync
+from tools.gpu_check.machine import smi_process_mib, smi_query
+from tools.gpu_check.world import device, init_world, sync
 
 __all__ = ["GROUP_COUNTS", "TRIALS", "MemoryTrial", "collect_memory_trial"]
 

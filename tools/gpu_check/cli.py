@@ -2,17 +2,16 @@
 
 ::
 
-    python -m commgroups.bench.gpu run                  # on a CUDA machine; results to
-                                                        # benchmarks/results/gpu/ (+ $OUT if set)
-    python -m commgroups.bench.gpu run --cpu-smoke --out out/gpu-smoke   # plumbing, gloo on CPU
-    python -m commgroups.bench.gpu analyze benchmarks/results/gpu        # re-derive the report
-    python -m commgroups.bench.gpu check-wheels .gpu-wheels              # what the wheels need
+    python -m tools.gpu_check run                  # on a CUDA machine; results to
+                                                   # benchmarks/results/gpu/ (--also-out DIR: a copy)
+    python -m tools.gpu_check run --cpu-smoke --out out/gpu-smoke   # plumbing, gloo on CPU
+    python -m tools.gpu_check analyze benchmarks/results/gpu        # re-derive the report
+    python -m tools.gpu_check check-wheels .gpu-wheels              # what the wheels need
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Sequence
 
 __all__ = ["DEFAULT_OUT", "SMOKE_OUT", "main"]
@@ -28,21 +27,21 @@ def _cuda_available() -> bool:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from commgroups.bench.gpu.orchestrate import run_check
+    from tools.gpu_check.orchestrate import run_check
 
     if not args.cpu_smoke and not _cuda_available():
         print("gpu-check: no CUDA device here (torch.cuda.is_available() is False): nothing "
               "measured. Run it on a GPU machine, or use --cpu-smoke to test the plumbing.")
         return 0
     out = args.out or (SMOKE_OUT if args.cpu_smoke else DEFAULT_OUT)
-    also = args.also_out if args.also_out is not None else os.environ.get("OUT") or None
+    also = args.also_out or None
     parts = [p.strip() for p in args.parts.split(",")] if args.parts else None
     run_check(out, smoke=args.cpu_smoke, budget_s=args.budget_s, also_out=also, parts=parts)
     return 0
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from commgroups.bench.gpu.outputs import load_and_write
+    from tools.gpu_check.outputs import load_and_write
 
     for path in load_and_write(args.directory):
         print(path)
@@ -50,7 +49,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _check_wheels(args: argparse.Namespace) -> int:
-    from commgroups.bench.gpu.wheels import check_wheels
+    from tools.gpu_check.wheels import check_wheels
 
     problems = check_wheels(args.directory, provided=args.provided.split(","))
     for line in problems:
@@ -62,12 +61,12 @@ def _check_wheels(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m commgroups.bench.gpu",
+    parser = argparse.ArgumentParser(prog="python -m tools.gpu_check",
                                      description="commgroups GPU check")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="measure (needs CUDA unless --cpu-smoke)")
     run.add_argument("--out", help=f"output folder (default {DEFAULT_OUT}; smoke: {SMOKE_OUT})")
-    run.add_argument("--also-out", help="copy the files here too (default: $OUT when set)")
+    run.add_argument("--also-out", help="copy the (flat) result files into this folder too")
     run.add_argument("--cpu-smoke", action="store_true",
                      help="run every part's plumbing with gloo on the CPU (no GPU figures)")
     run.add_argument("--budget-s", type=float, default=360.0,

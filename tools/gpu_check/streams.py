@@ -2,8 +2,8 @@
 
 On a one-rank NCCL group of a device-bound world, each variant below is called once to warm up, then
 once under the profiler on a side stream (the "caller's stream", as FSDP2's all-gather stream or a
-user's stream would be), bracketed by marker kernels (see :mod:`commgroups.bench.gpu.trace`). The
-trimmed trace of each variant is the evidence; :mod:`commgroups.bench.gpu.analysis` reads it.
+user's stream would be), bracketed by marker kernels (see :mod:`tools.gpu_check.trace`). The
+trimmed trace of each variant is the evidence; :mod:`tools.gpu_check.analysis` reads it.
 
 FSDP2 itself skips its collectives when the shard group has one rank (``world_size == 1`` paths in
 ``_fsdp_collectives``), so its comms are called directly, the way FSDP2 calls them: its default
@@ -20,9 +20,9 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from commgroups.bench.gpu.analysis import NOT_WAITED, ON_CALLER, WAITED
-from commgroups.bench.gpu.trace import parse_trace, trim_trace
-from commgroups.bench.gpu.world import dedicated_group, device, init_world, sync
+from tools.gpu_check.analysis import NOT_WAITED, ON_CALLER, WAITED
+from tools.gpu_check.trace import parse_trace, trim_trace
+from tools.gpu_check.world import dedicated_group, device, init_world, sync
 
 __all__ = ["DEFAULT_BYTES", "collect_streams", "profile_call"]
 
@@ -95,7 +95,7 @@ def _variants(group: Any, x: Any, out: Any, rs_out: Any) -> list[Variant]:
     wrapped = cg.AsyncWaitDist()
 
     def scope() -> None:
-        with cg.async_and_wait():
+        with cg.async_and_wait_scope():
             dist.all_gather_into_tensor(out, x, group=group)
 
     variants: list[Variant] = [
@@ -112,7 +112,7 @@ def _variants(group: Any, x: Any, out: Any, rs_out: Any) -> list[Variant]:
          lambda: collectives.all_gather_into_tensor(out, x)),
         ("async_wait_dist", WAITED, "cg.AsyncWaitDist().all_gather_into_tensor",
          lambda: wrapped.all_gather_into_tensor(out, x, group=group)),
-        ("async_and_wait_scope", WAITED, "dist.all_gather_into_tensor inside cg.async_and_wait()",
+        ("async_and_wait_scope", WAITED, "dist.all_gather_into_tensor inside cg.async_and_wait_scope()",
          scope),
         ("functional_all_gather", WAITED,
          "DTensor's functional all_gather_into_tensor + wait_tensor", _functional_all_gather(x, group)),
@@ -143,7 +143,7 @@ def profile_call(call: Callable[[], Any], marker: Any, smoke: bool, tmp: Path, n
         name: the trace file's name.
 
     Returns:
-        The loaded trace JSON, ready for :func:`commgroups.bench.gpu.trace.parse_trace`.
+        The loaded trace JSON, ready for :func:`tools.gpu_check.trace.parse_trace`.
     """
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
