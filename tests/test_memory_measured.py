@@ -117,5 +117,7 @@ def test_plan_measured_flag(memory_json: Path, tmp_path: Path,
     assert "dp_shard: 544-688 MB (nccl; per communicator on 4xA100, nccl#964)" in out
     assert main(["plan", str(layout)]) == 0
     assert "measured" not in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="no such file; fix"):
-        main(["plan", str(layout), "--measured", str(tmp_path / "missing.json")])
+    # one clean error line and exit status 2, never a traceback
+    assert main(["plan", str(layout), "--measured", str(tmp_path / "missing.json")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "no such file; fix" in error[0] and error[0].count("fix:") == 1

@@ -57,10 +57,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             measured = load_measured(args.measured)
         except (ValueError, OSError, RecursionError) as error:
-            raise LayoutError(
-                f"--measured: {str(error)[:300]}; fix: pass a memory.json written by make gpu-check",
-                field="--measured",
-            ) from None
+            text = str(error)[:300]
+            # load_measured's own errors name their fix; others (a bare OSError) get one here.
+            fix = "" if "fix:" in text else "; fix: pass a memory.json written by make gpu-check"
+            raise LayoutError(f"--measured: {text}{fix}", field="--measured") from None
     summary = plan.to_dict(rank=args.rank, max_groups=args.max_groups)
     memory = estimate_memory(plan.layout, args.rank, device_backend=args.device, measured=measured)
     if args.json:
