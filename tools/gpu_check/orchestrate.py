@@ -1,7 +1,7 @@
 """Run the GPU check: every part in its own process under a timeout, then the analysis.
 
 Order: machine, streams, async_wait_cost, memory (one process per trial), creation, member-only creation
-(alone: it may hang on a device-bound NCCL group), ``pytest tests/test_gpu_streams.py``. A part that
+(alone: it may hang on a device-bound NCCL group), ``pytest`` of the GPU-only tests. A part that
 fails, crashes or hangs leaves its error in ``measurements.json`` and the next part runs; the whole
 check stays inside ``budget_s`` (each part's timeout is cut to what is left, less a reserve for the
 analysis). Output goes to ``out_dir`` and, when ``also_out`` is given (e.g. a folder the GPU node
@@ -27,10 +27,11 @@ from typing import Any
 
 from tools.gpu_check.outputs import MEASUREMENTS, TRACES, write_derived
 
-__all__ = ["LOG", "PYTEST_FILE", "Step", "plan_steps", "run_check"]
+__all__ = ["LOG", "PYTEST_FILES", "Step", "plan_steps", "run_check"]
 
 LOG = "log.txt"
-PYTEST_FILE = "tests/test_gpu_streams.py"
+PYTEST_FILES = ("tests/test_gpu_streams.py", "tests/test_gpu_isolation.py")
+"""The GPU-only tests: where collectives run (streams), and role isolation on CUDA tensors."""
 SCHEMA = "commgroups.gpu-check/1"
 REPORT_RESERVE_S = 20.0
 MIN_STEP_S = 10.0
@@ -69,7 +70,7 @@ def plan_steps(python: str, smoke: bool, parts: Sequence[str] | None = None) -> 
         Step("creation", "creation: new_group local (may hang)",
              (*worker, "creation", "--methods", "new_group local", *flag), 45),
         Step("pytest", "pytest", (python, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                                  PYTEST_FILE), 150),
+                                  *PYTEST_FILES), 180),
     ]
     return [s for s in steps if parts is None or s.part in parts]
 
@@ -168,8 +169,8 @@ def run_check(out_dir: str | Path, *, smoke: bool, budget_s: float = 360.0,
             result = Path(tmp) / f"{index}.json"
             if step.part != "pytest":
                 argv += ["--result", str(result)]
-            elif not (repo / PYTEST_FILE).exists():
-                note(f"[skip] pytest: {PYTEST_FILE} not found under {repo}")
+            elif not all((repo / name).exists() for name in PYTEST_FILES):
+                note(f"[skip] pytest: {', '.join(PYTEST_FILES)} not all found under {repo}")
                 continue
             note(f"[run ] {step.label} (timeout {timeout:.0f} s)")
             rc, output, seconds = _run(argv, timeout, repo)

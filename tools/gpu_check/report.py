@@ -140,7 +140,7 @@ def markdown(analysis: Analysis) -> str:
     for section in (_streams, _memory, _async_wait_cost, _creation):
         lines += ["", *section(analysis)]
     pytest = analysis.pytest
-    lines += ["", "## tests/test_gpu_streams.py", "",
+    lines += ["", "## GPU-only tests (streams, isolation)", "",
               f"{pytest.get('summary') or 'not run'} (exit code {pytest.get('returncode', '-')})"]
     lines += ["", "## Errors", ""]
     lines += [f"- {e}" for e in analysis.errors] or ["none"]
