@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from commgroups.bench import async_wait_cost, checkpoint, creation, memory, planning
+from commgroups.bench import async_wait_cost, audit_cost, checkpoint, creation, memory, planning
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import NullProgress, Progress
 from commgroups.bench.stats import Table
@@ -115,6 +115,8 @@ def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig
                                                 config.creation_repetitions)
     if "async_and_wait" in sections:
         out["async_and_wait"] = async_wait_cost.measure(rank, world_size, progress, config)
+    if "audit" in sections:
+        out["audit"] = audit_cost.measure(rank, world_size, progress, config)
     if "dcp" in sections or "exchange" in sections:
         with GroupRegistry(Layout(dims={"cp": world_size})) as registry:
             if "exchange" in sections:
@@ -129,7 +131,8 @@ def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig
 def expected_units(config: BenchConfig, scenarios: Sequence[Scenario] = ()) -> int:
     """How many progress units a run of ``config`` reports (the bar's total, known up front)."""
     per_gloo_world = config.creation_repetitions + len(config.metadata_items)
-    first_world = len(config.async_and_wait_ops) * len(config.async_and_wait_sizes) + config.dcp_repetitions
+    first_world = (len(config.async_and_wait_ops) * len(config.async_and_wait_sizes)
+                   + config.dcp_repetitions + len(audit_cost.WORKLOADS))
     extra_units = sum(scenario.units(config) for scenario in scenarios)
     return (extra_units + len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
             + len(config.fake_worlds) * config.fake_repetitions
@@ -179,7 +182,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
         for world in config.gloo_worlds:
             sections: tuple[str, ...] = ("creation", "exchange")
             if world == smallest:
-                sections += ("async_and_wait", "dcp")
+                sections += ("async_and_wait", "audit", "dcp")
             logger.info("gloo world of %d: %s", world, ", ".join(sections))
             gloo[world] = run_world(gloo_job, world, config, sections, directory,
                                     timeout_s=config.timeout_s, progress=bar)[0]
@@ -188,13 +191,14 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
 
     creation_table, creation_summary = creation.tables(creation_results)
     async_and_wait_table, async_and_wait_summary = async_wait_cost.tables(gloo[smallest]["async_and_wait"])
+    audit_table, audit_summary = audit_cost.tables(gloo[smallest]["audit"])
     checkpoint_tables, checkpoint_summary = checkpoint.tables(
         [gloo[smallest]["dcp"]], [gloo[w]["exchange"] for w in config.gloo_worlds]
     )
-    result.tables = [creation_table, planning_table, async_and_wait_table, *checkpoint_tables,
-                     memory_table, *(table for tables, _ in extras for table in tables)]
-    for part in (creation_summary, planning_summary, async_and_wait_summary, checkpoint_summary,
-                 memory_summary, *(summary for _, summary in extras)):
+    result.tables = [creation_table, planning_table, async_and_wait_table, audit_table,
+                     *checkpoint_tables, memory_table, *(table for tables, _ in extras for table in tables)]
+    for part in (creation_summary, planning_summary, async_and_wait_summary, audit_summary,
+                 checkpoint_summary, memory_summary, *(summary for _, summary in extras)):
         result.summary.update(part)
     result.duration_s = time.perf_counter() - started
     return result
