@@ -1,7 +1,7 @@
 # Every target sets up .venv itself (scripts/setup-env) on first use.
 PY := .venv/bin/python
 
-.PHONY: setup demo test lint bench ci
+.PHONY: setup demo test test-titan lint bench ci
 setup:
 	@scripts/setup-env
 
@@ -10,6 +10,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The torchtitan isolation matrix (excluded from `make test`); -rP prints every loss and grad norm.
+test-titan: setup
+	$(PY) -m pytest -q -rP -m titan_matrix tests/test_torchtitan_matrix.py
 
 lint: setup
 	.venv/bin/ruff check commgroups backends tests benchmarks
