@@ -310,17 +310,15 @@ def _train_rank(rank: int, world_size: int, run: TitanRun) -> RankResult:
         tally.switch("train")
         with _observed(trainer, result, tally):
             if run.audit:
-                import commgroups as cg
+                # The user's switch: the variable the trainer reads (this rank process only).
+                from commgroups.audit import AUDIT_DIR_ENV
 
-                with cg.audit.record(trainer.registry) as recording:
+                os.environ[AUDIT_DIR_ENV] = str(Path(run.dump_folder) / "audit")
+                try:
                     trainer.train()
-                default_name = dist.distributed_c10d._get_default_group().group_name
-                result.notes["audit_records"] = len(recording.records)
-                result.notes["audit_ops"] = sorted({r.op for r in recording.records})
-                result.notes["audit_on_default"] = sum(r.group == default_name
-                                                       for r in recording.records)
-                result.notes["audit_errors"] = [h.message for h in recording.hazards()
-                                                if h.severity == "error"]
+                finally:
+                    del os.environ[AUDIT_DIR_ENV]
+                result.notes["audit_dir"] = str(Path(run.dump_folder) / "audit")
             else:
                 marks.append(time.perf_counter())
                 trainer.train()

@@ -50,7 +50,8 @@ from commgroups.registry import GroupRegistry
 from commgroups.specs import Layout
 from commgroups.torch_internals import default_group, default_store, set_group_timeout
 
-__all__ = ["DEFAULT_AUDIT_FOLDER", "RegistryTrainer", "audit_directory", "with_registry"]
+__all__ = ["DEFAULT_AUDIT_FOLDER", "RegistryTrainer", "agree_on_seed", "audit_directory",
+           "with_registry"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,23 +122,12 @@ class RegistryTrainer(Trainer):
         )
 
     def _agree_on_seed(self) -> None:
-        """Without ``--debug.seed`` torchtitan broadcasts rank 0's seed on the default group.
-
-        Every rank takes rank 0's seed (from its RNG state, as stock) through the store instead:
-        no collective at all, so no group carries traffic that is not its role's. torchtitan
-        gets the agreed seed.
-        """
+        """Without ``--debug.seed`` torchtitan broadcasts rank 0's seed on the default group;
+        here every rank takes rank 0's seed through the store (:func:`agree_on_seed`)."""
         debug = self.config.debug
         if debug.seed is not None or dist.get_world_size() == 1:
             return
-        store, rank = default_store(), dist.get_rank()
-        # The n-th trainer on every rank meets under the same key (no process-wide counter).
-        generation = store.add(f"commgroups/torchtitan/seed/generation/{rank}", 1)
-        key = f"commgroups/torchtitan/seed/{generation}"
-        if rank == 0:
-            seed = torch.get_rng_state()[:8].clone()
-            store.set(key, str(int(seed.view(torch.uint64).item())))
-        debug.seed = int(store.get(key).decode())
+        debug.seed = agree_on_seed(default_store(), dist.get_rank())
 
     def _install_async_and_wait(self) -> None:
         roles = self.registry.layout.roles
@@ -226,6 +216,21 @@ class RegistryTrainer(Trainer):
             registry = getattr(self, "registry", None)
             if registry is not None:
                 registry.close()
+
+
+def agree_on_seed(store: Any, rank: int) -> int:
+    """Rank 0's seed (from its RNG state, as torchtitan takes it) on every rank, through ``store``.
+
+    No collective at all, so no group carries traffic that is not its role's (torchtitan
+    broadcasts it on the default group). The n-th call on every rank meets under the same key (no
+    process-wide counter: each rank counts its own calls in the store).
+    """
+    generation = store.add(f"commgroups/torchtitan/seed/generation/{rank}", 1)
+    key = f"commgroups/torchtitan/seed/{generation}"
+    if rank == 0:
+        seed = torch.get_rng_state()[:8].clone()
+        store.set(key, str(int(seed.view(torch.uint64).item())))
+    return int(store.get(key).decode())
 
 
 def audit_directory(audit: str | bool | None, dump_folder: str,
@@ -335,7 +340,8 @@ def with_registry(config: Trainer.Config, *, layout: LayoutArg = None, audit: Au
         values["commgroups_audit"] = _audit_value(audit)
     values["commgroups_async_and_wait"] = (async_and_wait
                                            and values.get("commgroups_async_and_wait", True))
-    return _retyped(RegistryTrainer.Config, values)
+    config_out: RegistryTrainer.Config = _retyped(RegistryTrainer.Config, values)
+    return config_out
 
 
 def _retyped(cls: type[Any], values: dict[str, Any]) -> Any:
