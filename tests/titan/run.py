@@ -181,10 +181,11 @@ def _registry_facts(trainer: Any) -> dict[str, Any]:
         if name in registry.role_names and mesh.size() > 1:
             mesh_roles[name] = mesh.get_group() is registry.group(name)
     facts["mesh_is_role_group"] = mesh_roles
-    shard_cp = pd.get_optional_mesh(["dp_shard", "cp"])  # None unless both dims are > 1
-    if pd.spmd_backend == "spmd_types" and shard_cp is not None:
-        flat = shard_cp._flatten("dp_shard_cp")
-        facts["dp_shard_cp_is_fsdp"] = flat.get_group() is registry.group("fsdp")
+    if pd.spmd_backend == "spmd_types":
+        shard_cp = pd.get_optional_mesh(["dp_shard", "cp"])  # None where cp is 1
+        if shard_cp is not None:
+            flat = shard_cp._flatten("dp_shard_cp")
+            facts["dp_shard_cp_is_fsdp"] = flat.get_group() is registry.group("fsdp")
     return facts
 
 
