@@ -106,5 +106,5 @@ def test_entry_equals_stock_and_stays_isolated(
     runs = results[entry.name]
     print(f"[{backend}, world {entry.world} took {results['seconds']:.0f}s]")
     print(render(entry, runs["registry"], runs["stock"]))
-    problems = compare(entry, runs["registry"], runs["stock"])
+    problems = compare(entry, runs["registry"], runs["stock"], backend)
     assert not problems, "\n".join(problems)

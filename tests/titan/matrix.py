@@ -64,10 +64,12 @@ class Entry:
             checkpoint_interval=1 if self.checkpoint else 0, seq_len=256,
         )
 
-    def busy_roles(self) -> set[str]:
+    def busy_roles(self, spmd_backend: str) -> set[str]:
         """Roles torchtitan must communicate on in this entry (others may stay idle)."""
         roles = {dim for dim in ("dp_replicate", "cp", "tp", "pp") if getattr(self, dim) > 1}
-        if self.dp_shard * self.cp > 1:
+        if spmd_backend == "spmd_types" and self.cp == 1 and self.dp_shard > 1:
+            roles.add("dp_shard")  # FSDP2 shards over dp_shard itself (no dp_shard x cp flatten)
+        elif self.dp_shard * self.cp > 1:
             roles.add("fsdp")
         if self.dp_replicate * self.dp_shard * self.cp > 1:
             roles.add("loss")
@@ -123,7 +125,8 @@ def _by_ranks(counts: dict[GroupKey, int], leave_out: set[str]) -> dict[tuple[in
     return totals
 
 
-def compare(entry: Entry, registry: list[RankResult], stock: list[RankResult]) -> list[str]:
+def compare(entry: Entry, registry: list[RankResult], stock: list[RankResult],
+            spmd_backend: str) -> list[str]:
     """Every way commgroups' run of ``entry`` differs from stock's, or breaks isolation."""
     problems: list[str] = []
     for rank, (ours, theirs) in enumerate(zip(registry, stock)):
@@ -149,7 +152,7 @@ def compare(entry: Entry, registry: list[RankResult], stock: list[RankResult]) -
         if not entry.checkpoint and inside:
             problems.append(f"{where}: DCP ran without checkpointing ({inside} collectives)")
         trained = ours.windows.get("train", {})
-        for role in sorted(entry.busy_roles()):
+        for role in sorted(entry.busy_roles(spmd_backend)):
             if not trained.get(ours.role_groups[role], 0):
                 problems.append(f"{where}: role {role!r} carried no collective while training")
         for window in ("build", "train"):
