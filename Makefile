@@ -1,7 +1,7 @@
 # Every target sets up .venv itself (scripts/setup-env) on first use.
 PY := .venv/bin/python
 
-.PHONY: setup demo test test-fast lint bench wheel-check ci
+.PHONY: setup demo test test-fast test-titan lint bench wheel-check ci
 setup:
 	@scripts/setup-env
 
@@ -14,6 +14,10 @@ test: setup
 # The fast loop: pure logic only, no process worlds (tests/conftest.py marks those `world`).
 test-fast: setup
 	$(PY) -m pytest -q -m "not world"
+
+# The torchtitan isolation matrix (excluded from `make test`); -rP prints every loss and grad norm.
+test-titan: setup
+	$(PY) -m pytest -q -rP -m titan_matrix tests/test_torchtitan_matrix.py
 
 lint: setup
 	.venv/bin/ruff check commgroups backends tests benchmarks tools

@@ -16,7 +16,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[import-not-found,no-redef]
 
-__all__ = ["SUFFIXES", "load_layout", "parse_layout"]
+__all__ = ["SUFFIXES", "load_layout", "load_layout_data", "parse_layout", "parse_layout_data"]
 
 SUFFIXES = (".toml", ".yaml", ".yml", ".json")
 
@@ -197,6 +197,31 @@ def _parse(text: str, suffix: str, source: str) -> Any:
         ) from None
 
 
+def parse_layout_data(text: str, suffix: str, source: str = "<layout>") -> dict[str, Any]:
+    """Parse layout text into its mapping, not yet validated (for callers that complete it first).
+
+    Raises:
+        LayoutFileError: an unknown suffix, bad syntax, YAML without PyYAML, or a top level that is
+            not a mapping.
+
+    Example::
+
+        >>> parse_layout_data('{"dims": {"cp": 4}}', ".json")
+        {'dims': {'cp': 4}}
+    """
+    if suffix not in SUFFIXES:
+        raise LayoutFileError(
+            f"{source}: unknown layout format {suffix!r}; fix: use one of {', '.join(SUFFIXES)}"
+        )
+    data = _parse(text, suffix, source)
+    if not isinstance(data, dict):
+        raise LayoutFileError(
+            f"{source}: a layout must be a table/mapping with 'dims' (and optionally 'roles'), got "
+            f"{type(data).__name__}; fix: start with e.g. [dims] in TOML"
+        )
+    return data
+
+
 def parse_layout(text: str, suffix: str, source: str = "<layout>") -> Layout:
     """Parse layout text in the format of ``suffix`` into a validated :class:`~commgroups.Layout`.
 
@@ -220,16 +245,7 @@ def parse_layout(text: str, suffix: str, source: str = "<layout>") -> Layout:
         >>> layout.world_size, layout.role_names
         (4, ('dp_shard', 'cp', 'fsdp', 'checkpoint-metadata'))
     """
-    if suffix not in SUFFIXES:
-        raise LayoutFileError(
-            f"{source}: unknown layout format {suffix!r}; fix: use one of {', '.join(SUFFIXES)}"
-        )
-    data = _parse(text, suffix, source)
-    if not isinstance(data, dict):
-        raise LayoutFileError(
-            f"{source}: a layout must be a table/mapping with 'dims' (and optionally 'roles'), got "
-            f"{type(data).__name__}; fix: start with e.g. [dims] in TOML"
-        )
+    data = parse_layout_data(text, suffix, source)
     try:
         return Layout.model_validate(data)
     except LayoutError as error:
@@ -258,8 +274,21 @@ def load_layout(path: str | Path) -> Layout:
         ('fsdp', 'cp', 'checkpoint-metadata')
     """
     path = Path(path)
+    return parse_layout(_read(path), path.suffix.lower(), str(path))
+
+
+def load_layout_data(path: str | Path) -> dict[str, Any]:
+    """Read a layout file into its mapping, not yet validated (see :func:`parse_layout_data`).
+
+    Raises:
+        LayoutFileError: the file cannot be read, or see :func:`parse_layout_data`.
+    """
+    path = Path(path)
+    return parse_layout_data(_read(path), path.suffix.lower(), str(path))
+
+
+def _read(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise LayoutFileError(f"{path}: cannot read layout file ({error}); fix: check the path") from None
-    return parse_layout(text, path.suffix.lower(), str(path))

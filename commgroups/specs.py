@@ -43,7 +43,9 @@ __all__ = [
     "NcclOptions",
     "RoleOptions",
     "RoleSpec",
+    "checkpoint_role",
     "default_roles",
+    "dim_roles",
 ]
 
 # The one list of backend names; the Literal makes mypy and pydantic both reject others.
@@ -446,12 +448,37 @@ def default_roles(dims: Mapping[str, int]) -> list[RoleSpec]:
         >>> [role.name for role in roles]  # no role for tp: size 1
         ['dp_replicate', 'dp_shard', 'fsdp', 'checkpoint-metadata']
     """
-    roles = [RoleSpec(name=dim, dims=[dim]) for dim, size in dims.items() if size > 1]
+    roles = dim_roles(dims)
     fsdp_dims = [dim for dim in dims if dim in FSDP_DIMS]
     if fsdp_dims and math.prod(dims[d] for d in fsdp_dims) > 1:
         roles.append(RoleSpec(name="fsdp", dims=fsdp_dims))
-    roles.append(RoleSpec(name=CHECKPOINT_ROLE, dims="world", backend="gloo"))
+    roles.append(checkpoint_role())
     return roles
+
+
+def dim_roles(dims: Mapping[str, int]) -> list[RoleSpec]:
+    """One built-in role per dim of size > 1, named after the dim (first of :func:`default_roles`;
+    torchtitan's derived roles start with them too).
+
+    Example::
+
+        >>> [role.name for role in dim_roles({"dp_shard": 2, "cp": 1, "tp": 2})]
+        ['dp_shard', 'tp']
+    """
+    return [RoleSpec(name=dim, dims=[dim]) for dim, size in dims.items() if size > 1]
+
+
+def checkpoint_role() -> RoleSpec:
+    """The built-in ``checkpoint-metadata`` role: one gloo group over the world, purpose checkpoint
+    (last of :func:`default_roles` and of torchtitan's derived roles).
+
+    Example::
+
+        >>> role = checkpoint_role()
+        >>> role.name, role.dims, role.backend, role.purpose
+        ('checkpoint-metadata', 'world', 'gloo', 'checkpoint')
+    """
+    return RoleSpec(name=CHECKPOINT_ROLE, dims="world", backend="gloo")
 
 
 class ElasticSpec(SpecModel):

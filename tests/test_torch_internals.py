@@ -31,7 +31,12 @@ NAMES_NEVER_REPEAT = TORCH >= (2, 14, 0)
 
 # Privates of other libraries, reached on purpose (not torch): spmd_types has no getter for the dist
 # module it calls (see commgroups/integrations/spmd.py).
-NOT_TORCH = {("commgroups/integrations/spmd.py", "_dist")}
+NOT_TORCH = {("commgroups/integrations/spmd.py", "_dist")} | {
+    # torchtitan's ParallelDims privates, reached in torchtitan's own seam (its own scan:
+    # tests/test_titan_internals.py).
+    ("commgroups/integrations/torchtitan/titan_internals.py", attr)
+    for attr in ("_world_mesh", "_global_meshes", "_single_axis_meshes", "_spmd_meshes",
+                 "_multi_axis_meshes", "_validate_meshes")}
 TORCH_PACKAGES = ("torch", "torch_npu")
 
 

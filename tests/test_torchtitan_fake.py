@@ -55,7 +55,9 @@ def test_every_torchtitan_mesh_resolves(fake_world: Callable[..., None], name: s
             if mesh_name in registry.role_names:
                 assert group is registry.group(mesh_name)
 
-        assert pd.spmd_meshes(), "no SPMD mesh"
+        if hasattr(pd, "spmd_meshes"):  # torchtitan 0.3.0; main dropped it (and _spmd_meshes)
+            assert pd.spmd_meshes(), "no SPMD mesh"
+        assert pd.get_activated_mesh(["tp"]) is pd.get_mesh("tp")
         names = ["dp_replicate", "fsdp"] if backend == "partial_dtensor" else ["dp_shard", "cp"]
         names = [n for n in names if pd.get_optional_mesh(n) is not None]
         assert pd.get_mesh(names).mesh_dim_names == tuple(names)
@@ -69,3 +71,46 @@ def test_every_torchtitan_mesh_resolves(fake_world: Callable[..., None], name: s
             assert pd.get_mesh("efsdp").get_group() is registry.group("efsdp")
             assert pd.get_mesh("efsdp").size() == dp_shard * cp * tp // ep
             assert pd.spmd_sparse_mesh() is not None if backend == "spmd_types" else True
+
+
+def test_torchtitans_own_mesh_log_lines(fake_world: Callable[..., None],
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """The two lines stock build_mesh logs (parallelism, active dimensions) still appear."""
+    import logging
+
+    import commgroups as cg
+    from commgroups.integrations.torchtitan import TitanDegrees, titan_layout
+    from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
+
+    fake_world(64, 0)
+    degrees = TitanDegrees(pp=2, dp_replicate=1, dp_shard=8, cp=2, tp=2, ep=1,
+                           spmd_backend="partial_dtensor")
+    with cg.GroupRegistry(titan_layout(degrees)) as registry, caplog.at_level(logging.INFO):
+        pd = RegistryParallelDims(dp_replicate=1, dp_shard=8, cp=2, tp=2, pp=2, ep=1,
+                                  world_size=64, spmd_backend="partial_dtensor",
+                                  registry=registry)
+        pd.build_mesh()
+        active = list(pd.get_all_one_dimensional_meshes())
+    said = [r.getMessage() for r in caplog.records]
+    assert ("Building device mesh with parallelism: pp=2, dp_replicate=1, dp_shard=8, cp=2, "
+            "tp=2, ep=1") in said
+    assert f"Successfully created meshes with active dimensions: {active}" in said
+    assert {"pp", "cp", "tp", "fsdp", "loss"} <= set(active)
+
+
+def test_full_dtensor_is_refused(fake_world: Callable[..., None]) -> None:
+    """torchtitan main removed the full_dtensor backend (#4217); commgroups builds no meshes
+    for it and says so, instead of an untested path."""
+    import commgroups as cg
+    from commgroups.errors import LayoutError
+    from commgroups.integrations.torchtitan import TitanDegrees, titan_layout
+    from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
+
+    fake_world(4, 0)
+    degrees = TitanDegrees(pp=1, dp_replicate=1, dp_shard=2, cp=2, tp=1, ep=1,
+                           spmd_backend="partial_dtensor")
+    with cg.GroupRegistry(titan_layout(degrees)) as registry:
+        pd = RegistryParallelDims(dp_replicate=1, dp_shard=2, cp=2, tp=1, pp=1, ep=1,
+                                  world_size=4, spmd_backend="full_dtensor", registry=registry)
+        with pytest.raises(LayoutError, match=r"full_dtensor.*partial_dtensor, spmd_types"):
+            pd.build_mesh()

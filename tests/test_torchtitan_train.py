@@ -125,13 +125,29 @@ def test_resume_and_checkpoints_cross_load(
         assert runs["stock_resume"][rank].losses == {s: uninterrupted[s] for s in (3, 4)}
 
 
-def test_audit_records_real_steps(scenario: tuple[str, dict[str, list[Any]], Path]) -> None:
-    """cg.audit.record over torchtitan steps (flex attention, CP, FSDP2, DCP load) raises nothing."""
+def test_audit_is_one_switch(scenario: tuple[str, dict[str, list[Any]], Path]) -> None:
+    """Launched with COMMGROUPS_AUDIT_DIR (no code change): every rank wrote its file over real
+    steps (flex attention, CP, FSDP2, DCP load), and ``commgroups audit DIR`` merges them."""
+    import subprocess
+    import sys
+
+    import commgroups as cg
+
     _, runs, _ = scenario
-    for result in runs["registry_resume"]:
-        assert result.notes["audit_records"] > 10
-        assert result.notes["audit_on_default"] == 0
-        assert result.notes["audit_errors"] == []
+    directory = Path(runs["registry_resume"][0].notes["audit_dir"])
+    assert sorted(p.name for p in directory.iterdir()) == [
+        cg.audit.rank_file_name(rank) for rank in range(4)]
+    report = cg.audit.merge_dir(directory)
+    assert report.ranks == (0, 1, 2, 3)
+    groups = report.summary["groups"]
+    assert sum(g["calls"] for g in groups.values()) > 40
+    assert not any(g["default"] and g["calls"] for g in groups.values()), groups
+    assert {"cp", "fsdp", "loss"} <= {role for g in groups.values() for role in g["roles"]}
+    assert [h.message for h in report.hazards if h.severity == "error"] == []
+    shown = subprocess.run([sys.executable, "-m", "commgroups", "audit", str(directory)],
+                           capture_output=True, text=True, check=False)
+    print(shown.stdout)
+    assert shown.stdout.startswith("audit: 4 rank file(s), world size 4")
 
 
 def test_checkpoints_bitwise_equal(scenario: tuple[str, dict[str, list[Any]], Path],

@@ -158,10 +158,9 @@ def measure_meshes(rank: int, world_size: int, progress: Progress,
     from tests.titan.cpu import apply_cpu_patches
 
     apply_cpu_patches()  # torchtitan picks its device type when imported
-    from torchtitan.distributed.parallel_dims import ParallelDims
-
     from commgroups.integrations.torchtitan import TitanDegrees, titan_layout
     from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
+    from commgroups.integrations.torchtitan.titan_internals import ParallelDims, single_axis_meshes
     from commgroups.registry import GroupRegistry
     from commgroups.specs import CHECKPOINT_ROLE
 
@@ -203,7 +202,7 @@ def measure_meshes(rank: int, world_size: int, progress: Progress,
                         gloo_groups = ()
                     device, gloo = _communicators(calls, gloo_groups)
                     aliases = 0
-                    for one in pd._single_axis_meshes.values():
+                    for one in single_axis_meshes(pd).values():
                         try:
                             group = one.get_group()
                         except (RuntimeError, IndexError, AttributeError, AssertionError):

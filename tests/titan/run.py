@@ -10,15 +10,19 @@ mesh torchtitan asked for is built on.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
+from tests.titan.counts import GroupKey, Tally
 from tests.titan.cpu import apply_cpu_patches, force_sum_reduction
 
 __all__ = ["TitanRun", "train_rank"]
@@ -41,6 +45,8 @@ class TitanRun:
     dp_shard: int = 1
     tp: int = 1
     ep: int = 1
+    dp_replicate: int = 1
+    pp: int = 1
     spmd_backend: str = "spmd_types"
     steps: int = 4
     checkpoint_interval: int = 2
@@ -63,6 +69,8 @@ class TitanRun:
             "--dump_folder", self.dump_folder,
             "--dataloader.dataset_path", str(assets / "c4_test"),
             "--parallelism.context_parallel_degree", str(self.cp),
+            "--parallelism.data_parallel_replicate_degree", str(self.dp_replicate),
+            "--parallelism.pipeline_parallel_degree", str(self.pp),
             "--parallelism.data_parallel_shard_degree", str(self.dp_shard),
             "--parallelism.tensor_parallel_degree", str(self.tp),
             "--parallelism.expert_parallel_degree", str(self.ep),
@@ -87,7 +95,12 @@ class RankResult:
 
     rank: int
     losses: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    grad_norms: dict[int, float] = field(default_factory=dict)
     default_collectives: int = -1
+    windows: dict[str, dict[GroupKey, int]] = field(default_factory=dict)
+    role_groups: dict[str, GroupKey] = field(default_factory=dict)
+    default_group: GroupKey | None = None
+    warnings: list[str] = field(default_factory=list)
     meshes: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
 
@@ -168,14 +181,92 @@ def _registry_facts(trainer: Any) -> dict[str, Any]:
         if name in registry.role_names and mesh.size() > 1:
             mesh_roles[name] = mesh.get_group() is registry.group(name)
     facts["mesh_is_role_group"] = mesh_roles
-    if pd.spmd_backend == "spmd_types" and pd.dp_shard * pd.cp > 1:
-        flat = pd.get_optional_mesh(["dp_shard", "cp"])._flatten("dp_shard_cp")
-        facts["dp_shard_cp_is_fsdp"] = flat.get_group() is registry.group("fsdp")
+    if pd.spmd_backend == "spmd_types":
+        shard_cp = pd.get_optional_mesh(["dp_shard", "cp"])  # None where cp is 1
+        if shard_cp is not None:
+            flat = shard_cp._flatten("dp_shard_cp")
+            facts["dp_shard_cp_is_fsdp"] = flat.get_group() is registry.group("fsdp")
     return facts
+
+
+def _group_key(group: Any) -> GroupKey:
+    return (group.group_name, tuple(dist.get_process_group_ranks(group)))
+
+
+@contextlib.contextmanager
+def _observed(trainer: Any, result: RankResult, tally: Tally) -> Iterator[None]:
+    """Count DCP save/load and the timeout change in their own windows; record each grad norm.
+
+    Process-local wrappers on this trainer's checkpointer and on torchtitan's module attributes
+    (looked up at call time), removed on exit; installed files are never edited.
+    """
+    import torchtitan.distributed.utils as dist_utils
+
+    checkpointer = trainer.checkpointer
+    for name in ("dcp_save", "dcp_load"):
+        method = getattr(checkpointer, name)
+
+        def counted(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            with tally.inside("checkpoint"):
+                return _method(*args, **kwargs)
+
+        setattr(checkpointer, name, counted)
+    clip, timeouts = dist_utils.clip_grad_norm_, dist_utils.set_pg_timeouts
+
+    def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+        norm = clip(*args, **kwargs)
+        result.grad_norms[trainer.step] = float(norm.item())  # exact: the float torchtitan logs
+        return norm
+
+    def set_pg_timeouts(*args: Any, **kwargs: Any) -> Any:
+        with tally.inside("timeouts"):
+            return timeouts(*args, **kwargs)
+
+    dist_utils.clip_grad_norm_ = clip_grad_norm_
+    if not hasattr(trainer, "registry"):
+        dist_utils.set_pg_timeouts = set_pg_timeouts
+    else:  # the registry trainer installs its own replacement while it trains
+        own = trainer._set_pg_timeouts
+
+        def registry_timeouts(*args: Any, **kwargs: Any) -> Any:
+            with tally.inside("timeouts"):
+                return own(*args, **kwargs)
+
+        trainer._set_pg_timeouts = registry_timeouts
+    try:
+        yield
+    finally:
+        dist_utils.clip_grad_norm_, dist_utils.set_pg_timeouts = clip, timeouts
+        for name in ("dcp_save", "dcp_load", "_set_pg_timeouts"):
+            with contextlib.suppress(AttributeError):
+                delattr(checkpointer if name.startswith("dcp") else trainer, name)
+
+
+class _CommgroupsWarnings(logging.Handler):
+    """Collects the WARNING (and worse) messages of commgroups' loggers."""
+
+    def __init__(self, into: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.split(".")[0] == "commgroups":
+            self.into.append(record.getMessage())
 
 
 def train_rank(rank: int, world_size: int, post: Any, run: TitanRun) -> RankResult:
     """Train ``run`` on this rank; a :func:`run_local_world` rank function."""
+    handler = _CommgroupsWarnings([])
+    logging.getLogger("commgroups").addHandler(handler)
+    try:
+        result = _train_rank(rank, world_size, run)
+    finally:
+        logging.getLogger("commgroups").removeHandler(handler)
+    result.warnings = handler.into
+    return result
+
+
+def _train_rank(rank: int, world_size: int, run: TitanRun) -> RankResult:
     os.environ.update({"LOCAL_RANK": str(rank), "RANK": str(rank), "WORLD_SIZE": str(world_size),
                        "LOCAL_WORLD_SIZE": str(world_size), "HF_DATASETS_OFFLINE": "1",
                        "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
@@ -185,8 +276,14 @@ def train_rank(rank: int, world_size: int, post: Any, run: TitanRun) -> RankResu
 
     config = ConfigManager().parse_args(run.args())
     result = RankResult(rank)
+    result.default_group = _group_key(dist.distributed_c10d._get_default_group())
     before = _default_sequence()
+    tally = Tally()
+    tally.start()
+    started = time.monotonic()
     trainer = config.build()
+    result.notes["build_seconds"] = time.monotonic() - started
+    registry = getattr(trainer, "registry", None)
     try:
         force_sum_reduction(trainer.model_parts)
         original_log = trainer.metrics_processor.log
@@ -201,33 +298,37 @@ def train_rank(rank: int, world_size: int, post: Any, run: TitanRun) -> RankResu
 
         trainer.metrics_processor.log = log
         result.meshes = _mesh_facts(trainer)
-        registry = getattr(trainer, "registry", None)
         probe = None
         if registry is not None:
             result.notes.update(_registry_facts(trainer))
+            result.role_groups = {role: _group_key(registry.group(role))
+                                  for role in registry.role_names}
             if trainer.parallel_dims.spmd_backend == "spmd_types":
                 import spmd_types
                 import spmd_types._dist
 
                 probe = SpmdDistProbe(spmd_types._dist.dist)
                 spmd_types.set_dist(probe)
-        if run.audit:
-            import commgroups as cg
+        tally.switch("train")
+        with _observed(trainer, result, tally):
+            if run.audit:
+                # The user's switch: the variable the trainer reads (this rank process only).
+                from commgroups.audit import AUDIT_DIR_ENV
 
-            with cg.audit.record(trainer.registry) as recording:
+                os.environ[AUDIT_DIR_ENV] = str(Path(run.dump_folder) / "audit")
+                try:
+                    trainer.train()
+                finally:
+                    del os.environ[AUDIT_DIR_ENV]
+                result.notes["audit_dir"] = str(Path(run.dump_folder) / "audit")
+            else:
+                marks.append(time.perf_counter())
                 trainer.train()
-            default_name = dist.distributed_c10d._get_default_group().group_name
-            result.notes["audit_records"] = len(recording.records)
-            result.notes["audit_ops"] = sorted({r.op for r in recording.records})
-            result.notes["audit_on_default"] = sum(r.group == default_name
-                                                   for r in recording.records)
-            result.notes["audit_errors"] = [h.message for h in recording.hazards()
-                                            if h.severity == "error"]
-        else:
-            marks.append(time.perf_counter())
-            trainer.train()
-            if run.step_times:
-                result.notes["step_seconds"] = [b - a for a, b in itertools.pairwise(marks)]
+                if run.step_times:
+                    result.notes["step_seconds"] = [b - a for a, b in itertools.pairwise(marks)]
+        tally.stop()
+        result.notes["train_seconds"] = time.monotonic() - started - result.notes["build_seconds"]
+        result.windows = tally.windows
         result.default_collectives = _default_sequence() - before
         if probe is not None:
             import spmd_types

@@ -8,7 +8,8 @@ On every rank, in order (each a fresh trainer; stock torchtitan and commgroups d
 2. ``stock``: stock torchtitan from scratch, same seed;
 3. ``registry_resume``: through commgroups, resuming from stock's step-2 checkpoint (a stock
    checkpoint loads through commgroups; resume equals the uninterrupted run), under
-   ``cg.audit.record`` (the audit records every collective of real steps and raises nothing);
+   ``COMMGROUPS_AUDIT_DIR`` (the audit switch: every rank writes its file; nothing on the default
+   group, no error);
 4. ``stock_resume``: stock, resuming from commgroups' step-2 checkpoint.
 
 Rank 0 copies the step-2 checkpoints into the resume runs' folders between 2 and 3 (torchtitan's

@@ -19,10 +19,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torchtitan.components.checkpoint import MODEL, AsyncMode, CheckpointManager
-from torchtitan.tools.utils import GarbageCollection
 
 from commgroups.integrations import dcp as cg_dcp
+from commgroups.integrations.torchtitan.titan_internals import (
+    DCP_LOAD_PARAMETERS,
+    DCP_SAVE_PARAMETERS,
+    MODEL,
+    AsyncMode,
+    CheckpointManager,
+    GarbageCollection,
+    require_parameters,
+)
 
 if TYPE_CHECKING:
     from commgroups.registry import GroupRegistry
@@ -30,6 +37,11 @@ if TYPE_CHECKING:
 __all__ = ["RegistryCheckpointManager"]
 
 logger = logging.getLogger(__name__)
+
+# The two methods below copy torchtitan's signatures: refuse to import on a torchtitan that changed
+# them (an override with stale parameters would be called wrongly, or not at all).
+require_parameters(CheckpointManager.dcp_save, DCP_SAVE_PARAMETERS, "CheckpointManager.dcp_save")
+require_parameters(CheckpointManager.dcp_load, DCP_LOAD_PARAMETERS, "CheckpointManager.dcp_load")
 
 
 class RegistryCheckpointManager(CheckpointManager):
@@ -45,6 +57,7 @@ class RegistryCheckpointManager(CheckpointManager):
         if self.enable:
             self.async_mode = AsyncMode(config.async_mode)
         self.registry: GroupRegistry | None = None
+        self.hf_warned = False  # the Hugging Face warnings are said once per manager, not per call
 
     def attach_registry(self, registry: GroupRegistry) -> None:
         """Use ``registry``'s checkpoint-metadata group for every DCP exchange from now on."""
@@ -52,6 +65,11 @@ class RegistryCheckpointManager(CheckpointManager):
         if self.enable:
             # Kept for code that reads the manager's group (stock passes it to async_save).
             self.pg = cg_dcp.checkpoint_group(registry)
+
+    def _warn_hf(self, message: str) -> None:
+        if not self.hf_warned:
+            logger.warning(message)
+            self.hf_warned = True
 
     def _require_registry(self) -> GroupRegistry:
         if self.registry is None:
@@ -76,8 +94,8 @@ class RegistryCheckpointManager(CheckpointManager):
         and consolidation take no process group.
         """
         if to_hf:
-            logger.warning("checkpoint.last_save_in_hf: the HF export's exchange runs on the "
-                           "default group (torchtitan's HF writer takes no process group)")
+            self._warn_hf("checkpoint.last_save_in_hf: the HF export's exchange runs on the "
+                          "default group (torchtitan's HF writer takes no process group)")
             return super().dcp_save(state_dict, checkpoint_id, async_mode,
                                     enable_garbage_collection, to_hf)
         registry = self._require_registry()
@@ -110,8 +128,8 @@ class RegistryCheckpointManager(CheckpointManager):
     ) -> None:
         """Stock ``dcp_load`` with ``process_group`` = the registry's checkpoint-metadata group."""
         if from_hf:
-            logger.warning("loading a Hugging Face checkpoint: its exchange runs on the default "
-                           "group (torchtitan's HF reader takes no process group)")
+            self._warn_hf("loading a Hugging Face checkpoint: its exchange runs on the default "
+                          "group (torchtitan's HF reader takes no process group)")
             super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
             return
         cg_dcp.load(state_dict, checkpoint_id=checkpoint_id, registry=self._require_registry())

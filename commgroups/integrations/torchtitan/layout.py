@@ -18,17 +18,19 @@ agree with the degrees, and roles it leaves out are added from the derived layou
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commgroups.errors import InvalidSizeError, LayoutError, UnknownDimError
-from commgroups.layout_io import load_layout
-from commgroups.specs import CHECKPOINT_ROLE, Layout, RoleSpec
+from commgroups.errors import InvalidSizeError, InvalidViewError, UnknownDimError
+from commgroups.layout_io import load_layout_data
+from commgroups.specs import Layout, RoleSpec, checkpoint_role, dim_roles
 
 __all__ = [
     "DENSE_DIMS",
     "SPARSE_VIEW",
+    "LayoutArg",
     "TitanDegrees",
     "derived_roles",
     "resolve_layout",
@@ -40,6 +42,9 @@ DENSE_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 SPARSE_VIEW = "sparse"
 """The name of the MoE view ``pp x dp_replicate x efsdp x ep`` in the layout."""
+
+LayoutArg = Layout | Mapping[str, Any] | str | Path | None
+"""What ``with_registry(layout=...)`` takes: a Layout, a dict in the layout-file shape, a file."""
 
 # Roles over several dims, named as torchtitan names the meshes (each a 1-D mesh axis).
 _COMPOSITE_ROLES: dict[str, tuple[str, ...]] = {
@@ -65,7 +70,8 @@ class TitanDegrees:
 
     Example::
 
-        degrees = TitanDegrees.from_parallelism(config.parallelism, world_size=4)
+        degrees = TitanDegrees(pp=1, dp_replicate=1, dp_shard=2, cp=2, tp=1, ep=1)
+        degrees.efsdp   # 4
     """
 
     pp: int
@@ -75,30 +81,6 @@ class TitanDegrees:
     tp: int
     ep: int
     spmd_backend: str = "spmd_types"
-
-    @classmethod
-    def from_parallelism(cls, parallelism: Any, world_size: int) -> TitanDegrees:
-        """Degrees from a torchtitan ``ParallelismConfig`` (duck-typed) for ``world_size`` ranks.
-
-        Raises:
-            InvalidSizeError: a degree is < 1 (``dp_shard`` may be -1), or the product of the dense
-                degrees is not the world size, or ``ep`` does not divide ``dp_shard * cp * tp``.
-        """
-        sizes = {dim: int(getattr(parallelism, name)) for name, dim in _CONFIG_FIELDS.items()}
-        for name, dim in _CONFIG_FIELDS.items():
-            if sizes[dim] < 1 and not (dim == "dp_shard" and sizes[dim] == -1):
-                raise InvalidSizeError(
-                    f"parallelism.{name}={sizes[dim]}: degrees must be >= 1 (dp_shard may be -1); "
-                    f"fix: set parallelism.{name}",
-                    field=f"parallelism.{name}",
-                )
-        if sizes["dp_shard"] == -1:
-            others = math.prod(sizes[d] for d in DENSE_DIMS if d != "dp_shard")
-            sizes["dp_shard"] = max(world_size // others, 1)
-        degrees = cls(spmd_backend=str(getattr(parallelism, "spmd_backend", "spmd_types")),
-                      **sizes)
-        degrees.check_world(world_size)
-        return degrees
 
     @property
     def dense(self) -> dict[str, int]:
@@ -115,54 +97,33 @@ class TitanDegrees:
         """FSDP degree inside the MoE region: ``dp_shard * cp * tp / ep``."""
         return self.dp_shard * self.cp * self.tp // self.ep
 
-    def check_world(self, world_size: int) -> None:
-        """Raise InvalidSizeError unless the degrees describe ``world_size`` ranks."""
-        if self.world_size != world_size:
-            shown = " x ".join(f"{d}={s}" for d, s in self.dense.items())
-            raise InvalidSizeError(
-                f"parallelism: {shown} = {self.world_size} ranks but the job has {world_size}; "
-                "fix: make the product of the degrees equal the world size (or set "
-                "data_parallel_shard_degree = -1)",
-                field="parallelism",
-            )
-        if (self.dp_shard * self.cp * self.tp) % self.ep:
-            raise InvalidSizeError(
-                f"parallelism.expert_parallel_degree={self.ep} does not divide dp_shard x cp x tp "
-                f"= {self.dp_shard * self.cp * self.tp}; fix: pick an ep that divides it",
-                field="parallelism.expert_parallel_degree",
-            )
-
-
-def _views_supported() -> bool:
-    return "views" in Layout.model_fields
-
 
 def derived_roles(degrees: TitanDegrees) -> list[RoleSpec]:
-    """The roles torchtitan's mesh names need, in creation order (see the module docs)."""
-    roles = [RoleSpec(name=dim, dims=[dim]) for dim, size in degrees.dense.items() if size > 1]
+    """The roles torchtitan's mesh names need, in creation order (see the module docs).
+
+    Built from the same definitions as the built-in roles (:func:`commgroups.specs.dim_roles` first,
+    :func:`commgroups.specs.checkpoint_role` last), with torchtitan's composite names between.
+    """
+    roles = dim_roles(degrees.dense)
     roles += [RoleSpec(name=name, dims=list(dims)) for name, dims in _COMPOSITE_ROLES.items()]
     if degrees.spmd_backend == "spmd_types":
         # spmd_types' forward/backward mesh calls dp_replicate x dp_shard "dp".
         roles.append(RoleSpec(name="dp", dims=["dp_replicate", "dp_shard"]))
     if degrees.ep > 1:
         roles += [RoleSpec(name="efsdp", dims=["efsdp"]), RoleSpec(name="ep", dims=["ep"])]
-    roles.append(RoleSpec(name=CHECKPOINT_ROLE, dims="world", backend="gloo"))
+    roles.append(checkpoint_role())
     return roles
 
 
-def _layout(dims: dict[str, int], roles: list[RoleSpec], degrees: TitanDegrees) -> Layout:
+def _views(degrees: TitanDegrees) -> dict[str, dict[str, int]]:
     if degrees.ep == 1:
-        return Layout(dims=dims, roles=roles)
-    if not _views_supported():
-        raise LayoutError(
-            f"parallelism.expert_parallel_degree={degrees.ep}: this commgroups has no layout views "
-            "(efsdp x ep re-factorizes dp_shard x cp x tp); fix: upgrade commgroups, or run with "
-            "expert_parallel_degree = 1",
-            field="parallelism.expert_parallel_degree",
-        )
-    sparse = {"pp": degrees.pp, "dp_replicate": degrees.dp_replicate, "efsdp": degrees.efsdp,
-              "ep": degrees.ep}
-    return Layout(dims=dims, roles=roles, views={SPARSE_VIEW: sparse})  # type: ignore[call-arg]
+        return {}
+    return {SPARSE_VIEW: {"pp": degrees.pp, "dp_replicate": degrees.dp_replicate,
+                          "efsdp": degrees.efsdp, "ep": degrees.ep}}
+
+
+def _layout(dims: dict[str, int], roles: list[RoleSpec], degrees: TitanDegrees) -> Layout:
+    return Layout(dims=dims, roles=roles, views=_views(degrees))
 
 
 def titan_layout(degrees: TitanDegrees) -> Layout:
@@ -180,62 +141,111 @@ def _role_dims(role: RoleSpec) -> Any:
     return role.dims if role.ranks is None else role.ranks
 
 
-def resolve_layout(layout: Layout | str | Path | None, degrees: TitanDegrees) -> Layout:
-    """The layout a torchtitan job runs on: derived from ``degrees``, or ``layout`` checked against them.
+def _shown(dims: Mapping[str, int]) -> str:
+    return " x ".join(f"{d}={s}" for d, s in dims.items()) or "(none)"
 
-    A given layout (a :class:`~commgroups.Layout` or a TOML/YAML/JSON file) must have the dense dims
-    in torchtitan's order with the same sizes (size-1 dims may be left out; they are added). Its
-    roles override the derived roles of the same name (which must span the same dims) and keep their
-    backend, options, timeout and async_and_wait; derived roles it does not declare are added.
 
-    Raises:
-        LayoutError: a dim size or a role's dims disagree with the parallelism degrees; the message
-            names the layout's value and torchtitan's.
-    """
-    derived = titan_layout(degrees)
-    if layout is None:
-        return derived
-    given = load_layout(layout) if isinstance(layout, (str, Path)) else layout
-    if not isinstance(given, Layout):
-        raise TypeError(
-            f"with_registry(layout=...) takes a commgroups.Layout or a layout file path, got "
-            f"{type(given).__name__}"
+def _given_data(layout: Layout | Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    """The given layout as a mapping, not yet validated (its size-1 dims may be missing)."""
+    if isinstance(layout, Layout):
+        return layout.model_dump(mode="json")
+    if isinstance(layout, (str, Path)):
+        return load_layout_data(layout)
+    if isinstance(layout, Mapping):
+        return dict(layout)
+    raise TypeError(
+        f"with_registry(layout=...) takes a commgroups.Layout, a dict or a layout file path, got "
+        f"{type(layout).__name__}"
+    )
+
+
+def _check_dims(given: Any, degrees: TitanDegrees) -> None:
+    """The given dims must be torchtitan dims with torchtitan's sizes (missing ones are size 1)."""
+    if not isinstance(given, Mapping):
+        raise UnknownDimError(
+            f"layout dims: expected a table of torchtitan dims ({', '.join(DENSE_DIMS)}) with their "
+            f"sizes, got {given!r}; fix: e.g. dims = {{ cp = 4 }}",
+            field="dims",
         )
-    for dim in given.dims:
-        if dim not in derived.dims:
+    for dim in given:
+        if dim not in DENSE_DIMS:
             raise UnknownDimError(
                 f"layout dims: {dim!r} is not a torchtitan dim; fix: use only "
                 f"{', '.join(DENSE_DIMS)} (expert parallelism is set by "
                 "parallelism.expert_parallel_degree)",
                 field=f"dims.{dim}",
             )
-    for dim, size in degrees.dense.items():
-        have = given.dims.get(dim, 1)
-        if have != size:
-            option = next(name for name, d in _CONFIG_FIELDS.items() if d == dim)
-            raise InvalidSizeError(
-                f"layout dims.{dim}={have} but torchtitan's parallelism.{option} gives "
-                f"{dim}={size}; fix: make them agree (set dims.{dim} = {size} in the layout, or "
-                f"--parallelism.{option} {have})",
-                field=f"dims.{dim}",
+    wanted = degrees.dense
+    have = {dim: given.get(dim, 1) for dim in DENSE_DIMS}
+    if have == wanted:
+        return
+    listed = {dim: given[dim] for dim in DENSE_DIMS if dim in given}
+    layout_ranks = math.prod(v for v in have.values() if isinstance(v, int))
+    flags = " ".join(f"--parallelism.{option} {have[dim]}" for option, dim in _CONFIG_FIELDS.items()
+                     if dim in wanted and have[dim] != wanted[dim])
+    if layout_ranks == degrees.world_size:
+        launch = f"or launch with {flags}"
+    else:
+        launch = (f"(the layout covers {layout_ranks} ranks, the job {degrees.world_size}, so no "
+                  "launch option can match it)")
+    raise InvalidSizeError(
+        f"layout dims {_shown(listed)} (size-1 dims left out are 1: {_shown(have)}, "
+        f"{layout_ranks} ranks) disagree with torchtitan's parallelism {_shown(wanted)} "
+        f"({degrees.world_size} ranks); fix: set the layout's dims to "
+        f"{{ {', '.join(f'{d} = {s}' for d, s in wanted.items() if s > 1) or 'pp = 1'} }} "
+        f"{launch}",
+        field="dims",
+    )
+
+
+def resolve_layout(layout: LayoutArg, degrees: TitanDegrees, *,
+                   async_and_wait: bool = True) -> Layout:
+    """The layout a torchtitan job runs on: derived from ``degrees``, or ``layout`` checked against them.
+
+    A given layout (a :class:`~commgroups.Layout`, a dict in the layout-file shape, or a TOML/YAML/
+    JSON file) names torchtitan dims with torchtitan's sizes; dims of size 1 may be left out, also
+    when a role names them (they are added, in torchtitan's order). Its roles override the derived
+    roles of the same name (which must span the same dims) and keep their backend, options,
+    timeout and async_and_wait; derived roles it does not declare are added.
+
+    Args:
+        layout: None (the derived layout), or the given layout.
+        degrees: torchtitan's parallelism degrees.
+        async_and_wait: False turns async-and-wait off for every role, the given ones included.
+
+    Raises:
+        InvalidSizeError: the layout's dims disagree with the degrees; the message shows both
+            factorizations whole and what would make them agree.
+        UnknownDimError: a dim that is not torchtitan's, or a role spanning other dims than
+            torchtitan's mesh of that name.
+        LayoutError: anything else wrong with the given layout (see :class:`~commgroups.Layout`).
+    """
+    derived = titan_layout(degrees)
+    if layout is None:
+        roles = list(derived.roles)
+    else:
+        data = _given_data(layout)
+        _check_dims(data.get("dims", {}), degrees)
+        views = data.get("views") or {}
+        if views and views != derived.views:
+            raise InvalidViewError(
+                f"layout views {views} differ from torchtitan's {derived.views or '(none)'}; fix: "
+                "leave views out (commgroups derives the MoE view from the parallelism degrees)",
+                field="views",
             )
-    order = [dim for dim in DENSE_DIMS if dim in given.dims]
-    if list(given.dims) != order:
-        raise UnknownDimError(
-            f"layout dims are in the order {list(given.dims)}; torchtitan's order is {order}; "
-            "fix: list dims outermost first as torchtitan does (pp, dp_replicate, dp_shard, cp, tp)",
-            field="dims",
-        )
-    wanted = {role.name: role for role in derived.roles}
-    for index, role in enumerate(given.roles):
-        want = wanted.get(role.name)
-        if want is not None and _role_dims(role) != _role_dims(want):
-            raise UnknownDimError(
-                f"layout roles[{index}] {role.name!r} spans {_role_dims(role)} but torchtitan's "
-                f"{role.name!r} mesh spans {_role_dims(want)}; fix: set dims = {_role_dims(want)} "
-                "or rename the role",
-                field=f"roles[{index}].dims",
-            )
-    given_names = {role.name for role in given.roles}
-    roles = list(given.roles) + [r for r in derived.roles if r.name not in given_names]
+        given = Layout.model_validate({**data, "dims": derived.dims, "views": derived.views})
+        wanted = {role.name: role for role in derived.roles}
+        for index, role in enumerate(given.roles):
+            want = wanted.get(role.name)
+            if want is not None and _role_dims(role) != _role_dims(want):
+                raise UnknownDimError(
+                    f"layout roles[{index}] {role.name!r} spans {_role_dims(role)} but torchtitan's "
+                    f"{role.name!r} mesh spans {_role_dims(want)}; fix: set dims = "
+                    f"{_role_dims(want)} or rename the role",
+                    field=f"roles[{index}].dims",
+                )
+        given_names = {role.name for role in given.roles}
+        roles = list(given.roles) + [r for r in derived.roles if r.name not in given_names]
+    if not async_and_wait:
+        roles = [r.model_copy(update={"async_and_wait": False}) for r in roles]
     return _layout(degrees.dense, roles, degrees)

@@ -15,8 +15,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torch.distributed.device_mesh import DeviceMesh
-from torchtitan.distributed.parallel_dims import ParallelDims
 
+from commgroups.errors import LayoutError
+from commgroups.integrations.torchtitan.titan_internals import (
+    SPMD_BACKENDS,
+    ParallelDims,
+    fill_meshes,
+    log_mesh_building,
+    log_meshes_built,
+    single_axis_meshes,
+    validate_meshes,
+)
 from commgroups.torch_internals import groupless_mesh
 
 if TYPE_CHECKING:
@@ -53,8 +62,9 @@ def placeholder_mesh(shape: tuple[int, ...], names: tuple[str, ...], device: str
 class RegistryParallelDims(ParallelDims):
     """``ParallelDims`` whose ``build_mesh()`` takes every mesh from ``registry``.
 
-    Fills the same attributes as stock (``_world_mesh``, ``_global_meshes``, ``_single_axis_meshes``,
-    ``_spmd_meshes``), so torchtitan's lookups behave as stock does. ``_world_mesh`` is the registry's
+    Fills the same attributes as stock (through
+    :func:`~commgroups.integrations.torchtitan.titan_internals.fill_meshes`), so torchtitan's lookups
+    behave as stock does. ``_world_mesh`` is the registry's
     dense mesh ``(pp, dp_replicate, dp_shard, cp, tp)``: torchtitan uses it only for its device
     (DTensor's RNG seed), and a 1-D world group would be one more communicator for nothing.
 
@@ -77,20 +87,31 @@ class RegistryParallelDims(ParallelDims):
         return self.registry
 
     def build_mesh(self) -> DeviceMesh:
-        """Build every mesh torchtitan asks for from the registry's groups; returns the world mesh."""
+        """Build every mesh torchtitan asks for from the registry's groups; returns the world mesh.
+
+        Logs torchtitan's own two mesh lines (parallelism, then the active dimensions), as stock.
+
+        Raises:
+            LayoutError: ``spmd_backend`` is not one commgroups builds meshes for
+                (``full_dtensor``, which torchtitan main removed, is not).
+        """
         registry = self._registry()
+        if self.spmd_backend not in SPMD_BACKENDS:
+            raise LayoutError(
+                f"parallelism.spmd_backend={self.spmd_backend!r} is not supported through "
+                f"commgroups (torchtitan main removed full_dtensor); fix: use one of "
+                f"{', '.join(SPMD_BACKENDS)}",
+                field="parallelism.spmd_backend",
+            )
+        log_mesh_building(self)
         mesh = registry.device_mesh
-        dense_names = list(DENSE)
-        self._world_mesh = mesh(dense_names)
+        world = mesh(list(DENSE))
         dataloading = mesh(["pp", "batch", "cp", "tp"])
         loss = mesh("loss")
         spmd_dense: DeviceMesh | None = None
-        if self.spmd_backend == "full_dtensor":
-            candidate_dense = ["dp_replicate", "dp_shard", "cp", "tp"]
-            dense = mesh(dense_names)
-        elif self.spmd_backend == "spmd_types":
+        if self.spmd_backend == "spmd_types":
             candidate_dense = ["dp", "cp", "tp"]
-            dense = mesh(dense_names)
+            dense = world
             spmd_dense = mesh(["pp", "dp", "cp", "tp"])["dp", "cp", "tp"]
         else:
             candidate_dense = ["dp_replicate", "fsdp", "tp"]
@@ -108,13 +129,13 @@ class RegistryParallelDims(ParallelDims):
             efsdp_mesh = placeholder_mesh((efsdp,), ("efsdp",), device)
             ep_mesh = placeholder_mesh((1,), ("ep",), device)
 
-        self._global_meshes = {"dataloading": dataloading, "loss": loss, "dense": dense,
-                               "sparse": sparse}
+        global_meshes = {"dataloading": dataloading, "loss": loss, "dense": dense,
+                         "sparse": sparse}
         if spmd_dense is not None:
-            self._global_meshes["spmd_dense_for_fwdbwd"] = spmd_dense
+            global_meshes["spmd_dense_for_fwdbwd"] = spmd_dense
         if self.spmd_backend == "spmd_types" and self.ep > 1:
-            self._global_meshes["spmd_sparse_for_fwdbwd"] = sparse["dp_replicate", "efsdp", "ep"]
-        self._single_axis_meshes = {
+            global_meshes["spmd_sparse_for_fwdbwd"] = sparse["dp_replicate", "efsdp", "ep"]
+        single_axis = {
             "pp": dataloading["pp"],
             "batch": dataloading["batch"],
             "loss": loss,
@@ -124,24 +145,25 @@ class RegistryParallelDims(ParallelDims):
             "ep": ep_mesh,
             "efsdp": efsdp_mesh,
         }
-        if self.spmd_backend == "full_dtensor":
-            self._single_axis_meshes["dp_shard"] = dense["dp_shard"]
-        elif self.spmd_backend == "spmd_types":
-            assert spmd_dense is not None
-            self._single_axis_meshes["dp"] = spmd_dense["dp"]
-            self._single_axis_meshes["dp_shard"] = dense["dp_shard"]
+        if spmd_dense is not None:
+            single_axis["dp"] = spmd_dense["dp"]
+            single_axis["dp_shard"] = dense["dp_shard"]
         else:
-            self._single_axis_meshes["fsdp"] = dense["fsdp"]
-        self._validate_meshes()
+            single_axis["fsdp"] = dense["fsdp"]
+        fill_meshes(self, world=world, global_meshes=global_meshes, single_axis=single_axis,
+                    spmd_meshes=[])
+        validate_meshes(self)
         activated = [self.get_activated_mesh(candidate_dense),
                      self.get_activated_mesh(["dp_replicate", "efsdp", "ep"])]
-        self._spmd_meshes = [m for m in activated if m is not None]
-        return self._world_mesh
+        fill_meshes(self, world=world, global_meshes=global_meshes, single_axis=single_axis,
+                    spmd_meshes=[m for m in activated if m is not None])
+        log_meshes_built(self)
+        return world
 
     def mesh_groups(self) -> dict[str, Any]:
         """Name -> the ProcessGroup of each 1-D mesh torchtitan holds (None for placeholders)."""
         groups: dict[str, Any] = {}
-        for name, one in self._single_axis_meshes.items():
+        for name, one in single_axis_meshes(self).items():
             try:
                 groups[name] = one.get_group()
             except (RuntimeError, AttributeError, AssertionError, IndexError):

@@ -18,9 +18,11 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from datetime import timedelta
 from pathlib import Path
@@ -28,27 +30,34 @@ from typing import Annotated, Any, cast
 
 import torch
 import torch.distributed as dist
-import tyro
-from torchtitan.components.checkpoint import CheckpointManager
-from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.trainer import Trainer
 
 from commgroups.agreement import store_barrier
 from commgroups.async_wait import AsyncWaitDist
-from commgroups.integrations.fsdp import install_async_and_wait_comms
+from commgroups.audit.records import AUDIT_DIR_ENV
+from commgroups.integrations.fsdp import async_and_wait_comms, install_async_and_wait_comms
 from commgroups.integrations.spmd import current_dist
 from commgroups.integrations.torchtitan.checkpoint import RegistryCheckpointManager
-from commgroups.integrations.torchtitan.layout import TitanDegrees, resolve_layout
+from commgroups.integrations.torchtitan.layout import LayoutArg, TitanDegrees, resolve_layout
 from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
+from commgroups.integrations.torchtitan.titan_internals import (
+    CLI_HIDDEN,
+    CheckpointManager,
+    ParallelDims,
+    Trainer,
+    replaced_set_pg_timeouts,
+)
 from commgroups.registry import GroupRegistry
-from commgroups.specs import CHECKPOINT_ROLE, Layout
+from commgroups.specs import Layout
 from commgroups.torch_internals import default_group, default_store, set_group_timeout
 
-__all__ = ["RegistryTrainer", "with_registry"]
+__all__ = ["DEFAULT_AUDIT_FOLDER", "RegistryTrainer", "agree_on_seed", "audit_directory",
+           "with_registry"]
 
 logger = logging.getLogger(__name__)
 
-LayoutArg = Layout | str | Path | None
+AuditArg = str | Path | bool | None
+DEFAULT_AUDIT_FOLDER = "commgroups-audit"
+"""``with_registry(audit=True)`` writes the per-rank audit files here, under the dump folder."""
 
 
 def _spmd_types() -> Any:
@@ -64,10 +73,18 @@ class RegistryTrainer(Trainer):
 
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
-        """``Trainer.Config`` plus the commgroups layout (not a command-line option)."""
+        """``Trainer.Config`` plus commgroups' settings (set by :func:`with_registry`; not
+        command-line options)."""
 
-        commgroups_layout: Annotated[dict[str, Any] | str | None, tyro.conf.Suppress] = None
+        commgroups_layout: Annotated[dict[str, Any] | str | None, CLI_HIDDEN] = None
         """A layout (as a dict) or layout file; None: derived from ``parallelism``."""
+
+        commgroups_async_and_wait: Annotated[bool, CLI_HIDDEN] = True
+        """False turns async-and-wait off for every role (the layout's settings included)."""
+
+        commgroups_audit: Annotated[str | bool | None, CLI_HIDDEN] = None
+        """Audit directory for the per-rank files; True: ``<dump_folder>/commgroups-audit``;
+        None: ``COMMGROUPS_AUDIT_DIR`` if set, else no audit."""
 
     registry: GroupRegistry
 
@@ -86,9 +103,9 @@ class RegistryTrainer(Trainer):
                            "own group", type(self.checkpointer).__name__)
 
     def _layout(self, degrees: TitanDegrees) -> Layout:
-        given = getattr(self.config, "commgroups_layout", None)
-        layout: LayoutArg = Layout.model_validate(given) if isinstance(given, dict) else given
-        return resolve_layout(layout, degrees)
+        config = self.config
+        return resolve_layout(getattr(config, "commgroups_layout", None), degrees,
+                              async_and_wait=getattr(config, "commgroups_async_and_wait", True))
 
     def init_distributed(self) -> ParallelDims:
         """torchtitan's distributed init, then a created registry and a RegistryParallelDims."""
@@ -105,21 +122,21 @@ class RegistryTrainer(Trainer):
         )
 
     def _agree_on_seed(self) -> None:
-        """Without ``--debug.seed`` torchtitan broadcasts rank 0's seed on the default group.
-
-        Do the same on the registry's checkpoint-metadata gloo group instead (rank 0's RNG state,
-        as stock), and hand torchtitan the agreed seed.
-        """
+        """Without ``--debug.seed`` torchtitan broadcasts rank 0's seed on the default group;
+        here every rank takes rank 0's seed through the store (:func:`agree_on_seed`)."""
         debug = self.config.debug
         if debug.seed is not None or dist.get_world_size() == 1:
             return
-        seed = torch.get_rng_state()[:8].clone()
-        dist.broadcast(seed, group=self.registry.group(CHECKPOINT_ROLE), group_src=0)
-        debug.seed = int(seed.view(torch.uint64).item())
+        debug.seed = agree_on_seed(default_store(), dist.get_rank())
 
     def _install_async_and_wait(self) -> None:
         roles = self.registry.layout.roles
-        if any(r.async_and_wait for r in roles if r.name in ("fsdp", "efsdp", "dp_replicate")):
+        wanted = any(r.async_and_wait for r in roles if r.name in ("fsdp", "efsdp", "dp_replicate"))
+        if wanted and async_and_wait_comms() is None:
+            # Said once per trainer (install_async_and_wait_comms would say it per module).
+            logger.warning("this torch has no FSDP2 custom-comm hooks: FSDP's collectives stay as "
+                           "FSDP2 issues them")
+        elif wanted:
             from torch.distributed.fsdp import FSDPModule
 
             refused = 0
@@ -163,22 +180,29 @@ class RegistryTrainer(Trainer):
         self.registry.set_timeout(timeout)
         set_group_timeout(default_group(), timeout)
 
-    @contextlib.contextmanager
-    def _registry_timeouts(self) -> Iterator[None]:
-        # torchtitan's train() calls dist_utils.set_pg_timeouts with no hook; stand in for it
-        # while this trainer trains (the module attribute, looked up at call time).
-        import torchtitan.distributed.utils as dist_utils
+    def audit_dir(self) -> Path | None:
+        """Where this run's per-rank audit files go, or None (see :func:`audit_directory`)."""
+        return audit_directory(getattr(self.config, "commgroups_audit", None),
+                               self.config.dump_folder, os.environ)
 
-        previous = dist_utils.set_pg_timeouts
-        dist_utils.set_pg_timeouts = self._set_pg_timeouts
-        try:
+    @contextlib.contextmanager
+    def _audited(self) -> Iterator[None]:
+        directory = self.audit_dir()
+        if directory is None:
             yield
-        finally:
-            dist_utils.set_pg_timeouts = previous
+            return
+        from commgroups.audit.recorder import from_env
+
+        if dist.get_rank() == 0:
+            logger.info("commgroups audit: recording every collective of training; per-rank files "
+                        "in %s (merge: commgroups audit %s)", directory, directory)
+        with from_env(self.registry, environ={AUDIT_DIR_ENV: str(directory)}):
+            yield
 
     def train(self) -> None:
-        """torchtitan's training loop, with the timeout change applied to the registry's groups."""
-        with self._registry_timeouts():
+        """torchtitan's training loop, with the timeout change applied to the registry's groups
+        (and the run audited when asked, see :meth:`audit_dir`)."""
+        with replaced_set_pg_timeouts(self._set_pg_timeouts), self._audited():
             super().train()
 
     def close(self) -> None:
@@ -194,35 +218,96 @@ class RegistryTrainer(Trainer):
                 registry.close()
 
 
+def agree_on_seed(store: Any, rank: int) -> int:
+    """Rank 0's seed (from its RNG state, as torchtitan takes it) on every rank, through ``store``.
+
+    No collective at all, so no group carries traffic that is not its role's (torchtitan
+    broadcasts it on the default group). The n-th call on every rank meets under the same key (no
+    process-wide counter: each rank counts its own calls in the store).
+    """
+    generation = store.add(f"commgroups/torchtitan/seed/generation/{rank}", 1)
+    key = f"commgroups/torchtitan/seed/{generation}"
+    if rank == 0:
+        seed = torch.get_rng_state()[:8].clone()
+        store.set(key, str(int(seed.view(torch.uint64).item())))
+    return int(store.get(key).decode())
+
+
+def audit_directory(audit: str | bool | None, dump_folder: str,
+                    environ: Mapping[str, str]) -> Path | None:
+    """Where a run's per-rank audit files go, or None for no audit.
+
+    ``audit`` is ``with_registry(audit=...)``: a directory; True for
+    ``<dump_folder>/commgroups-audit``; False for none; None for ``COMMGROUPS_AUDIT_DIR`` from
+    ``environ`` when set and not empty (read, never written), else none.
+
+    Example::
+
+        audit_directory(None, "./outputs", {"COMMGROUPS_AUDIT_DIR": "/tmp/audit"})  # /tmp/audit
+        audit_directory(True, "./outputs", {})      # outputs/commgroups-audit
+    """
+    if audit is True:
+        return Path(dump_folder) / DEFAULT_AUDIT_FOLDER
+    if isinstance(audit, str) and audit:
+        return Path(audit)
+    if audit is None and environ.get(AUDIT_DIR_ENV, ""):
+        return Path(environ[AUDIT_DIR_ENV])
+    return None
+
+
 def _layout_value(layout: LayoutArg) -> dict[str, Any] | str | None:
     if layout is None:
         return None
     if isinstance(layout, Layout):
         return layout.model_dump(mode="json")
+    if isinstance(layout, Mapping):
+        return copy.deepcopy(dict(layout))
     if isinstance(layout, (str, Path)):
-        from commgroups.layout_io import load_layout
+        from commgroups.layout_io import load_layout_data
 
-        load_layout(layout)  # a bad file is an error now, not on every rank at launch
+        # An unreadable file or bad syntax is an error now, not on every rank at launch; the
+        # layout itself is checked against the degrees (size-1 dims added) by the trainer.
+        load_layout_data(layout)
         return str(layout)
     raise TypeError(
-        f"with_registry(layout=...) takes a commgroups.Layout or a layout file path, got "
+        f"with_registry(layout=...) takes a commgroups.Layout, a dict or a layout file path, got "
         f"{type(layout).__name__}"
     )
 
 
-def with_registry(config: Trainer.Config, *, layout: LayoutArg = None) -> RegistryTrainer.Config:
+def _audit_value(audit: AuditArg) -> str | bool | None:
+    if audit is None or isinstance(audit, bool):
+        return audit
+    if isinstance(audit, (str, Path)):
+        return str(audit)
+    raise TypeError(f"with_registry(audit=...) takes a directory, True or None, got "
+                    f"{type(audit).__name__}")
+
+
+def with_registry(config: Trainer.Config, *, layout: LayoutArg = None, audit: AuditArg = None,
+                  async_and_wait: bool = True) -> RegistryTrainer.Config:
     """A torchtitan config with the same field values whose trainer runs through a GroupRegistry.
 
     Args:
-        config: a torchtitan ``Trainer.Config`` (e.g. ``llama3_debugmodel()``).
+        config: a torchtitan ``Trainer.Config`` (e.g. ``llama3_debugmodel()``); left untouched:
+            the result shares no sub-config object with it.
         layout: None (derive the layout from ``config.parallelism``), or a
-            :class:`~commgroups.Layout` / layout file (TOML, YAML, JSON) that may set per-role
-            backend, options and timeouts; it must agree with the parallelism degrees, else the
-            trainer raises a LayoutError naming both, on every rank, before any group exists.
+            :class:`~commgroups.Layout`, a dict in the layout-file shape, or a layout file (TOML,
+            YAML, JSON) that may set per-role backend, options and timeouts. Dims of size 1 may be
+            left out (also when a role names them). It must agree with the parallelism degrees,
+            else the trainer raises a LayoutError showing both factorizations, on every rank,
+            before any group exists.
+        audit: record every collective of training (``cg.audit``) and write one file per rank to
+            this directory; True: ``<dump_folder>/commgroups-audit``; None: the directory in
+            ``COMMGROUPS_AUDIT_DIR`` when set, else no audit; False: no audit even then. Merge the
+            files with ``commgroups audit DIR``.
+        async_and_wait: False turns async-and-wait off for every role (FSDP2's custom comms and
+            spmd_types' dist are then left as torchtitan sets them), whatever the layout says.
 
     Returns:
-        A ``RegistryTrainer.Config`` (a ``Trainer.Config`` subclass) with every field of ``config``;
-        its ``checkpoint`` is a ``RegistryCheckpointManager.Config`` with the same values.
+        A ``RegistryTrainer.Config`` (a ``Trainer.Config`` subclass) with every field of ``config``
+        (deep copies); its ``checkpoint`` is a ``RegistryCheckpointManager.Config`` with the same
+        values.
 
     Example::
 
@@ -231,7 +316,7 @@ def with_registry(config: Trainer.Config, *, layout: LayoutArg = None) -> Regist
         from commgroups.integrations.torchtitan import with_registry
 
         def llama3():
-            return with_registry(llama3_debugmodel())
+            return with_registry(llama3_debugmodel(), audit=True)
     """
     if not isinstance(config, Trainer.Config):
         raise TypeError(f"with_registry takes a torchtitan Trainer.Config, got "
@@ -241,14 +326,30 @@ def with_registry(config: Trainer.Config, *, layout: LayoutArg = None) -> Regist
             f"with_registry supports torchtitan's Trainer.Config; {type(config).__qualname__} "
             "belongs to another trainer; fix: subclass RegistryTrainer for it"
         )
-    values = {f.name: getattr(config, f.name) for f in fields(config) if f.init}
+    values = {f.name: copy.deepcopy(getattr(config, f.name)) for f in fields(config)}
     checkpoint = values["checkpoint"]
     if type(checkpoint) is CheckpointManager.Config:
-        values["checkpoint"] = RegistryCheckpointManager.Config(
-            **{f.name: getattr(checkpoint, f.name) for f in fields(checkpoint) if f.init})
+        values["checkpoint"] = _retyped(RegistryCheckpointManager.Config, {
+            f.name: getattr(checkpoint, f.name) for f in fields(checkpoint)})
     elif not isinstance(checkpoint, RegistryCheckpointManager.Config):
         logger.warning("with_registry: checkpoint config %s is not torchtitan's CheckpointManager's; "
                        "its DCP exchange keeps its own group", type(checkpoint).__qualname__)
     if layout is not None or "commgroups_layout" not in values:
         values["commgroups_layout"] = _layout_value(layout)
-    return RegistryTrainer.Config(**values)
+    if audit is not None or "commgroups_audit" not in values:
+        values["commgroups_audit"] = _audit_value(audit)
+    values["commgroups_async_and_wait"] = (async_and_wait
+                                           and values.get("commgroups_async_and_wait", True))
+    config_out: RegistryTrainer.Config = _retyped(RegistryTrainer.Config, values)
+    return config_out
+
+
+def _retyped(cls: type[Any], values: dict[str, Any]) -> Any:
+    """An instance of the dataclass ``cls`` holding ``values`` (every field), built without running
+    its ``__post_init__`` again: the values come from a config torchtitan already validated, and
+    validating again would log its warnings (``initial_load_model_only=True has no effect ...``)
+    a second time for one config."""
+    instance = object.__new__(cls)
+    for f in fields(cls):
+        object.__setattr__(instance, f.name, values[f.name])
+    return instance

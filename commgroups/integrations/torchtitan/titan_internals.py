@@ -1,0 +1,189 @@
+"""commgroups' one seam with torchtitan: every torchtitan import, private and copied signature.
+
+The rest of :mod:`commgroups.integrations.torchtitan` reaches torchtitan only through this module
+(``tests/test_titan_internals.py`` scans the package for any other torchtitan import or private
+torchtitan attribute). Everything here was checked on each of :data:`CHECKED_VERSIONS`:
+
+- ``0.3.0``: the PyPI release (the only one the ``torchtitan`` extra accepts, ``>=0.3,<0.4``),
+  installed in CI's main and newest legs and run there (tests/test_torchtitan_*.py);
+- ``main@b5bcd76``: pytorch/torchtitan's main branch at commit b5bcd76c (2026-08-21), read from a
+  source checkout: the names, module locations and signatures below exist there with the same
+  meaning. main removed the shim ``torchtitan.components.checkpoint`` (#4141), the ``full_dtensor``
+  backend (#4217) and ``ParallelDims._spmd_meshes``; only canonical locations are imported here.
+
+A change in any of these fails loudly (:class:`TitanSeamError`, on import or on first use), never
+silently: a signature commgroups copies or replaces is compared with torchtitan's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import fields
+from typing import Any
+
+import torchtitan.distributed.utils as _dist_utils
+import tyro
+from torch.distributed.device_mesh import DeviceMesh
+from torchtitan.components.checkpointer import MODEL, AsyncMode, CheckpointManager
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.tools.logging import logger as titan_logger
+from torchtitan.tools.utils import GarbageCollection
+from torchtitan.trainer import Trainer
+
+__all__ = [
+    "CHECKED_VERSIONS",
+    "CLI_HIDDEN",
+    "DCP_LOAD_PARAMETERS",
+    "DCP_SAVE_PARAMETERS",
+    "MODEL",
+    "SET_PG_TIMEOUTS_PARAMETERS",
+    "SPMD_BACKENDS",
+    "AsyncMode",
+    "CheckpointManager",
+    "GarbageCollection",
+    "ParallelDims",
+    "TitanSeamError",
+    "Trainer",
+    "fill_meshes",
+    "log_mesh_building",
+    "log_meshes_built",
+    "replaced_set_pg_timeouts",
+    "require_parameters",
+    "single_axis_meshes",
+    "titan_logger",
+    "validate_meshes",
+]
+
+CHECKED_VERSIONS = ("0.3.0", "main@b5bcd76")
+"""torchtitan versions every name here was checked on (see the module docs)."""
+
+CLI_HIDDEN: Any = tyro.conf.Suppress
+"""tyro's marker for a config field torchtitan's command line does not offer (0.3.0, main@b5bcd76:
+torchtitan parses configs with tyro)."""
+
+SPMD_BACKENDS = ("partial_dtensor", "spmd_types")
+"""The ``parallelism.spmd_backend`` values commgroups builds meshes for (0.3.0 and main@b5bcd76;
+0.3.0's ``full_dtensor`` was removed on main, #4217, and is refused here)."""
+
+DCP_SAVE_PARAMETERS = ("self", "state_dict", "checkpoint_id", "async_mode",
+                       "enable_garbage_collection", "to_hf")
+"""``CheckpointManager.dcp_save``'s parameters, copied by RegistryCheckpointManager (0.3.0 and
+main@b5bcd76)."""
+
+DCP_LOAD_PARAMETERS = ("self", "state_dict", "checkpoint_id", "from_hf", "from_quantized")
+"""``CheckpointManager.dcp_load``'s parameters, copied by RegistryCheckpointManager (0.3.0 and
+main@b5bcd76)."""
+
+SET_PG_TIMEOUTS_PARAMETERS = ("timeout", "parallel_dims")
+"""``torchtitan.distributed.utils.set_pg_timeouts``'s parameters, which RegistryTrainer's
+replacement takes (0.3.0 and main@b5bcd76)."""
+
+
+class TitanSeamError(RuntimeError):
+    """The installed torchtitan differs from what commgroups was checked on (see the message)."""
+
+
+def require_parameters(function: Callable[..., Any], expected: Sequence[str], what: str) -> None:
+    """Raise :class:`TitanSeamError` unless ``function`` takes exactly ``expected`` parameters.
+
+    Checked on 0.3.0 and main@b5bcd76 for the three signatures commgroups copies
+    (:data:`DCP_SAVE_PARAMETERS`, :data:`DCP_LOAD_PARAMETERS`, :data:`SET_PG_TIMEOUTS_PARAMETERS`).
+
+    Args:
+        function: torchtitan's function or method.
+        expected: its parameter names, in order, as commgroups copies them.
+        what: the name to show, e.g. ``"torchtitan.distributed.utils.set_pg_timeouts"``.
+
+    Example::
+
+        require_parameters(CheckpointManager.dcp_load, DCP_LOAD_PARAMETERS,
+                           "CheckpointManager.dcp_load")
+    """
+    found = tuple(inspect.signature(function).parameters)
+    if found != tuple(expected):
+        raise TitanSeamError(
+            f"{what} takes {found} in this torchtitan, but commgroups copies {tuple(expected)} "
+            f"(checked on torchtitan {', '.join(CHECKED_VERSIONS)}); fix: update "
+            "commgroups/integrations/torchtitan/titan_internals.py and the code using it"
+        )
+
+
+@contextlib.contextmanager
+def replaced_set_pg_timeouts(replacement: Callable[..., None]) -> Iterator[None]:
+    """Stand ``replacement`` in for torchtitan's ``set_pg_timeouts`` while the block runs.
+
+    torchtitan's ``Trainer.train`` calls ``dist_utils.set_pg_timeouts(timeout=..., parallel_dims=...)``
+    after the first step (0.3.0 and main@b5bcd76), looking the module attribute up at call time, and
+    offers no hook; its body barriers on the default group. The replacement takes the same
+    parameters. Refused with :class:`TitanSeamError` when torchtitan's signature changed or its
+    ``Trainer.train`` no longer calls it through the module (the replacement would silently not run).
+    """
+    original = _dist_utils.set_pg_timeouts
+    require_parameters(original, SET_PG_TIMEOUTS_PARAMETERS,
+                       "torchtitan.distributed.utils.set_pg_timeouts")
+    try:
+        source = inspect.getsource(Trainer.train)
+    except (OSError, TypeError):
+        source = None  # no source shipped: the signature check above is all there is
+    if source is not None and "dist_utils.set_pg_timeouts(" not in source:
+        raise TitanSeamError(
+            "torchtitan's Trainer.train no longer calls dist_utils.set_pg_timeouts (checked on "
+            f"torchtitan {', '.join(CHECKED_VERSIONS)}), so commgroups cannot replace its "
+            "default-group barrier; fix: update commgroups/integrations/torchtitan/titan_internals.py"
+        )
+    _dist_utils.set_pg_timeouts = replacement
+    try:
+        yield
+    finally:
+        _dist_utils.set_pg_timeouts = original
+
+
+def fill_meshes(parallel_dims: ParallelDims, *, world: DeviceMesh,
+                global_meshes: Mapping[str, DeviceMesh],
+                single_axis: Mapping[str, DeviceMesh],
+                spmd_meshes: Sequence[DeviceMesh]) -> None:
+    """Set what stock ``ParallelDims.build_mesh()`` sets, from meshes commgroups built.
+
+    ``_world_mesh``, ``_global_meshes`` and ``_single_axis_meshes`` (0.3.0 and main@b5bcd76: every
+    lookup reads them); ``_spmd_meshes`` only where ParallelDims declares it (0.3.0; main removed it);
+    main's ``_multi_axis_meshes`` lookup cache is emptied (it caches slices of the meshes above).
+    """
+    parallel_dims._world_mesh = world
+    parallel_dims._global_meshes = dict(global_meshes)
+    parallel_dims._single_axis_meshes = dict(single_axis)
+    declared = {f.name for f in fields(ParallelDims)}
+    if "_spmd_meshes" in declared:
+        parallel_dims._spmd_meshes = list(spmd_meshes)
+    if "_multi_axis_meshes" in declared:
+        parallel_dims._multi_axis_meshes = {}
+
+
+def validate_meshes(parallel_dims: ParallelDims) -> None:
+    """torchtitan's own size check of the meshes (``ParallelDims._validate_meshes``; 0.3.0 and
+    main@b5bcd76)."""
+    parallel_dims._validate_meshes()
+
+
+def single_axis_meshes(parallel_dims: ParallelDims) -> dict[str, DeviceMesh]:
+    """Every 1-D mesh torchtitan holds, by name, size-1 ones included (``_single_axis_meshes``;
+    0.3.0 and main@b5bcd76)."""
+    return dict(parallel_dims._single_axis_meshes)
+
+
+def log_mesh_building(parallel_dims: ParallelDims) -> None:
+    """torchtitan's log line at the start of ``build_mesh`` (same text on 0.3.0 and main@b5bcd76)."""
+    pd = parallel_dims
+    titan_logger.info(
+        f"Building device mesh with parallelism: pp={pd.pp}, dp_replicate={pd.dp_replicate}, "
+        f"dp_shard={pd.dp_shard}, cp={pd.cp}, tp={pd.tp}, ep={pd.ep}"
+    )
+
+
+def log_meshes_built(parallel_dims: ParallelDims) -> None:
+    """torchtitan's log line at the end of ``build_mesh`` (same text on 0.3.0 and main@b5bcd76)."""
+    titan_logger.info(
+        "Successfully created meshes with active dimensions: "
+        f"{list(parallel_dims.get_all_one_dimensional_meshes().keys())}"
+    )

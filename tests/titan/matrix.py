@@ -1,0 +1,204 @@
+"""The torchtitan isolation matrix: parallelism pairs (and triples), stock against commgroups.
+
+Each :class:`Entry` is one parallelism configuration. A spawned world trains several entries in
+turn (start-up is the expensive part on CPU), each through commgroups and then stock, with the
+same seed and command line but ``--module``. :func:`compare` then checks one entry:
+
+- losses (average, max) and grad norms, as exact floats, equal stock's on every rank;
+- commgroups puts 0 collectives on the default group (the whole training, building included);
+- the checkpoint-metadata group carries collectives only inside DCP save/load (none at all in a
+  run without checkpointing, some in one with it);
+- every role torchtitan communicates on for this entry carried collectives, and outside
+  checkpointing and the timeout change (building and training), the collectives per rank set
+  equal stock's: the same number of collectives ran over the same ranks, so no reduction was
+  merged onto another group (DTensor's layout-keyed flattening lookup) or split differently;
+- no commgroups warning is said twice in one training.
+
+Counts come from gloo's per-group sequence numbers (:mod:`tests.titan.counts`), not the audit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.titan.counts import GroupKey
+from tests.titan.run import RankResult, TitanRun, train_rank
+
+__all__ = ["ENTRIES", "Entry", "compare", "matrix_rank", "render"]
+
+CHECKPOINT_ROLE = "checkpoint-metadata"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One configuration of the matrix (degrees of 1 are left at their defaults)."""
+
+    name: str
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    cp: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    model: str = "llama3"
+    checkpoint: bool = True
+    world: str = "dense"
+    min_torch: tuple[int, int] = (2, 10)
+    """Oldest torch stock torchtitan trains this entry on (below it the test skips)."""
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the entry needs."""
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
+
+    def run(self, root: Path, assets: Path, spmd_backend: str, registry: bool) -> TitanRun:
+        """The TitanRun of this entry (commgroups or stock)."""
+        return TitanRun(
+            dump_folder=str(root / self.name / spmd_backend / ("registry" if registry else "stock")),
+            assets=str(assets), model=self.model, registry=registry, cp=self.cp,
+            dp_shard=self.dp_shard, tp=self.tp, ep=self.ep, dp_replicate=self.dp_replicate,
+            pp=self.pp, spmd_backend=spmd_backend, steps=2,
+            checkpoint_interval=1 if self.checkpoint else 0, seq_len=256,
+        )
+
+    def busy_roles(self, spmd_backend: str) -> set[str]:
+        """Roles torchtitan must communicate on in this entry (others may stay idle)."""
+        roles = {dim for dim in ("dp_replicate", "cp", "tp", "pp") if getattr(self, dim) > 1}
+        if spmd_backend == "spmd_types" and self.cp == 1 and self.dp_shard > 1:
+            roles.add("dp_shard")  # FSDP2 shards over dp_shard itself (no dp_shard x cp flatten)
+        elif self.dp_shard * self.cp > 1:
+            roles.add("fsdp")
+        if self.dp_replicate * self.dp_shard * self.cp > 1:
+            roles.add("loss")
+        if self.ep > 1:
+            roles |= {"ep", "efsdp"}
+        return roles
+
+
+ENTRIES: tuple[Entry, ...] = (
+    # Pairs on 4 ranks: every two of dp_replicate, dp_shard, cp, tp, pp; tp mixed with each.
+    Entry("dpr2-dps2", dp_replicate=2, dp_shard=2),
+    Entry("dpr2-cp2", dp_replicate=2, cp=2, checkpoint=False),
+    Entry("dpr2-tp2", dp_replicate=2, tp=2),
+    Entry("dps2-cp2", dp_shard=2, cp=2, checkpoint=False),
+    Entry("dps2-tp2", dp_shard=2, tp=2, checkpoint=False),
+    Entry("cp2-tp2", cp=2, tp=2),
+    # torchtitan 0.3.0 calls pipelining's step(arg_mbs=, kwarg_mbs=, target_mbs=), which torch
+    # has from 2.14: on 2.13 stock fails before step 1 ("Expecting 2 arg_mbs but got 1").
+    Entry("pp2-dpr2", pp=2, dp_replicate=2, checkpoint=False, world="pp", min_torch=(2, 14)),
+    Entry("pp2-dps2", pp=2, dp_shard=2, world="pp", min_torch=(2, 14)),
+    Entry("pp2-cp2", pp=2, cp=2, world="pp", min_torch=(2, 14)),
+    Entry("pp2-tp2", pp=2, tp=2, checkpoint=False, world="pp", min_torch=(2, 14)),
+    # Expert parallelism on the MoE debug model (qwen3): alone with FSDP, and mixed with tp. One
+    # world each: a MoE rank grows to ~4.5 GB over four trainings on CPU (OOM on a 23 GB machine).
+    Entry("moe-dps4-ep2", dp_shard=4, ep=2, model="moe", checkpoint=False, world="moe-ep"),
+    Entry("moe-dps2-tp2-ep2", dp_shard=2, tp=2, ep=2, model="moe", world="moe-tp-ep"),
+    # A triple on 8 ranks.
+    Entry("dps2-cp2-tp2", dp_shard=2, cp=2, tp=2, world="triple"),
+)
+
+
+def matrix_rank(rank: int, world_size: int, post: Any, entries: tuple[Entry, ...], root: str,
+                assets: str, spmd_backend: str) -> dict[str, dict[str, Any]]:
+    """Train every entry on this rank, commgroups first, then stock; entry -> name -> result."""
+    results: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        results[entry.name] = {}
+        for registry in (True, False):
+            run = entry.run(Path(root), Path(assets), spmd_backend, registry)
+            started = time.monotonic()
+            result = train_rank(rank, world_size, post, run)
+            result.notes["seconds"] = time.monotonic() - started
+            results[entry.name]["registry" if registry else "stock"] = result
+    return results
+
+
+def _by_ranks(counts: dict[GroupKey, int], leave_out: set[str]) -> dict[tuple[int, ...], int]:
+    """Collectives per rank set (groups of one rank move nothing between ranks)."""
+    totals: dict[tuple[int, ...], int] = {}
+    for (name, ranks), count in counts.items():
+        if name in leave_out or len(ranks) < 2:
+            continue
+        totals[ranks] = totals.get(ranks, 0) + count
+    return totals
+
+
+def compare(entry: Entry, registry: list[RankResult], stock: list[RankResult],
+            spmd_backend: str) -> list[str]:
+    """Every way commgroups' run of ``entry`` differs from stock's, or breaks isolation."""
+    problems: list[str] = []
+    for rank, (ours, theirs) in enumerate(zip(registry, stock)):
+        where = f"{entry.name} rank {rank}"
+        if not theirs.losses or not theirs.grad_norms:
+            problems.append(f"{where}: stock logged no loss or grad norm")
+        if ours.losses != theirs.losses:
+            problems.append(f"{where}: losses {ours.losses!r} != stock {theirs.losses!r}")
+        if ours.grad_norms != theirs.grad_norms:
+            problems.append(f"{where}: grad norms {ours.grad_norms!r} != stock "
+                            f"{theirs.grad_norms!r}")
+        if ours.default_collectives != 0:
+            problems.append(f"{where}: {ours.default_collectives} collectives on the default group")
+        checkpoint_group = ours.role_groups[CHECKPOINT_ROLE]
+        outside = sum(ours.windows.get(w, {}).get(checkpoint_group, 0)
+                      for w in ("build", "train", "timeouts"))
+        inside = ours.windows.get("checkpoint", {}).get(checkpoint_group, 0)
+        if outside:
+            problems.append(f"{where}: checkpoint-metadata carried {outside} collectives outside "
+                            "DCP save/load")
+        if entry.checkpoint and not inside:
+            problems.append(f"{where}: checkpoint-metadata carried nothing during DCP save/load")
+        if not entry.checkpoint and inside:
+            problems.append(f"{where}: DCP ran without checkpointing ({inside} collectives)")
+        trained = ours.windows.get("train", {})
+        for role in sorted(entry.busy_roles(spmd_backend)):
+            if not trained.get(ours.role_groups[role], 0):
+                problems.append(f"{where}: role {role!r} carried no collective while training")
+        for window in ("build", "train"):
+            mine = _by_ranks(ours.windows.get(window, {}), {checkpoint_group[0]})
+            reference = _by_ranks(theirs.windows.get(window, {}), set())
+            if mine != reference:
+                problems.append(f"{where}: collectives per rank set ({window}) {mine} != stock "
+                                f"{reference}")
+        repeated = sorted({m for m in ours.warnings if ours.warnings.count(m) > 1})
+        if repeated:
+            problems.append(f"{where}: commgroups warnings said more than once: {repeated}")
+    return problems
+
+
+def role_counts(result: RankResult) -> dict[str, dict[str, int]]:
+    """Role -> window -> collectives on that role's group (commgroups runs)."""
+    return {role: {w: counts.get(key, 0) for w, counts in result.windows.items()}
+            for role, key in result.role_groups.items()}
+
+
+def render(entry: Entry, registry: list[RankResult], stock: list[RankResult]) -> str:
+    """A report of one entry: every loss and grad norm (repr) and the per-role counts of rank 0."""
+    lines = [f"== {entry.name} (world {entry.world_size}, checkpoint {entry.checkpoint}): "
+             f"commgroups {registry[0].notes['seconds']:.0f}s, stock {stock[0].notes['seconds']:.0f}s"]
+    for rank, (ours, theirs) in enumerate(zip(registry, stock)):
+        for step in sorted(theirs.grad_norms):
+            lines.append(
+                f"  rank {rank} step {step}: loss {ours.losses.get(step)!r} stock "
+                f"{theirs.losses.get(step)!r}; grad norm {ours.grad_norms.get(step)!r} stock "
+                f"{theirs.grad_norms[step]!r}")
+    counts = role_counts(registry[0])
+    shown = ", ".join(f"{role} {dict(sorted((w, n) for w, n in c.items() if n))}"
+                      for role, c in counts.items())
+    lines.append(f"  rank 0 collectives per role: {shown}")
+    lines.append(f"  default group: commgroups {[r.default_collectives for r in registry]}, stock "
+                 f"{[r.default_collectives for r in stock]}")
+    return "\n".join(lines)
+
+
+def worlds(entries: tuple[Entry, ...]) -> dict[str, tuple[Entry, ...]]:
+    """Entries grouped by the world that trains them (one spawn each)."""
+    grouped: dict[str, list[Entry]] = {}
+    for entry in entries:
+        grouped.setdefault(entry.world, []).append(entry)
+    for name, group in grouped.items():
+        sizes = {e.world_size for e in group}
+        assert len(sizes) == 1, f"world {name}: entries need {sizes} ranks"
+    return {name: tuple(group) for name, group in grouped.items()}
