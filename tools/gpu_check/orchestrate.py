@@ -144,7 +144,7 @@ def run_check(out_dir: str | Path, *, smoke: bool, budget_s: float = 360.0,
     started = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    repo = Path(__file__).resolve().parents[3]
+    repo = Path(__file__).resolve().parents[2]  # tools/gpu_check/orchestrate.py -> the repository root
     log_lines: list[str] = []
 
     def note(line: str) -> None:
