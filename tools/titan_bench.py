@@ -46,7 +46,11 @@ FAKE_LAYOUTS: dict[str, tuple[int, int, int, int, int, int]] = {
     "dense pp8 dp512 cp4 tp4": (8, 1, 512, 4, 4, 1),
     "moe pp8 dr2 dp256 cp4 tp4 ep8": (8, 2, 256, 4, 4, 8),
 }
-VARIANTS = ("commgroups", "stock")
+VARIANTS = ("commgroups", "commgroups+audit", "stock")
+"""Trainings per repetition: through commgroups, the same with the audit switched on
+(``COMMGROUPS_AUDIT_DIR``), and stock."""
+MESH_VARIANTS = ("commgroups", "stock")
+"""Mesh building at fake scale: the registry against stock ``ParallelDims.build_mesh``."""
 
 
 @dataclass(frozen=True)
@@ -98,9 +102,10 @@ def measure_steps(rank: int, world_size: int, progress: Progress, config: TitanC
     for repetition in range(config.repetitions):
         for variant in interleaved(VARIANTS, repetition):
             run = TitanRun(dump_folder=f"{directory}/titan-{variant}-{repetition}", assets=assets,
-                           registry=variant == "commgroups", cp=world_size,
+                           registry=variant != "stock", cp=world_size,
                            spmd_backend=_spmd_backend(), steps=config.steps,
-                           checkpoint_interval=0, step_times=True)
+                           checkpoint_interval=0, step_times=True,
+                           audit=variant == "commgroups+audit")
             result = train_rank(rank, world_size, None, run)
             times = result.notes["step_seconds"][1:]  # step 1 compiles and warms caches
             steps[variant].append(float(summarize(times).median))
@@ -171,10 +176,10 @@ def measure_meshes(rank: int, world_size: int, progress: Progress,
         degrees = TitanDegrees(pp=pp, dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp, ep=ep,
                                spmd_backend=backend)
         layout = titan_layout(degrees)
-        samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        samples: dict[str, list[float]] = {v: [] for v in MESH_VARIANTS}
         facts: dict[str, dict[str, Any]] = {}
         for repetition in range(config.fake_repetitions):
-            for variant in interleaved(VARIANTS, repetition):
+            for variant in interleaved(MESH_VARIANTS, repetition):
                 dist.init_process_group("fake", store=fake_store(), rank=rank,
                                         world_size=world_size)
                 default = torch_internals.default_group()
@@ -246,14 +251,21 @@ def tables(steps: dict[str, Any] | None, meshes: dict[str, Any] | None, world: i
         ratio = summarize(paired_ratios(steps["steps"]["commgroups"], base))
         summary["torchtitan_step_ratio"] = ratio.median
         summary["torchtitan_step_ratio_spread"] = ratio.to_dict()
+        audited = summarize(paired_ratios(steps["steps"]["commgroups+audit"],
+                                          steps["steps"]["commgroups"]))
+        summary["torchtitan_audit_step_ratio"] = audited.median
+        summary["torchtitan_audit_step_ratio_spread"] = audited.to_dict()
         step_table.notes += [
             "step s: per training the median step time (step 1 left out), median [p25-p75] over "
             "trainings; ratio: per interleaved pair commgroups / stock (floor: <= 1.02 on CPU)",
+            "commgroups+audit: the same training with COMMGROUPS_AUDIT_DIR set (every rank records "
+            "and writes its file); torchtitan_audit_step_ratio: per repetition commgroups+audit / "
+            "commgroups",
         ]
     if meshes is not None:
         for name, measured in meshes.items():
             base = measured["samples"]["stock"]
-            for variant in VARIANTS:
+            for variant in MESH_VARIANTS:
                 times = measured["samples"][variant]
                 facts = measured["facts"][variant]
                 mesh_table.add(name, variant, summarize(times).scaled(1e3), facts["calls"],

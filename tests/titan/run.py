@@ -311,6 +311,7 @@ def _train_rank(rank: int, world_size: int, run: TitanRun) -> RankResult:
                 spmd_types.set_dist(probe)
         tally.switch("train")
         with _observed(trainer, result, tally):
+            marks.append(time.perf_counter())
             if run.audit:
                 # The user's switch: the variable the trainer reads (this rank process only).
                 from commgroups.audit import AUDIT_DIR_ENV
@@ -322,10 +323,9 @@ def _train_rank(rank: int, world_size: int, run: TitanRun) -> RankResult:
                     del os.environ[AUDIT_DIR_ENV]
                 result.notes["audit_dir"] = str(Path(run.dump_folder) / "audit")
             else:
-                marks.append(time.perf_counter())
                 trainer.train()
-                if run.step_times:
-                    result.notes["step_seconds"] = [b - a for a, b in itertools.pairwise(marks)]
+            if run.step_times:
+                result.notes["step_seconds"] = [b - a for a, b in itertools.pairwise(marks)]
         tally.stop()
         result.notes["train_seconds"] = time.monotonic() - started - result.notes["build_seconds"]
         result.windows = tally.windows
