@@ -15,9 +15,10 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not world"
 
-# The torchtitan isolation matrix (excluded from `make test`); -rP prints every loss and grad norm.
+# torchtitan against stock (excluded from `make test`): the isolation matrix and the train/resume/MoE
+# scenarios; -rP prints every loss and grad norm.
 test-titan: setup
-	$(PY) -m pytest -q -rP -m titan_matrix tests/test_torchtitan_matrix.py
+	$(PY) -m pytest -q -rP -m titan_matrix tests/test_torchtitan_matrix.py tests/test_torchtitan_train.py
 
 lint: setup
 	.venv/bin/ruff check commgroups backends tests benchmarks tools

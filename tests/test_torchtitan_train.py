@@ -23,6 +23,9 @@ pytestmark = [
                        reason="torchtitan is not installed (pip install 'commgroups[torchtitan]')"),
     # A world trains four times (minutes on 2 shared cores); the worlds have their own deadline.
     pytest.mark.timeout(1800),
+    # torchtitan trainings against stock run beside the matrix (`make test-titan`, CI's torchtitan
+    # step), not in `make test`: they take most of a 2-core machine's quarter hour.
+    pytest.mark.titan_matrix,
 ]
 
 SINGLE_RANK_BACKEND = "cg_single"
@@ -182,7 +185,7 @@ def test_moe_expert_parallel_equals_stock(titan_assets: Path, tmp_path: Path) ->
 
     base = TitanRun(dump_folder=str(tmp_path), assets=str(titan_assets), model="moe",
                     dp_shard=4, ep=2, spmd_backend="partial_dtensor", checkpoint_interval=0,
-                    seq_len=256)
+                    seq_len=256, steps=2)
     started = time.monotonic()
     reports = run_local_world(pair_rank, 4, base, timeout_s=1500,
                               preload=("torch", "torch.distributed", "commgroups"))
@@ -191,7 +194,7 @@ def test_moe_expert_parallel_equals_stock(titan_assets: Path, tmp_path: Path) ->
     print(f"\nmoe ep=2: world took {time.monotonic() - started:.1f}s")
     for rank in range(4):
         registry, stock = reports[rank].value["registry"], reports[rank].value["stock"]
-        assert sorted(stock.losses) == [1, 2, 3, 4]
+        assert sorted(stock.losses) == [1, 2]
         assert registry.losses == stock.losses
         assert registry.default_collectives == 0 and stock.default_collectives > 0
         for name in ("ep", "efsdp"):
