@@ -50,8 +50,19 @@ class BackendAdapter(ABC):
     """Whether creating a group rendezvouses with its peers under the group's own timeout (gloo;
     NCCL with eager init), so that creation must be bounded by the registry's create timeout."""
 
+    aborts: ClassVar[bool] = False
+    """Whether :meth:`abort` frees a group whose peer died (gloo's abort does not free a blocked
+    collective: a survivor waits for the group's timeout, so gloo groups are only left alone)."""
+
     def check_available(self) -> None:
         """Raise BackendUnavailableError when this backend cannot run on this machine."""
+
+    def abort(self, group: Any) -> None:
+        """Free ``group``'s communicator after a rank loss, without talking to its peers.
+
+        Called by ``registry.rebuild()`` on the retired generation. The default does nothing: the
+        group stays referenced (never destroyed: destroying a group with a dead peer may block).
+        """
 
     def default_timeout(self) -> timedelta:
         """torch's default collective timeout for this backend: its general process-group default

@@ -27,6 +27,15 @@ class NcclAdapter(BackendAdapter):
     device_type: ClassVar[str] = "cuda"
     supports_split: ClassVar[bool] = True
     connects_on_create: ClassVar[bool] = True
+    aborts: ClassVar[bool] = True
+
+    def abort(self, group: Any) -> None:
+        """``ncclCommAbort`` through c10d (:func:`commgroups.torch_internals.abort_group`).
+
+        Not run on a GPU by commgroups' tests (one GPU holds no group with a peer to lose); the
+        call itself is checked to exist on torch 2.10-2.15.
+        """
+        torch_internals.abort_group(group)
 
     def check_available(self) -> None:
         """NCCL needs a CUDA build of torch with NCCL and a visible CUDA device."""

@@ -29,6 +29,7 @@ from commgroups.errors import (
     RegistryClosedError,
     RoleCollectiveError,
     RoleTimeoutError,
+    StaleGenerationError,
 )
 
 __all__ = ["RoleCollectives"]
@@ -83,6 +84,7 @@ class RoleCollectives:
         self._owner_site = owner_site if owner is not None else _caller_site(sys._getframe(1))
         self._claim_lock = threading.Lock()
         self._closed: str | None = None
+        self._retired_generation: int | None = None
 
     def close(self, reason: str) -> None:
         """Refuse every later call with :class:`RegistryClosedError` saying ``reason``.
@@ -91,6 +93,11 @@ class RoleCollectives:
         destroyed group.
         """
         self._closed = reason
+
+    def retire(self, generation: int) -> None:
+        """Refuse every later call with :class:`StaleGenerationError`: ``registry.rebuild()``
+        retired generation ``generation``, whose group holds a lost rank."""
+        self._retired_generation = generation
 
     @property
     def closed(self) -> bool:
@@ -124,6 +131,13 @@ class RoleCollectives:
                 f"role {self.role!r}: {op} on a RoleCollectives of a closed registry "
                 f"({self._closed}); fix: take a new handle, registry.collectives({self.role!r}), "
                 "from a created registry"
+            )
+        if self._retired_generation is not None:
+            raise StaleGenerationError(
+                f"role {self.role!r}: {op} on generation {self._retired_generation}'s group, "
+                "which registry.rebuild() retired (it holds a lost rank); fix: take a new handle, "
+                f"registry.collectives({self.role!r}), after the rebuild",
+                role=self.role, generation=self._retired_generation,
             )
         if self._owner != threading.get_ident():
             raise self._refusal(op, sys._getframe(1))

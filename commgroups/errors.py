@@ -30,11 +30,13 @@ __all__ = [
     "LayoutFileError",
     "LayoutMismatchError",
     "NotAMemberError",
+    "RebuildError",
     "RegistryClosedError",
     "ReplanError",
     "RegistryStateError",
     "RoleCollectiveError",
     "RoleTimeoutError",
+    "StaleGenerationError",
     "StoreUnreachableError",
     "TorchVersionError",
     "UnknownBackendError",
@@ -217,6 +219,35 @@ class RegistryStateError(CommGroupsError, RuntimeError):
 
 class RegistryClosedError(RegistryStateError):
     """A registry was used after :meth:`~commgroups.GroupRegistry.close`."""
+
+
+class StaleGenerationError(RegistryStateError):
+    """A group of a retired generation was used through the registry; names the role and generation.
+
+    :meth:`~commgroups.GroupRegistry.rebuild` retires every group of generation ``g`` (they hold a
+    dead rank) and creates generation ``g + 1``. A ``registry.collectives(role)`` handle taken
+    before raises this on its next call, and so does the registry while a rebuild failed half-way
+    (generation ``g`` retired, ``g + 1`` not made): take the handle again after a successful
+    rebuild. A retired group is never silently reused.
+    """
+
+    def __init__(self, message: str, *, role: str | None, generation: int) -> None:
+        super().__init__(message)
+        self.role = role
+        self.generation = generation
+
+
+class RebuildError(CommGroupsError, RuntimeError):
+    """:meth:`~commgroups.GroupRegistry.rebuild` cannot give this rank a rebuilt registry.
+
+    Raised when this rank checked in after the survivors were decided without it (it counts as
+    lost), when ``alive`` is malformed (not global ranks of the old generation, or missing this
+    rank), when a role's backend cannot be rebuilt in place here (an NCCL group split from a bound
+    default group that still holds the dead rank), and when the registry is not in a state to
+    rebuild (never created, closed, or this rank was left out as a spare). Rebuilding that fails
+    while creating raises :class:`GroupCreationError` instead; calling ``rebuild()`` again on every
+    survivor starts a fresh attempt.
+    """
 
 
 class NotAMemberError(CommGroupsError, LookupError):

@@ -37,12 +37,9 @@ def mesh_block(plan: Plan, rank: int, axes: Sequence[Axis]) -> np.ndarray:
     Axes may take their dims from the layout's dims or from any view. Example: dims
     ``{"dp_shard": 2, "cp": 2}``, axes ``[["dp_shard"], ["cp"]]``: every rank gets
     ``[[0, 1], [2, 3]]``; axes ``[["cp"]]``: rank 0 and 1 get ``[0, 1]``, rank 2 and 3 ``[2, 3]``.
+    On a plan with ``members`` (after a rank loss) the block holds their global ranks.
     """
-    block = np.full((), plan.first_rank(rank, [dim for axis in axes for dim in axis]),
-                    dtype=np.int64)
-    for axis in axes:
-        block = block[..., None] + plan.offsets(axis)
-    return block
+    return plan.block(rank, axes)
 
 
 def axes_in_order(plan: Plan, axes: Sequence[Axis]) -> bool:
@@ -51,7 +48,8 @@ def axes_in_order(plan: Plan, axes: Sequence[Axis]) -> bool:
     That is exactly when the block, read row-major, lists its ranks in increasing order (a repeated
     rank or a transposed pair of axes breaks it), whichever factorizations the axes come from.
     """
-    block = mesh_block(plan, 0, axes).reshape(-1)
+    first = plan.members[0] if plan.members is not None else 0
+    block = mesh_block(plan, first, axes).reshape(-1)
     return bool(np.all(block[1:] > block[:-1]))
 
 

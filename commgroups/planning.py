@@ -70,11 +70,30 @@ class Plan:
     has one group per combination of the other dims of ``D``'s factorization, groups ordered by their
     first rank. Example: dims ``{"dp_shard": 2, "cp": 2}`` give role ``cp`` the groups ``(0, 1)``
     and ``(2, 3)``: rank 0 and 1 get ``(0, 1)``, rank 2 and 3 get ``(2, 3)``.
+
+    After a rank loss the layout's positions are held by surviving global ranks (``members``, from
+    :func:`commgroups.replan`): every method then takes and returns global ranks, and the arithmetic
+    runs on positions. Example: dims ``{"dp_shard": 2}``, members ``(1, 3)``: role ``dp_shard`` is
+    the one group ``(1, 3)``.
     """
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, members: Sequence[int] | None = None) -> None:
         self.layout = layout
         self.world_size = layout.world_size
+        self.members: tuple[int, ...] | None = None
+        """The global rank at each layout position (None: position ``i`` is global rank ``i``)."""
+        self._position: dict[int, int] = {}
+        if members is not None:
+            self.members = tuple(int(r) for r in members)
+            self._position = {rank: i for i, rank in enumerate(self.members)}
+            if len(self.members) != self.world_size or len(self._position) != self.world_size:
+                raise ValueError(
+                    f"members: {len(self.members)} ranks ({len(self._position)} distinct) for a "
+                    f"layout of {self.world_size}; give one distinct global rank per position"
+                )
+            if min(self.members) < 0 or list(self.members) != sorted(self.members):
+                # Ascending keeps every group's ranks in the order new_group sorts them into.
+                raise ValueError("members: give global ranks >= 0 in ascending order")
         self.dim_names: tuple[str, ...] = tuple(layout.dims)
         self.dim_sizes: tuple[int, ...] = tuple(layout.dims.values())
         self.dim_strides: tuple[int, ...] = row_major_strides(self.dim_sizes)
@@ -159,19 +178,34 @@ class Plan:
     # ----------------------------------------------------------------------------- rank groups
     def coords(self, rank: int) -> dict[str, int]:
         """The coordinates of ``rank`` on every dim of ``dims`` and of the views."""
-        self._check_rank(rank)
-        return {name: (rank // stride) % size for name, (size, stride) in self._shape.items()}
+        position = self.position(rank)
+        return {name: (position // stride) % size for name, (size, stride) in self._shape.items()}
 
     def dim_size(self, dim: str) -> int:
         """The size of ``dim`` (a dim of ``dims`` or of a view)."""
         return self._shape[dim][0]
 
-    def _check_rank(self, rank: int) -> None:
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} is outside the layout's world of {self.world_size}")
+    def position(self, rank: int) -> int:
+        """The layout position (0 .. world_size - 1) global ``rank`` holds; ValueError if none."""
+        if self.members is None:
+            if not 0 <= rank < self.world_size:
+                raise ValueError(f"rank {rank} is outside the layout's world of {self.world_size}")
+            return rank
+        try:
+            return self._position[rank]
+        except KeyError:
+            raise ValueError(f"rank {rank} holds no position of this layout (its members are "
+                             f"{_short_ranks(self.members)})") from None
+
+    def global_ranks(self, positions: np.ndarray) -> np.ndarray:
+        """The global ranks at ``positions`` (an integer array of any shape)."""
+        if self.members is None:
+            return positions
+        mapped: np.ndarray = np.asarray(self.members, dtype=np.int64)[positions]
+        return mapped
 
     def offsets(self, dims: Sequence[str]) -> np.ndarray:
-        """Rank offsets of a group's members from its first rank, in row-major order of ``dims``."""
+        """Position offsets of a group's members from its first position, row-major in ``dims``."""
         offsets = np.zeros(1, dtype=np.int64)
         for dim in dims:
             size, stride = self._shape[dim]
@@ -179,17 +213,26 @@ class Plan:
             offsets = (offsets[:, None] + steps[None, :]).reshape(-1)
         return offsets
 
-    def first_rank(self, rank: int, dims: Sequence[str]) -> int:
-        """The first rank of the group over ``dims`` that holds ``rank``."""
-        return rank - sum(((rank // stride) % size) * stride
-                          for size, stride in (self._shape[d] for d in dims))
+    def _first_position(self, position: int, dims: Sequence[str]) -> int:
+        return position - sum(((position // stride) % size) * stride
+                              for size, stride in (self._shape[d] for d in dims))
+
+    def block(self, rank: int, axes: Sequence[Sequence[str]]) -> np.ndarray:
+        """The global ranks of the block through ``rank`` spanned by ``axes``, one array dim per
+        axis (each axis a run of dims, row-major), every other dim fixed at ``rank``'s coordinate."""
+        first = self._first_position(self.position(rank), [d for axis in axes for d in axis])
+        block = np.full((), first, dtype=np.int64)
+        for axis in axes:
+            block = block[..., None] + self.offsets(axis)
+        return self.global_ranks(block)
 
     def index_along(self, rank: int, dims: Sequence[str]) -> int:
-        """``rank``'s position in the group over ``dims`` (row-major in ``dims``)."""
+        """``rank``'s index in its group over ``dims`` (row-major in ``dims``)."""
+        position = self.position(rank)
         index = 0
         for dim in dims:
             size, stride = self._shape[dim]
-            index = index * size + (rank // stride) % size
+            index = index * size + (position // stride) % size
         return index
 
     def _other_dims(self, info: RolePlan) -> tuple[str, ...]:
@@ -208,9 +251,9 @@ class Plan:
     def group_index(self, role: str | RolePlan, rank: int) -> int | None:
         """Index (in :meth:`groups` order) of the group of ``role`` holding ``rank``; None if none."""
         info = self._info(role)
-        self._check_rank(rank)
+        position = self.position(rank)
         if info.dim_names is None:
-            return self._explicit_index[info.name].get(rank)
+            return self._explicit_index[info.name].get(position)
         return self.index_along(rank, self._other_dims(info))
 
     def group_of(self, role: str | RolePlan, rank: int) -> tuple[int, ...] | None:
@@ -222,22 +265,25 @@ class Plan:
         rank 2 and 3 get ``(2, 3)``; role ``dp_shard``: rank 0 and 2 get ``(0, 2)``.
         """
         info = self._info(role)
-        self._check_rank(rank)
+        position = self.position(rank)
         if info.dim_names is None:
-            index = self._explicit_index[info.name].get(rank)
-            return None if index is None else tuple((info.spec.ranks or [])[index])
+            index = self._explicit_index[info.name].get(position)
+            if index is None:
+                return None
+            return tuple(self.global_ranks(np.asarray((info.spec.ranks or [])[index])).tolist())
         if info.spans_world:
-            return tuple(range(self.world_size))
-        base = self.first_rank(rank, info.dim_names)
-        return tuple((self.offsets(info.dim_names) + base).tolist())
+            return self.members if self.members is not None else tuple(range(self.world_size))
+        base = self._first_position(position, info.dim_names)
+        return tuple(self.global_ranks(self.offsets(info.dim_names) + base).tolist())
 
     def groups(self, role: str | RolePlan) -> list[tuple[int, ...]]:
         """Every group of ``role`` in canonical (creation) order; materialises the whole role."""
         info = self._info(role)
         if info.dim_names is None:
-            return [tuple(group) for group in info.spec.ranks or ()]
+            return [tuple(self.global_ranks(np.asarray(group, dtype=np.int64)).tolist())
+                    for group in info.spec.ranks or ()]
         bases = self.offsets(self._other_dims(info))
-        members = bases[:, None] + self.offsets(info.dim_names)[None, :]
+        members = self.global_ranks(bases[:, None] + self.offsets(info.dim_names)[None, :])
         return [tuple(row) for row in members.tolist()]
 
     def communicators_per_rank(self, rank: int) -> int:
@@ -310,6 +356,14 @@ class Plan:
         return result
 
 
-def plan(layout: Layout) -> Plan:
-    """Plan ``layout``: every role's rank groups and the layout's fingerprint, no communication."""
-    return Plan(layout)
+def _short_ranks(ranks: Sequence[int], limit: int = 8) -> str:
+    shown = ", ".join(str(r) for r in ranks[:limit])
+    return f"[{shown}{', ...' if len(ranks) > limit else ''}] ({len(ranks)} ranks)"
+
+
+def plan(layout: Layout, members: Sequence[int] | None = None) -> Plan:
+    """Plan ``layout``: every role's rank groups and the layout's fingerprint, no communication.
+
+    ``members``: the global rank at each layout position, after a rank loss (see :class:`Plan`).
+    """
+    return Plan(layout, members)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ from commgroups import limits, torch_internals
 from commgroups.agreement import agree, store_barrier, store_calls
 from commgroups.audit.call_sites import call_site
 from commgroups.backends import BackendAdapter, resolve_backend
+from commgroups.check_in import check_in
 from commgroups.creation import (
     CREATION_MODES,
     CreatedRole,
@@ -43,13 +45,17 @@ from commgroups.errors import (
     GroupCreationError,
     LayoutError,
     NotAMemberError,
+    RebuildError,
     RegistryClosedError,
     RegistryStateError,
+    StaleGenerationError,
     UnknownDimError,
     WorldSizeMismatchError,
 )
 from commgroups.meshes import axes_in_order, build_mesh, forget_flattenings, register_flattening
 from commgroups.planning import RolePlan, plan
+from commgroups.rebuild_report import RebuildReport
+from commgroups.replan import replan
 from commgroups.specs import Layout, RoleSpec
 from commgroups.store_keys import AttemptStore, open_attempt
 from commgroups.text_table import format_ranks, format_table
@@ -158,6 +164,12 @@ class GroupRegistry:
         self._creator = threading.current_thread()  # owns the role handles (RoleCollectives)
         self._creator_site = ""
         self._state = "new"
+        self._generation = 0
+        self._retired: list[CreatedRole] = []  # kept referenced, never destroyed (dead peers)
+        self._rebuild_attempts = 0  # failed rebuild attempts toward the next generation
+        self._registry_id = -1  # the agreement epoch of create(): the same on every rank
+        self._retired_roles: dict[str, CreatedRole] = {}  # the last retired generation's roles
+        self._mesh_names: list[tuple[str, ...]] = []  # meshes to rebuild, in the order asked
 
     # --------------------------------------------------------------------------------- creation
     @_serialized
@@ -177,6 +189,7 @@ class GroupRegistry:
                 "torch.distributed.init_process_group() (or run under torchrun) before create()"
             )
         rank, world = dist.get_rank(), dist.get_world_size()
+        self._rank = rank
         default_backend = str(dist.get_backend())
         local_error: CommGroupsError | None = None
         if self.layout.world_size != world:
@@ -218,12 +231,12 @@ class GroupRegistry:
         if local_error is not None:
             raise local_error
 
-        self._rank = rank
         self._creator = threading.current_thread()
         self._creator_site = call_site(sys._getframe(1))
         self._created = self._create_groups(order, adapters, methods, store, "the end of create()")
         if store is not None:
             self._attempts.append(store)
+            self._registry_id = store.epoch
         self._state = "created"
         return self
 
@@ -256,7 +269,7 @@ class GroupRegistry:
             # Meet at the end only where a backend connects on creation (gloo; NCCL eager init):
             # single-rank and fake groups have no peer that could still be connecting.
             if store is not None and any(adapters[info.name].connects_on_create for info in infos):
-                store_barrier(store, "created", self._rank, world, timeout, what)
+                store_barrier(store, "created", self._position, world, timeout, what)
         except Exception as error:
             # Leave nothing half-made: destroy what this rank created, then say what failed.
             self._destroy_groups(created.values())
@@ -291,13 +304,246 @@ class GroupRegistry:
     def _agree(self, store: AttemptStore, rank: int, world: int, payload: dict[str, Any],
                order: list[RolePlan], methods: dict[str, str], vote: bool = True) -> dict[str, str]:
         """Agree on ``payload`` and, in the same store round, on whether local creation is safe;
-        returns the methods to create with. ``vote=False``: this rank holds an error that the
-        agreement reports (its methods may be incomplete), so it casts no local vote."""
-        ballot = local_vote(self.plan, order, methods, rank, world) if vote else None
+        returns the methods to create with. ``rank`` and ``world``: this rank's position and the
+        size of the current generation's layout (the agreement's numbering). ``vote=False``: this
+        rank holds an error that the agreement reports (its methods may be incomplete), so it casts
+        no local vote."""
+        ballot = local_vote(self.plan, order, methods, self._rank, world) if vote else None
         totals = agree(store, rank, world, payload, timedelta(seconds=self.create_timeout_s),
                        finish=store.finish,
                        tallies=ballot.tallies() if ballot is not None else None)
         return decide_local(methods, ballot, totals, world, rank)
+
+    # ---------------------------------------------------------------------------------- rebuild
+    @property
+    def generation(self) -> int:
+        """0 after :meth:`create`; one more after each successful :meth:`rebuild`."""
+        return self._generation
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The global rank at each position of the current layout (``0 .. world - 1`` at first)."""
+        members = self.plan.members
+        return members if members is not None else tuple(range(self.layout.world_size))
+
+    @_serialized
+    def rebuild(
+        self,
+        alive: Iterable[int] | None = None,
+        *,
+        timeout: float | timedelta | None = None,
+    ) -> RebuildReport:
+        """After a rank loss: rebuild every role on the survivors. Collective over the survivors.
+
+        Call it on every surviving rank after a role's collective failed (a peer died). The
+        survivors check in through the store (a rank that misses the check-in window counts as
+        lost; every survivor gets the same set or the same error), :func:`commgroups.replan` derives
+        the smaller layout from the layout's ``elastic`` section, the old generation's groups are
+        retired (aborted where the backend can; never destroyed, since they hold a dead peer), and
+        every role, mesh-dim group and mesh asked for before is created again on the survivors
+        only, with its own backend, options and timeout (never the default group, which still
+        holds the dead rank). Handles of the old generation (``collectives(role)``) raise
+        :class:`~commgroups.errors.StaleGenerationError`; take them again.
+
+        Args:
+            alive: the global ranks known to be alive, this one included (e.g. from the failure
+                report of a launcher); the check-in then ends as soon as they are all in. None:
+                every rank of the old generation is waited for until the window closes.
+            timeout: the check-in window in seconds (or a timedelta), counted from this rank's
+                check-in; it must cover the time every survivor takes to notice the loss. Default:
+                the longest collective timeout of the registry's roles.
+
+        Returns:
+            A :class:`~commgroups.rebuild_report.RebuildReport`: the new generation, layout, the
+            lost ranks, spares, this rank's place and the seconds of each phase. A rank the new
+            layout has no place for is a spare or dropped: its registry holds no groups.
+
+        Raises:
+            ReplanError: the survivors cannot form the layout (a lost rank in a dim that may not
+                shrink); raised on every survivor, nothing retired.
+            RebuildError: this rank checked in too late (the others rebuilt without it), ``alive``
+                is malformed, or a backend cannot be rebuilt in place here.
+            GroupCreationError: a survivor died during the rebuild; call ``rebuild()`` again.
+            StoreUnreachableError: the store's host died; the job cannot meet without it.
+        """
+        seconds: dict[str, float] = {}
+        started = time.monotonic()
+        if self._state not in ("created", "retired"):
+            raise RebuildError(
+                f"rebuild() needs a created registry (this one is {self._state}); fix: call it "
+                "after create() succeeded, on every survivor"
+            )
+        old_members = self.members
+        known = None if alive is None else self._check_alive(alive, old_members)
+        self._check_rebuildable()
+        window = self._check_in_window(timeout)
+        if str(dist.get_backend()) == "fake":
+            if known is None:
+                raise RebuildError("rebuild() under the fake backend simulates one rank: pass "
+                                   "alive= (there is nobody to check in with)")
+            survivors = known
+        else:
+            prefix = (f"{STORE_PREFIX}/rebuild/{self._registry_id}/{self._generation + 1}/"
+                      f"{self._rebuild_attempts}/")
+            self._rebuild_attempts += 1
+            survivors = check_in(torch_internals.default_store(), prefix, self._rank, old_members,
+                                 window, known)
+        seconds["check_in"] = time.monotonic() - started
+        decision = replan(self.layout, [self.plan.position(r) for r in survivors])
+        new_members = tuple(old_members[i] for i in decision.ranks)
+        lost = tuple(r for r in old_members if r not in set(survivors))
+        spares = tuple(old_members[i] for i in decision.spares)
+        dropped = tuple(old_members[i] for i in decision.dropped)
+
+        mark = time.monotonic()
+        self._retire()
+        seconds["retire"] = time.monotonic() - mark
+        if self._rank not in new_members:
+            self._generation += 1
+            self._state = "spare" if self._rank in spares else "dropped"
+            return RebuildReport(self._generation, decision.layout, new_members, lost, spares,
+                                 dropped, self._state, seconds)
+
+        mark = time.monotonic()
+        old_layout, old_plan = self.layout, self.plan
+        self.layout, self.plan = decision.layout, plan(decision.layout, new_members)
+        try:
+            self._created = self._create_generation(len(lost))
+        except BaseException:
+            self.layout, self.plan = old_layout, old_plan  # the next attempt replans from here
+            raise
+        for role, value in self._timeout_overrides.items():
+            _set_group_timeout(self._created[role], value)
+        self._generation += 1
+        self._rebuild_attempts = 0
+        self._state = "created"
+        seconds["create"] = time.monotonic() - mark
+
+        mark = time.monotonic()
+        for names in self._mesh_names:
+            self.device_mesh(names)
+        seconds["meshes"] = time.monotonic() - mark
+        logger.info("rank %d: rebuilt generation %d on %d ranks in %.3fs", self._rank,
+                    self._generation, len(new_members), time.monotonic() - started)
+        return RebuildReport(self._generation, decision.layout, new_members, lost, spares,
+                             dropped, "member", seconds)
+
+    def _check_alive(self, alive: Iterable[int], members: tuple[int, ...]) -> tuple[int, ...]:
+        try:
+            ranks = sorted({operator.index(r) for r in alive})
+        except TypeError:
+            raise RebuildError(f"alive: {limits.short_repr(alive)} is not a list of global "
+                               "ranks; fix: pass e.g. alive=[0, 1, 3]") from None
+        outside = [r for r in ranks if r not in set(members)]
+        if outside or self._rank not in ranks:
+            raise RebuildError(
+                f"alive: {ranks} must be global ranks of the current generation "
+                f"({format_ranks(members)}) and include this rank ({self._rank}); "
+                f"{'outside: ' + str(outside) if outside else 'this rank is missing'}; fix: pass "
+                "the survivors' global ranks, or alive=None to let them check in"
+            )
+        return tuple(ranks)
+
+    def _check_rebuildable(self) -> None:
+        """Refuse, on every rank alike, backends whose groups cannot be made without the dead rank."""
+        context = CreationContext.detect()
+        for name, created in [*self._created.items(), *self._retired_roles.items()]:
+            adapter = created.adapter
+            if (context.device_bound and adapter.supports_split
+                    and context.default_backend == adapter.torch_backend):
+                raise RebuildError(
+                    f"role {name!r}: its {adapter.name} groups come from the bound default group's "
+                    "communicator (ncclCommSplit), which still holds the lost rank; rebuilding "
+                    "in place needs shrink_group (NCCL >= 2.27), which commgroups does not drive "
+                    "yet. fix: restart the job under torchrun elastic (restart mode), or do not "
+                    "bind the default group (init_process_group without device_id)"
+                )
+
+    def _check_in_window(self, timeout: float | timedelta | None) -> timedelta:
+        if timeout is None:
+            roles = self._created if self._state == "created" else self._retired_roles
+            longest = max((self._role_timeout(name, created.adapter).total_seconds()
+                           for name, created in roles.items()), default=self.create_timeout_s)
+            return timedelta(seconds=longest)
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        return timedelta(seconds=limits.check_timeout(seconds, "timeout"))
+
+    def _role_timeout(self, role: str, adapter: BackendAdapter) -> timedelta:
+        if role in self._timeout_overrides:
+            return self._timeout_overrides[role]
+        spec = self.spec(role)
+        if spec.timeout_s is None:
+            return adapter.default_timeout()
+        return timedelta(seconds=spec.timeout_s)
+
+    def _retire(self) -> None:
+        """Retire the current generation: handles go stale, meshes are forgotten, groups aborted
+        where the backend can (kept referenced otherwise: destroying one with a dead peer may
+        block on it)."""
+        if self._state != "created":
+            return
+        for handle in self._collectives.values():
+            handle.retire(self._generation)
+        self._collectives.clear()
+        self._retired_roles = dict(self._created)
+        for created in [*self._created.values(), *self._dim_groups.values()]:
+            for group in created.owned:
+                created.adapter.abort(group)
+            self._retired.append(created)
+        self._mesh_names = list(self._meshes)
+        for mesh in self._meshes.values():
+            forget_flattenings(mesh)
+        if self._meshes:
+            torch_internals.clear_dtensor_caches()
+        self._meshes.clear()
+        self._created = {}
+        self._dim_groups = {}
+        # The old generation's store namespaces include the lost ranks, which never release them.
+        self._attempts.clear()
+        self._state = "retired"
+
+    def _create_generation(self, lost: int) -> dict[str, CreatedRole]:
+        """Create every role on the current (rebuilt) plan's members: agreement, then creation."""
+        default_backend = str(dist.get_backend())
+        context = CreationContext.detect()
+        # split_group needs every rank of its parent (the default group, which holds the lost
+        # ranks): member-only creation where it is safe, all_ranks among the survivors otherwise.
+        mode = "all_ranks" if self.creation_mode == "all_ranks" else "local"
+        adapters: dict[str, BackendAdapter] = {}
+        methods: dict[str, str] = {}
+        for role in self.layout.roles:
+            info = self.plan.role(role.name)
+            adapter = resolve_backend(role.backend, default_backend,
+                                      info.group_size if info.regular else None)
+            adapter.check_available()  # also registers backends commgroups provides
+            adapters[role.name] = adapter
+            methods[role.name] = choose_method(mode, info, adapter, context)
+        order = creation_order(self.plan)
+        store: AttemptStore | None = None
+        if default_backend != "fake":
+            store = self._agreement_store(self._rank)
+            payload: dict[str, Any] = {
+                "layout": self.plan.canonical(),
+                "members": list(self.members),
+                "generation": self._generation + 1,
+                "lost": lost,
+                "backends": {name: adapter.name for name, adapter in adapters.items()},
+                "creation": methods,
+                "world_size": self.layout.world_size,
+                "error": None,
+            }
+            methods = self._agree(store, self._position, self.layout.world_size, payload, order,
+                                  methods)
+        created = self._create_groups(order, adapters, methods, store,
+                                      f"the end of rebuild() (generation {self._generation + 1})")
+        if store is not None:
+            self._attempts.append(store)
+        return created
+
+    @property
+    def _position(self) -> int:
+        """This rank's position in the current generation's layout (its global rank at first)."""
+        return self.plan.position(self._rank)
 
     def _agreement_store(self, rank: int) -> AttemptStore:
         # One shared attempt counter, not a count per rank: after a rank skipped an attempt (the
@@ -311,6 +557,20 @@ class GroupRegistry:
         if self._state == "closed":
             raise RegistryClosedError(
                 "this registry was closed and its groups destroyed; make a new GroupRegistry"
+            )
+        if self._state == "retired":
+            raise StaleGenerationError(
+                f"generation {self._generation} of this registry was retired by rebuild() and the "
+                "next one was not made (the rebuild failed); fix: call registry.rebuild() again on "
+                "every survivor",
+                role=None, generation=self._generation,
+            )
+        if self._state in ("spare", "dropped"):
+            raise RegistryStateError(
+                f"rank {self._rank} was left out of generation {self._generation} as "
+                f"{'a spare' if self._state == 'spare' else 'dropped'} (the smaller layout has no "
+                "place for it); it holds no groups. fix: check rebuild()'s report before using the "
+                "registry" + ("; a dropped rank should exit" if self._state == "dropped" else "")
             )
         if self._state != "created":
             raise RegistryStateError(
@@ -406,13 +666,9 @@ class GroupRegistry:
 
     def timeout(self, role: str) -> timedelta:
         """The collective timeout of ``role``'s group: its spec's, or the last set_timeout()."""
-        spec = self.spec(role)
+        self.spec(role)
         self._check_usable()
-        if role in self._timeout_overrides:
-            return self._timeout_overrides[role]
-        if spec.timeout_s is None:
-            return self._created[role].adapter.default_timeout()
-        return timedelta(seconds=spec.timeout_s)
+        return self._role_timeout(role, self._created[role].adapter)
 
     def set_timeout(self, timeout: float | timedelta, role: str | None = None) -> None:
         """Change the collective timeout of one role's group, or of every group the registry made.
@@ -625,7 +881,7 @@ class GroupRegistry:
             store = self._agreement_store(self._rank) if collective else None
             if store is not None:
                 methods = self._agree(
-                    store, self._rank, self.layout.world_size,
+                    store, self._position, self.layout.world_size,
                     {"fingerprint": self.plan.fingerprint, "mesh_dim": dim, "creation": methods},
                     [info], methods)
             self._dim_groups.update(self._create_groups(
@@ -686,7 +942,7 @@ class GroupRegistry:
         self._collectives.clear()
         if self._rank >= 0:
             for attempt in self._attempts:
-                attempt.release(self._rank, self.layout.world_size)
+                attempt.release(self._position, self.layout.world_size)
         self._attempts.clear()
         for mesh in self._meshes.values():
             forget_flattenings(mesh)

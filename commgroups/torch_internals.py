@@ -11,6 +11,8 @@ Checked versions: 2.10.0, 2.13.0 (CPU), 2.14.1 and 2.15.0 (PyPI builds, run on C
 
 from __future__ import annotations
 
+import logging
+import sys
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ __all__ = [
     "GroupCall",
     "TorchDispatchMode",
     "default_group",
+    "abort_group",
     "default_store",
     "defers_to_subclass",
     "op_schema",
@@ -61,6 +64,8 @@ __all__ = [
     "tree_leaves",
     "torchcomms_enabled",
 ]
+
+logger = logging.getLogger(__name__)
 
 CHECKED_VERSIONS: tuple[str, ...] = ("2.10.0", "2.13.0", "2.14.1", "2.15.0")
 """The torch releases every function here was run on (the CI legs)."""
@@ -93,6 +98,23 @@ def default_store() -> Store:
     """
     store: Store = c10d._get_default_store()
     return store
+
+
+def abort_group(group: dist.ProcessGroup) -> None:
+    """Abort ``group``'s communicators without its peers (NCCL: ``ncclCommAbort``).
+
+    ``distributed_c10d._abort_process_group(group)``: private, present on 2.10, 2.13, 2.14.1 and
+    2.15.0 (NCCL only; other backends raise or ignore it). Failures are logged, never raised: the
+    group is being thrown away after a rank loss.
+    """
+    abort = getattr(c10d, "_abort_process_group", None)
+    if not callable(abort):
+        logger.warning("this torch has no _abort_process_group: %s is left alone", group)
+        return
+    try:
+        abort(group)
+    except (RuntimeError, ValueError) as error:
+        logger.warning("aborting %s failed: %s", group, error)
 
 
 # ---------------------------------------------------------------------------------- timeouts
@@ -563,6 +585,8 @@ def clear_dtensor_caches() -> None:
     _redistribute.clear_redistribute_planner_cache and _gen_transform_infos.cache_clear where they
     exist. Each is skipped where this torch lacks it.
     """
+    if "torch.distributed.tensor" not in sys.modules:
+        return  # DTensor never ran here: nothing is cached (and importing it costs seconds)
     from torch.distributed.tensor import DTensor, _redistribute
 
     native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)

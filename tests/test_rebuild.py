@@ -1,0 +1,174 @@
+"""registry.rebuild() after a real rank loss: survivors check in, retire, and rebuild every role.
+
+Real gloo worlds where one rank exits for good (``os._exit``) mid-job; the launcher hosts the store,
+so even rank 0 may die. Survivors first see their collective fail (the peer is gone), then rebuild on
+the smaller layout that ``elastic`` allows, and keep communicating on the new groups.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from commgroups import GroupRegistry, Layout, RoleSpec, default_roles
+from commgroups.errors import RebuildError, ReplanError, StaleGenerationError
+from tests.worlds import run_world
+
+ROLE_TIMEOUT_S = 4.0
+DIMS = {"dp_replicate": 2, "dp_shard": 2}
+
+
+def hsdp_layout(dims: dict[str, int] = DIMS, *, spares: bool = False,
+                timeout_s: float = ROLE_TIMEOUT_S) -> Layout:
+    """HSDP whose replicas may be lost down to one; every role times out after ``timeout_s``."""
+    roles = [RoleSpec(**{**role.model_dump(), "timeout_s": timeout_s})
+             for role in default_roles(dims)]
+    return Layout(dims=dims, roles=roles,
+                  elastic={"dims": {"dp_replicate": 1}, "spares": spares})
+
+
+def _fail_then_rebuild(rank: int, world: int, victim: int, alive_known: bool,
+                       spares: bool) -> dict[str, Any]:
+    registry = GroupRegistry(hsdp_layout(spares=spares), create_timeout_s=30).create()
+    old = registry.collectives("fsdp")
+    mesh = registry.device_mesh(["dp_replicate", "fsdp"])
+    old.barrier()
+    if rank == victim:
+        os._exit(0)  # lost for good: no report, no cleanup
+    started = time.monotonic()
+    error = ""
+    try:
+        old.all_reduce(torch.ones(1))  # fsdp over dp_shard holds the victim for 2 of 4 ranks
+        registry.collectives("checkpoint-metadata").barrier()  # spans the world: fails everywhere
+    except Exception as caught:  # the role error: the peer is gone (at once, or at the timeout)
+        error = type(caught).__name__
+    detected = time.monotonic() - started
+    alive = [r for r in range(world) if r != victim] if alive_known else None
+    report = registry.rebuild(alive, timeout=ROLE_TIMEOUT_S + 4)
+    result: dict[str, Any] = {"error": error, "detected_s": detected, "place": report.place,
+                              "generation": registry.generation, "lost": report.lost,
+                              "members": report.members, "seconds": report.seconds}
+    try:
+        old.all_reduce(torch.ones(1))
+    except StaleGenerationError as stale:
+        result["stale"] = (stale.role, stale.generation)
+    if report.place != "member":
+        try:
+            registry.group("fsdp")
+        except Exception as refused:
+            result["refused"] = type(refused).__name__
+        registry.close()
+        return result
+    total = torch.tensor([float(rank)])
+    registry.collectives("fsdp").all_reduce(total)
+    world_sum = torch.tensor([1.0])
+    registry.collectives("checkpoint-metadata").all_reduce(world_sum)
+    new_mesh = registry.device_mesh(["dp_replicate", "fsdp"])
+    result.update(
+        fsdp_ranks=registry.ranks("fsdp"), fsdp_sum=float(total.item()),
+        world_sum=float(world_sum.item()), dims=dict(registry.layout.dims),
+        mesh=new_mesh.mesh.tolist(), mesh_is_new=new_mesh is not mesh,
+        default_alias=any(g is dist.distributed_c10d._get_default_group()
+                          for g in registry.process_groups().values()),
+    )
+    registry.close()
+    return result
+
+
+@pytest.mark.parametrize(("victim", "alive_known"), [(3, False), (0, True)],
+                         ids=["rank3-check-in-window", "rank0-alive-given"])
+def test_survivors_rebuild_on_the_smaller_layout(victim: int, alive_known: bool) -> None:
+    results = run_world(_fail_then_rebuild, 4, victim, alive_known, False, timeout=90,
+                        expect_errors=True)
+    assert isinstance(results[victim], TimeoutError)  # it never reported: it is gone
+    survivors = [r for r in range(4) if r != victim]
+    kept = [0, 1] if victim >= 2 else [2, 3]  # the victim's replica goes with it
+    for rank in survivors:
+        result = results[rank]
+        assert isinstance(result, dict), result
+        assert result["error"], f"rank {rank}: the loss went unnoticed"
+        # Noticed at once (a direct peer) or at the role's timeout, never later.
+        assert result["detected_s"] < 2 * ROLE_TIMEOUT_S + 5
+        assert result["lost"] == (victim,)
+        assert result["members"] == tuple(kept)
+        assert result["generation"] == 1
+        assert result["stale"] == ("fsdp", 0)
+        if rank in kept:
+            assert result["place"] == "member"
+            assert result["dims"] == {"dp_replicate": 1, "dp_shard": 2}
+            assert result["fsdp_ranks"] == tuple(kept)
+            assert result["fsdp_sum"] == float(sum(kept))
+            assert result["world_sum"] == 2.0
+            assert result["mesh"] == [kept]
+            assert result["mesh_is_new"] and not result["default_alias"]
+            assert set(result["seconds"]) == {"check_in", "retire", "create", "meshes"}
+        else:
+            assert result["place"] == "dropped"
+            assert result["refused"] == "RegistryStateError"
+
+
+def _replan_refused(rank: int, world: int) -> str:
+    layout = Layout(dims={"dp_shard": 2, "cp": 2}, elastic={"dims": {"dp_shard": 2}})
+    registry = GroupRegistry(layout).create()
+    if rank == 1:
+        os._exit(0)
+    try:
+        registry.rebuild([r for r in range(world) if r != 1], timeout=10)
+    except ReplanError as error:
+        message = str(error)
+        # Nothing was retired: the registry still answers (its groups hold the dead rank).
+        registry.ranks("cp")
+        return message
+    return "rebuilt"
+
+
+def test_a_loss_no_dim_may_absorb_is_the_same_error_everywhere() -> None:
+    results = run_world(_replan_refused, 4, timeout=60, expect_errors=True)
+    messages = {results[r] for r in (0, 2, 3)}
+    assert len(messages) == 1, messages
+    (message,) = messages
+    assert isinstance(message, str) and "cp" in message and "1" in message, message
+
+
+def _late_rank(rank: int, world: int) -> str:
+    registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
+    if rank == 3:
+        os._exit(0)
+    if rank == 2:
+        time.sleep(4)  # noticed the loss much later than the window allows
+    try:
+        report = registry.rebuild(timeout=1.5)
+    except RebuildError as error:
+        return f"excluded: {error}"
+    return report.place
+
+
+def test_a_rank_that_misses_the_window_is_told_and_left_out() -> None:
+    results = run_world(_late_rank, 4, timeout=60, expect_errors=True)
+    assert results[0] == results[1] == "member"
+    assert isinstance(results[2], str) and results[2].startswith("excluded"), results[2]
+    assert "timeout" in results[2]
+
+
+def _bad_alive(rank: int, world: int) -> list[str]:
+    registry = GroupRegistry(hsdp_layout()).create()
+    said = []
+    for alive in ([0, 1, 2, 3, 9], [r for r in range(world) if r != rank], ["a"]):
+        try:
+            registry.rebuild(alive, timeout=timedelta(seconds=1))
+        except RebuildError as error:
+            said.append(str(error).split(";")[0])
+    registry.close()
+    return said
+
+
+def test_malformed_alive_is_refused_before_anything_happens() -> None:
+    for said in run_world(_bad_alive, 4, timeout=60):
+        assert len(said) == 3
+        assert "outside" not in said[1]

@@ -1,0 +1,65 @@
+"""In place: HSDP training loses a rank mid-step and continues on the smaller world from memory.
+
+One 4-rank gloo world (dp_replicate=2 x dp_shard=2, FSDP2) loses a rank after its forward pass; the
+survivors rebuild and redo the step from the shards they hold. A second, fresh 2-rank world starts from
+those same shards on the rebuilt layout and trains the same steps: its parameters must equal the
+survivors' bitwise. The launcher hosts the store, so rank 0 may be the one lost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from commgroups.demo.elastic import ElasticRun, elastic_layout, elastic_rank
+from commgroups.local_world import run_local_world
+
+ROLE_TIMEOUT_S = 4.0
+STEPS = 4
+KILL_STEP = 2
+
+
+def _run(run: ElasticRun, world: int) -> dict[int, Any]:
+    reports = run_local_world(elastic_rank, world, run, timeout_s=180, grace_s=None)
+    return {rank: report for rank, report in reports.items()}
+
+
+@pytest.mark.parametrize("victim", [3, 0], ids=["rank3", "rank0-store-elsewhere"])
+def test_hsdp_survives_a_lost_rank_and_matches_a_fresh_run(victim: int) -> None:
+    layout = elastic_layout(4, ROLE_TIMEOUT_S)
+    reports = _run(ElasticRun(layout, STEPS, kill_rank=victim, kill_step=KILL_STEP,
+                              rebuild_timeout_s=ROLE_TIMEOUT_S + 4), 4)
+    assert victim not in reports  # it exited mid-step without a word
+    failed = {r: rep.traceback for r, rep in reports.items() if not rep.ok}
+    assert not failed, failed
+    kept = [0, 1] if victim >= 2 else [2, 3]
+    members = {r: reports[r].value for r in kept}
+    for rank, value in members.items():
+        rebuild = value["rebuild"]
+        assert rebuild is not None, f"rank {rank} never noticed the loss"
+        # Each survivor noticed within the role's timeout (plus scheduling slack).
+        assert rebuild["noticed_s"] < ROLE_TIMEOUT_S + 3, rebuild
+        report = rebuild["report"]
+        assert report.lost == (victim,) and report.members == tuple(kept)
+        assert value["place"] == "member" and value["generation"] == 1
+        assert sorted(value["losses"]) == list(range(STEPS))
+    for rank in set(reports) - set(kept):
+        assert reports[rank].value["place"] == "dropped"
+
+    # The reference: a fresh world on the rebuilt layout, from the shards the survivors held.
+    new_layout = members[kept[0]]["layout"]
+    assert dict(new_layout.dims) == {"dp_replicate": 1, "dp_shard": 2}
+    start = {members[r]["position"]: members[r]["held"] for r in kept}
+    reference = _run(ElasticRun(new_layout, STEPS, start_step=KILL_STEP, start_shards=start), 2)
+    assert all(rep.ok for rep in reference.values()), {
+        r: rep.traceback for r, rep in reference.items() if not rep.ok}
+    for rank in kept:
+        position = members[rank]["position"]
+        ours, theirs = members[rank]["final"], reference[position].value["final"]
+        assert ours.keys() == theirs.keys()
+        for name in ours:
+            assert np.array_equal(ours[name], theirs[name]), f"rank {rank}: {name} differs"
+        for step in range(KILL_STEP, STEPS):
+            assert members[rank]["losses"][step] == reference[position].value["losses"][step]
