@@ -68,20 +68,21 @@ def check_in(
     """
     store = PrefixStore(prefix, root)
     wanted = set(expected if expected is not None else members)
+    member_set = set(members)
     started = time.monotonic()
     with store_calls(root, rank, started, "registry.rebuild()'s check-in"):
         # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
         store.append(_JOINED, f"{rank},")  # type: ignore[attr-defined,unused-ignore]
         decided: tuple[int, ...] | None = None
         if wanted <= set(_joined(store)):
-            decided = _decide(store, [r for r in _joined(store) if r in set(members)])
+            decided = _decide(store, [r for r in _joined(store) if r in member_set])
         else:
             try:
                 store.wait([_DECIDED], window)
             except (RuntimeError, TimeoutError):
                 if time.monotonic() - started < window.total_seconds() - 0.05:
                     raise  # the store failed, not the wait: store_calls names its host
-                decided = _decide(store, [r for r in _joined(store) if r in set(members)])
+                decided = _decide(store, [r for r in _joined(store) if r in member_set])
         if decided is None:
             decided = tuple(json.loads(bytes(store.get(_DECIDED)).decode()))
     if rank not in decided:

@@ -391,7 +391,8 @@ class GroupRegistry:
         seconds["check_in"] = time.monotonic() - started
         decision = replan(self.layout, [self.plan.position(r) for r in survivors])
         new_members = tuple(old_members[i] for i in decision.ranks)
-        lost = tuple(r for r in old_members if r not in set(survivors))
+        alive_set = set(survivors)
+        lost = tuple(r for r in old_members if r not in alive_set)
         spares = tuple(old_members[i] for i in decision.spares)
         dropped = tuple(old_members[i] for i in decision.dropped)
 
@@ -434,7 +435,8 @@ class GroupRegistry:
         except TypeError:
             raise RebuildError(f"alive: {limits.short_repr(alive)} is not a list of global "
                                "ranks; fix: pass e.g. alive=[0, 1, 3]") from None
-        outside = [r for r in ranks if r not in set(members)]
+        member_set = set(members)
+        outside = [r for r in ranks if r not in member_set]
         if outside or self._rank not in ranks:
             raise RebuildError(
                 f"alive: {ranks} must be global ranks of the current generation "

@@ -139,3 +139,33 @@ def test_registry_vs_device_mesh(new_group_calls: list[dict[str, Any]]) -> None:
 
 def _layout_groups(role: str) -> int:
     return cg.plan(_layout()).role(role).num_groups
+
+
+@pytest.mark.usefixtures("guarded_world")
+def test_rebuild_after_losing_a_node_is_member_local(new_group_calls: list[dict[str, Any]]) -> None:
+    """HSDP over 8,192 replicas of 8 loses one node (8 ranks, one replica): replan drops that
+    replica, and rebuild makes one member-only new_group call per role on this rank."""
+    dims = {"dp_replicate": WORLD // 8, "dp_shard": 8}
+    layout = cg.Layout(dims=dims, elastic={"dims": {"dp_replicate": 1}})
+    registry = GroupRegistry(layout).create()
+    try:
+        new_group_calls.clear()
+        lost = set(range(8, 16))  # the second node
+        report = registry.rebuild([r for r in range(WORLD) if r not in lost])
+        assert report.lost == tuple(sorted(lost)) and report.place == "member"
+        assert dict(report.layout.dims) == {"dp_replicate": WORLD // 8 - 1, "dp_shard": 8}
+        assert registry.generation == 1 and len(registry.members) == WORLD - 8
+        roles = registry.role_names
+        assert len(new_group_calls) == len(roles)
+        assert all(call["use_local_synchronization"] for call in new_group_calls)
+        for role in roles:
+            group = registry.group(role)
+            assert group is not dist.group.WORLD
+            ranks = tuple(dist.get_process_group_ranks(group))
+            assert ranks == registry.ranks(role) and RANK in ranks and not lost & set(ranks)
+            dist.all_reduce(torch.ones(2), group=group)  # raises on the default group
+        # The replica dim's group skips the lost replica: RANK 12,345 (dp_shard coordinate 1)
+        # meets rank 1 of replica 0, then rank 17 of replica 2.
+        assert registry.ranks("dp_replicate")[:3] == (1, 17, 25)
+    finally:
+        registry.close()
