@@ -351,7 +351,8 @@ class GroupRegistry:
                 every rank of the old generation is waited for until the window closes.
             timeout: the check-in window in seconds (or a timedelta), counted from this rank's
                 check-in; it must cover the time every survivor takes to notice the loss. Default:
-                the longest collective timeout of the registry's roles.
+                twice the longest collective timeout of the registry's roles (give short role
+                timeouts to a job that should rebuild quickly, or pass ``alive``).
 
         Returns:
             A :class:`~commgroups.rebuild_report.RebuildReport`: the new generation, layout, the
@@ -463,10 +464,12 @@ class GroupRegistry:
 
     def _check_in_window(self, timeout: float | timedelta | None) -> timedelta:
         if timeout is None:
+            # A survivor notices the loss at its collective's timeout at the latest, and one whose
+            # peers left a collective early may wait out one more: twice the longest role timeout.
             roles = self._created if self._state == "created" else self._retired_roles
             longest = max((self._role_timeout(name, created.adapter).total_seconds()
                            for name, created in roles.items()), default=self.create_timeout_s)
-            return timedelta(seconds=longest)
+            return timedelta(seconds=2 * longest)
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         return timedelta(seconds=limits.check_timeout(seconds, "timeout"))
 

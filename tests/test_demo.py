@@ -139,3 +139,35 @@ def test_report_renders_hazards() -> None:
 def test_unsupported_layout_fails_before_spawning(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--layout", str(ROOT / "examples" / "layouts" / "hsdp_2x2.yaml")]) == 2
     assert "fix:" in capsys.readouterr().err
+
+
+def test_kill_rank_rebuilds_in_place_and_says_what_happened() -> None:
+    """``commgroups demo --kill-rank 3``: rank 3 exits mid-step, the survivors rebuild and finish."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                          "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "commgroups", "demo", "--kill-rank", "3", "--kill-step", "1",
+         "--steps", "3", "--role-timeout", "2"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    out = proc.stdout
+    assert "lost: rank 3" in out
+    assert "rebuilt on 2 ranks (dp_replicate=1 x dp_shard=2)" in out
+    for phase in ("check_in", "retire", "create", "meshes"):
+        assert f"{phase} " in out
+    assert "left out: rank 2 (dropped)" in out
+    assert "step 2" in out and "no checkpoint read" in out
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--kill-rank", "4"], "--kill-rank"),
+    (["--kill-rank", "1", "--kill-step", "5"], "--kill-step"),
+    (["--kill-rank", "1", "--layout", str(SEED)], "elastic"),
+])
+def test_kill_rank_input_is_checked_before_spawning(
+    args: list[str], field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--steps", "3", *args]) == 2
+    err = capsys.readouterr().err
+    assert field in err and "fix:" in err

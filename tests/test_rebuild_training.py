@@ -51,8 +51,13 @@ def test_hsdp_survives_a_lost_rank_and_matches_a_fresh_run(victim: int) -> None:
     # The reference: a fresh world on the rebuilt layout, from the shards the survivors held.
     new_layout = members[kept[0]]["layout"]
     assert dict(new_layout.dims) == {"dp_replicate": 1, "dp_shard": 2}
+    # The members agreed on the step to redo: the failed one, or the one before where a survivor
+    # had not finished it.
+    resumed = {members[r]["resumed_step"] for r in kept}
+    assert len(resumed) == 1 and resumed <= {KILL_STEP - 1, KILL_STEP}, resumed
+    (resume,) = resumed
     start = {members[r]["position"]: members[r]["held"] for r in kept}
-    reference = _run(ElasticRun(new_layout, STEPS, start_step=KILL_STEP, start_shards=start), 2)
+    reference = _run(ElasticRun(new_layout, STEPS, start_step=resume, start_shards=start), 2)
     assert all(rep.ok for rep in reference.values()), {
         r: rep.traceback for r, rep in reference.items() if not rep.ok}
     for rank in kept:
@@ -61,5 +66,5 @@ def test_hsdp_survives_a_lost_rank_and_matches_a_fresh_run(victim: int) -> None:
         assert ours.keys() == theirs.keys()
         for name in ours:
             assert np.array_equal(ours[name], theirs[name]), f"rank {rank}: {name} differs"
-        for step in range(KILL_STEP, STEPS):
+        for step in range(resume, STEPS):
             assert members[rank]["losses"][step] == reference[position].value["losses"][step]

@@ -48,6 +48,17 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds before a stuck run is stopped (default 300)")
     parser.add_argument("--no-audit", action="store_true", help="do not record collectives")
+    parser.add_argument("--kill-rank", type=int, default=None, metavar="R",
+                        help="rank loss instead: HSDP (dp_replicate x dp_shard, FSDP2) where rank R "
+                             "exits mid-step; the survivors rebuild every role in place "
+                             "(registry.rebuild()) and carry on from memory. Prints what was lost, "
+                             "rebuilt and each phase's time. The layout (--layout) needs an "
+                             "[elastic] section; default: dp_shard=2, replicas may shrink to 1")
+    parser.add_argument("--kill-step", type=int, default=1, metavar="S",
+                        help="with --kill-rank: the step during which rank R exits (default 1)")
+    parser.add_argument("--role-timeout", type=float, default=3.0, metavar="SECONDS",
+                        help="with --kill-rank and the default layout: every role's collective "
+                             "timeout, i.e. how long a survivor waits for the lost rank (default 3)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the report")
     parser.set_defaults(run=run)
 
@@ -79,6 +90,34 @@ def _world_size(args: argparse.Namespace) -> int:
     return world
 
 
+def _run_rank_loss(args: argparse.Namespace, timeout_s: float) -> int:
+    """``--kill-rank``: the in-place rebuild demo (commgroups.demo.elastic)."""
+    from commgroups.demo.elastic import elastic_layout, run_elastic_demo
+    from commgroups.demo.launch import under_torchrun
+    from commgroups.layout_io import load_layout
+
+    if under_torchrun() or args.baseline:
+        raise SystemExit("commgroups demo: --kill-rank spawns its own processes (the launcher hosts "
+                         "the store, so any rank may die) and runs on the registry only; fix: run "
+                         "it without torchrun and without --baseline")
+    world = _world_size(args)
+    role_timeout = check_timeout(args.role_timeout, "--role-timeout")
+    layout = load_layout(args.layout) if args.layout else elastic_layout(world, role_timeout)
+    if layout.elastic is None:
+        raise LayoutError(f"--layout: {args.layout} has no [elastic] section, so no dim may shrink "
+                          "after a rank loss; fix: add one (see examples/layouts/hsdp_elastic.toml)",
+                          field="elastic")
+    if not 0 <= args.kill_rank < world:
+        raise LayoutError(f"--kill-rank: {args.kill_rank} is outside 0..{world - 1}; fix: name a "
+                          "rank of the world", field="--kill-rank")
+    if not 0 <= args.kill_step < args.steps:
+        raise LayoutError(f"--kill-step: {args.kill_step} is outside 0..{args.steps - 1} (the "
+                          "run's steps); fix: lose the rank during a step that runs",
+                          field="--kill-step")
+    return run_elastic_demo(layout, args.steps, args.kill_rank, args.kill_step, timeout_s,
+                            quiet=args.quiet)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the demo as the parsed ``args`` ask."""
     from commgroups.demo.groups import demo_layout
@@ -88,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         raise LayoutError(f"--steps: {args.steps} is outside 1..{MAX_STEPS}; fix: a demo run needs "
                           "a few steps (default 5)", field="--steps")
     timeout_s = check_timeout(args.timeout, "--timeout")
+    if args.kill_rank is not None:
+        return _run_rank_loss(args, timeout_s)
     # The demo gathers K/V over cp with spmd_types (an extra): say so once, before any rank starts.
     if importlib.util.find_spec("spmd_types") is None:
         raise SystemExit("commgroups demo: needs spmd_types (its cp collectives are what the demo "

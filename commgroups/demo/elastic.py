@@ -12,6 +12,7 @@ every parameter is the same on the new mesh.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -26,9 +28,9 @@ from commgroups.demo.model import ModelConfig, TinyTransformer
 from commgroups.demo.train import batch_tokens
 from commgroups.integrations.fsdp import fully_shard_on_role
 from commgroups.registry import GroupRegistry
-from commgroups.specs import ElasticSpec, Layout, RoleSpec, default_roles
+from commgroups.specs import CHECKPOINT_ROLE, ElasticSpec, Layout, RoleSpec, default_roles
 
-__all__ = ["ElasticRun", "elastic_layout", "elastic_rank"]
+__all__ = ["ElasticRun", "elastic_layout", "elastic_rank", "run_elastic_demo"]
 
 SEQ = 16
 BATCH = 2
@@ -107,12 +109,28 @@ def _step(model: nn.Module, optim: torch.optim.Optimizer, step: int, position: i
     return float(loss.detach())
 
 
+def _agreed_step(registry: GroupRegistry, step: int) -> int:
+    """The step every member of the rebuilt world restarts from: the earliest one in progress.
+
+    A survivor can be one step ahead of another (it finished its optimizer step while a peer's
+    gradient reduction failed), never more: every step's collectives join the ranks of each replica
+    and the replicas. Agreed over the checkpoint-metadata group (world-spanning, gloo): it is
+    recovery metadata, like DCP's, and carries no model traffic.
+    """
+    earliest = torch.tensor([step], dtype=torch.int64)
+    registry.collectives(CHECKPOINT_ROLE).all_reduce(earliest, op=dist.ReduceOp.MIN)
+    return int(earliest.item())
+
+
 def elastic_rank(rank: int, world_size: int, post: Callable[[Any], None],
                  run: ElasticRun) -> dict[str, Any]:
     """Train ``run`` on this rank; survive the loss of ``run.kill_rank`` by rebuilding in place.
 
+    Each step starts by keeping this rank's shards in memory (the last two steps'). After a rebuild
+    the members agree on the step to redo and restore the shards they held at its start.
+
     Returns this rank's place (member, spare, dropped), its losses by step, the rebuild's report
-    and timings, the shards it held when it rebuilt, and its final shards.
+    and timings, the step it resumed from with the shards it held then, and its final shards.
     """
     registry = GroupRegistry(run.layout, create_timeout_s=60).create()
     model = _build(registry)
@@ -120,9 +138,11 @@ def elastic_rank(rank: int, world_size: int, post: Callable[[Any], None],
         _load(model, run.start_shards[registry.members.index(rank)])
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
     result: dict[str, Any] = {"losses": {}, "rebuild": None}
+    held: dict[int, dict[str, np.ndarray]] = {}  # step -> this rank's shards at its start
     step = run.start_step
     while step < run.steps:
-        held = _shards(model)  # what this rank holds in memory at the start of the step
+        held[step] = _shards(model)
+        held.pop(step - 2, None)
         position = registry.members.index(rank)
         started = time.monotonic()
         try:
@@ -133,19 +153,24 @@ def elastic_rank(rank: int, world_size: int, post: Callable[[Any], None],
                 raise
             noticed = time.monotonic() - started
             report = registry.rebuild(timeout=run.rebuild_timeout_s)
-            result["rebuild"] = {"error": f"{type(error).__name__}: {str(error)[:160]}",
+            # gloo prefixes its messages with a source path in brackets: keep what follows.
+            text = str(error).rsplit("] ", 1)[-1]
+            result["rebuild"] = {"error": f"{type(error).__name__}: {text[:160]}",
                                  "noticed_s": noticed, "report": report,
-                                 "text": report.describe()}
-            if rank == min(report.members, default=-1):
-                post(f"[elastic] step {step}: rank {run.kill_rank} lost; noticed after "
-                     f"{noticed:.2f}s ({type(error).__name__})\n" + report.describe())
+                                 "text": report.describe(), "failed_step": step}
             if report.place != "member":
                 result["place"] = report.place
                 registry.close()
                 return result
-            result["held"] = held
+            step = _agreed_step(registry, step)
+            if rank == min(report.members):
+                post(f"[elastic] step {step}: a collective failed after {noticed:.2f}s "
+                     f"({type(error).__name__}); rebuilt generation {report.generation} in "
+                     f"{report.total_seconds:.2f}s; redoing step {step}")
+            result["resumed_step"], result["held"] = step, held[step]
+            result["losses"] = {s: v for s, v in result["losses"].items() if s < step}
             model = _build(registry)
-            _load(model, held)
+            _load(model, held[step])
             optim = torch.optim.SGD(model.parameters(), lr=0.1)
             continue  # redo the step on the rebuilt world
         step += 1
@@ -153,3 +178,56 @@ def elastic_rank(rank: int, world_size: int, post: Callable[[Any], None],
                   layout=registry.layout, final=_shards(model), generation=registry.generation)
     registry.close()
     return result
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def run_elastic_demo(layout: Layout, steps: int, kill_rank: int, kill_step: int,
+                     timeout_s: float, quiet: bool = False) -> int:
+    """``commgroups demo --kill-rank R``: spawn the world, lose rank R at ``kill_step``, print what
+    was lost, what was rebuilt and how long each phase took. Returns the exit status (0: every
+    member of the rebuilt world trained every step)."""
+    from commgroups.local_world import run_local_world
+
+    world = layout.world_size
+    if not quiet:
+        _say(f"[demo] starting {world} processes (gloo, CPU); HSDP "
+             f"{' x '.join(f'{k}={v}' for k, v in layout.dims.items())}; rank {kill_rank} exits "
+             f"during step {kill_step}")
+    run = ElasticRun(layout, steps, kill_rank=kill_rank, kill_step=kill_step)
+    reports = run_local_world(elastic_rank, world, run, timeout_s=timeout_s,
+                              init_timeout_s=min(timeout_s, 120.0),
+                              preload=("torch", "torch.distributed", "commgroups.demo.elastic"),
+                              on_message=None if quiet else _say, grace_s=None)
+    failed = {r: rep.traceback for r, rep in reports.items() if not rep.ok}
+    for rank, text in sorted(failed.items()):
+        print(f"commgroups demo: rank {rank} failed:\n{text}", file=sys.stderr)
+    members = {r: rep.value for r, rep in reports.items()
+               if rep.ok and rep.value.get("place") == "member"}
+    if failed or not members:
+        return 1
+    first = members[min(members)]
+    rebuild = first["rebuild"]
+    _say("")
+    if rebuild is None:
+        _say(f"no rank was lost ({kill_step=} >= {steps=}?)")
+        return 1
+    report = rebuild["report"]
+    _say(f"lost: rank {kill_rank} (noticed by rank {min(members)} after "
+         f"{rebuild['noticed_s']:.2f}s: {rebuild['error'][:100]})")
+    _say(rebuild["text"])
+    others = {r: rep.value.get("place") for r, rep in reports.items() if r not in members}
+    if others:
+        _say("left out: " + ", ".join(f"rank {r} ({place})" for r, place in sorted(others.items())))
+    losses = first["losses"]
+    _say(f"rank {min(members)} losses: " + ", ".join(
+        f"step {s} {losses[s]:.4f}" for s in sorted(losses))
+        + f" (steps {first['resumed_step']}+ on the rebuilt world, from memory: no checkpoint "
+        "read)")
+    complete = all(sorted(v["losses"]) == list(range(steps)) for v in members.values())
+    if not complete:
+        print("commgroups demo: a member of the rebuilt world did not train every step",
+              file=sys.stderr)
+    return 0 if complete and report.generation == 1 else 1
