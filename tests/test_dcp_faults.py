@@ -1,5 +1,5 @@
-"""A rank killed in the middle of a DCP save: the previous checkpoint still loads exactly, and the
-broken one is never taken for complete."""
+"""A rank killed in the middle of a DCP save: the previous checkpoint still loads exactly (in the
+survivors' rebuilt registry, and in a fresh job), and the broken one is never taken for complete."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ GROUP_TIMEOUT_S = 20
 
 def _save_then_die(rank: int, world_size: int, root: str) -> dict[str, Any]:
     layout = cg.Layout(dims={"dp": world_size}, roles=[
-        cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo", timeout_s=GROUP_TIMEOUT_S)])
+        cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo", timeout_s=GROUP_TIMEOUT_S)],
+        elastic={"dims": {"dp": 1}})
     registry = cg.GroupRegistry(layout).create()
     step1, step2 = Path(root, "step1"), Path(root, "step2")
     dcp.save(_state(rank, 1), checkpoint_id=step1, registry=registry)
@@ -59,6 +60,14 @@ def _save_then_die(rank: int, world_size: int, root: str) -> dict[str, Any]:
     except Exception as error:  # whatever DCP raises when a peer vanishes
         out["step2_error"] = f"{type(error).__name__}: {str(error)[:200]}"
     out["seconds"] = time.monotonic() - started
+    # The survivors rebuild in place and read the previous checkpoint through the new
+    # checkpoint-metadata group (the lost rank's keys are simply not asked for).
+    report = registry.rebuild(alive=[0, 1, 2], timeout=GROUP_TIMEOUT_S)
+    out["rebuilt_members"] = report.members
+    mine = {k: torch.zeros_like(v) for k, v in _state(rank, 1).items()}
+    dcp.load(mine, checkpoint_id=step1, registry=registry)
+    out["reloaded_exact"] = all(torch.equal(mine[k], v) for k, v in _state(rank, 1).items())
+    registry.close()
     return out
 
 
@@ -77,6 +86,7 @@ def test_killed_save_never_complete_and_previous_loads(fault_results: tuple[Path
         assert out["step2_error"].startswith(("RoleCollectiveError", "RoleTimeoutError")), out
         assert "role 'checkpoint-metadata'" in out["step2_error"], out
         assert out["seconds"] < 3 * GROUP_TIMEOUT_S  # generous: no hang, not a speed test
+        assert out["rebuilt_members"] == (0, 1, 2) and out["reloaded_exact"]
     step1, step2 = root / "step1", root / "step2"
     assert dcp.checkpoint_complete(step1)
     assert not dcp.checkpoint_complete(step2)

@@ -7,6 +7,7 @@ the smaller layout that ``elastic`` allows, and keep communicating on the new gr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from datetime import timedelta
@@ -33,18 +34,18 @@ def hsdp_layout(dims: dict[str, int] = DIMS, *, spares: bool = False,
                   elastic={"dims": {"dp_replicate": 1}, "spares": spares})
 
 
-def _fail_then_rebuild(rank: int, world: int, victim: int, alive_known: bool,
-                       spares: bool) -> dict[str, Any]:
-    registry = GroupRegistry(hsdp_layout(spares=spares), create_timeout_s=30).create()
-    old = registry.collectives("fsdp")
+def _fail_then_rebuild(rank: int, world: int, victim: int, role: str,
+                       alive_known: bool) -> dict[str, Any]:
+    registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
+    old = registry.collectives(role)
     mesh = registry.device_mesh(["dp_replicate", "fsdp"])
-    old.barrier()
+    registry.collectives("checkpoint-metadata").barrier()
     if rank == victim:
         os._exit(0)  # lost for good: no report, no cleanup
     started = time.monotonic()
     error = ""
     try:
-        old.all_reduce(torch.ones(1))  # fsdp over dp_shard holds the victim for 2 of 4 ranks
+        old.all_reduce(torch.ones(1))  # fails on the victim's peers in ``role``
         registry.collectives("checkpoint-metadata").barrier()  # spans the world: fails everywhere
     except Exception as caught:  # the role error: the peer is gone (at once, or at the timeout)
         error = type(caught).__name__
@@ -81,10 +82,15 @@ def _fail_then_rebuild(rank: int, world: int, victim: int, alive_known: bool,
     return result
 
 
-@pytest.mark.parametrize(("victim", "alive_known"), [(3, False), (0, True)],
-                         ids=["rank3-check-in-window", "rank0-alive-given"])
-def test_survivors_rebuild_on_the_smaller_layout(victim: int, alive_known: bool) -> None:
-    results = run_world(_fail_then_rebuild, 4, victim, alive_known, False, timeout=90,
+# A rank dies while the survivors are in a collective of each role (then of the world).
+@pytest.mark.parametrize(("victim", "role", "alive_known"), [
+    (3, "fsdp", False), (0, "dp_replicate", True), (2, "dp_shard", False),
+    (1, "checkpoint-metadata", True),
+], ids=["rank3-fsdp-check-in-window", "rank0-dp_replicate-alive-given",
+        "rank2-dp_shard-check-in-window", "rank1-checkpoint-metadata-alive-given"])
+def test_survivors_rebuild_on_the_smaller_layout(victim: int, role: str,
+                                                 alive_known: bool) -> None:
+    results = run_world(_fail_then_rebuild, 4, victim, role, alive_known, timeout=90,
                         expect_errors=True)
     assert isinstance(results[victim], TimeoutError)  # it never reported: it is gone
     survivors = [r for r in range(4) if r != victim]
@@ -98,7 +104,7 @@ def test_survivors_rebuild_on_the_smaller_layout(victim: int, alive_known: bool)
         assert result["lost"] == (victim,)
         assert result["members"] == tuple(kept)
         assert result["generation"] == 1
-        assert result["stale"] == ("fsdp", 0)
+        assert result["stale"] == (role, 0)
         if rank in kept:
             assert result["place"] == "member"
             assert result["dims"] == {"dp_replicate": 1, "dp_shard": 2}
@@ -172,3 +178,52 @@ def test_malformed_alive_is_refused_before_anything_happens() -> None:
     for said in run_world(_bad_alive, 4, timeout=60):
         assert len(said) == 3
         assert "outside" not in said[1]
+
+
+def _second_loss_during_rebuild(rank: int, world: int) -> dict[str, Any]:
+    """6 ranks (3 replicas of 2): rank 5 dies; rank 0 dies too, inside its rebuild, just after the
+    check-in. The others' first rebuild fails; their second one succeeds without rank 0."""
+    registry = GroupRegistry(hsdp_layout({"dp_replicate": 3, "dp_shard": 2}),
+                             create_timeout_s=6).create()
+    registry.collectives("checkpoint-metadata").barrier()
+    if rank == 5:
+        os._exit(0)
+    if rank == 0:
+        def die(*args: Any, **kwargs: Any) -> Any:
+            os._exit(0)
+
+        registry._create_generation = die  # type: ignore[method-assign]  # dies mid-rebuild
+    with contextlib.suppress(Exception):
+        registry.collectives("checkpoint-metadata").barrier()
+    errors = []
+    for _attempt in range(3):
+        try:
+            report = registry.rebuild(timeout=ROLE_TIMEOUT_S + 2)
+        except Exception as error:  # the second loss, named: try again, as a job would
+            errors.append(type(error).__name__)
+            continue
+        result = {"errors": errors, "place": report.place, "lost": report.lost,
+                  "members": report.members, "generation": registry.generation}
+        if report.place == "member":
+            total = torch.ones(1)
+            registry.collectives("checkpoint-metadata").all_reduce(total)
+            result["world_sum"] = float(total.item())
+        registry.close()
+        return result
+    return {"errors": errors}
+
+
+def test_a_second_loss_during_rebuild_ends_in_another_rebuild() -> None:
+    results = run_world(_second_loss_during_rebuild, 6, timeout=150, expect_errors=True)
+    assert isinstance(results[0], TimeoutError) and isinstance(results[5], TimeoutError)
+    # Rank 4 lost its replica-mate at the first rebuild: dropped then, before the second loss.
+    assert results[4]["place"] == "dropped" and results[4]["errors"] == []
+    for rank in (1, 2, 3):
+        result = results[rank]
+        assert len(result["errors"]) == 1, result  # the first rebuild failed, clearly, once
+        assert result["errors"][0] in ("AgreementTimeoutError", "GroupCreationError")
+        assert result["generation"] == 1
+        assert result["members"] == (2, 3)  # replicas 0 and 2 are gone
+        assert set(result["lost"]) >= {0, 5}
+    assert results[1]["place"] == "dropped"
+    assert results[2]["world_sum"] == results[3]["world_sum"] == 2.0
