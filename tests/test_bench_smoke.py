@@ -18,7 +18,8 @@ from commgroups.cli import main
 from commgroups.memory import SPLIT_PARENT, estimate_memory
 from commgroups.specs import HcclOptions, Layout, RoleOptions, RoleSpec
 
-TABLES = ("creation", "planning", "async_and_wait", "checkpoint_dcp", "checkpoint_exchange", "memory")
+TABLES = ("creation", "rebuild", "planning", "async_and_wait", "checkpoint_dcp",
+          "checkpoint_exchange", "memory")
 
 
 def _numbers(cell: Any) -> list[float]:
@@ -63,6 +64,13 @@ def test_bench_smoke_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtur
             assert cells["roles aliasing default group"] == 0
         if cells["variant"] == "devicemesh":
             assert cells["roles aliasing default group"] >= 1
+    # Rebuild: every phase measured on the gloo world and the simulated one, as a ratio too.
+    rebuild = data["tables"]["rebuild"]
+    whats = {(row[0], row[2]) for row in rebuild["rows"]}
+    for world in (4, 64):
+        assert {(world, w) for w in ("create", "rebuild", "phase check_in", "phase retire",
+                                     "phase create", "phase meshes")} <= whats
+    assert data["summary"]["rebuild_ratio_vs_create_gloo4"] > 0
     assert sorted(p.name for p in plots.glob("*.png")) == [
         "async_and_wait.png", "checkpoint.png", "creation.png", "memory.png", "planning.png"]
     assert "async_and_wait_overhead_ratio" in capsys.readouterr().out

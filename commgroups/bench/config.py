@@ -35,6 +35,8 @@ class BenchConfig:
     metadata_items: tuple[int, ...]
     """WriteItems per SavePlan in the metadata exchange."""
     metadata_repetitions: int
+    rebuild_repetitions: int = 3
+    """Rebuilds after a rank loss per world (gloo worlds and the largest fake world)."""
     timeout_s: float = 600.0
 
 
@@ -57,6 +59,7 @@ def full_config() -> BenchConfig:
         dcp_tensor_bytes=256 * KiB,
         metadata_items=(10, 100, 1000, 3000),
         metadata_repetitions=9,
+        rebuild_repetitions=7,
     )
 
 
@@ -103,5 +106,6 @@ def smoke_config() -> BenchConfig:
         dcp_tensor_bytes=KiB,
         metadata_items=(10,),
         metadata_repetitions=1,
+        rebuild_repetitions=1,
         timeout_s=240.0,
     )

@@ -19,7 +19,15 @@ from typing import Any, Protocol
 
 import torch
 
-from commgroups.bench import async_wait_cost, audit_cost, checkpoint, creation, memory, planning
+from commgroups.bench import (
+    async_wait_cost,
+    audit_cost,
+    checkpoint,
+    creation,
+    memory,
+    planning,
+    rebuild,
+)
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import NullProgress, Progress
 from commgroups.bench.stats import Table
@@ -113,6 +121,9 @@ def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig
     if "creation" in sections:
         out["creation"] = creation.measure_gloo(rank, world_size, progress,
                                                 config.creation_repetitions)
+    if "rebuild" in sections:
+        out["rebuild"] = rebuild.measure_gloo(rank, world_size, progress,
+                                              config.rebuild_repetitions)
     if "async_and_wait" in sections:
         out["async_and_wait"] = async_wait_cost.measure(rank, world_size, progress, config)
     if "audit" in sections:
@@ -130,12 +141,13 @@ def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig
 
 def expected_units(config: BenchConfig, scenarios: Sequence[Scenario] = ()) -> int:
     """How many progress units a run of ``config`` reports (the bar's total, known up front)."""
-    per_gloo_world = config.creation_repetitions + len(config.metadata_items)
+    per_gloo_world = (config.creation_repetitions + len(config.metadata_items)
+                      + config.rebuild_repetitions)
     first_world = (len(config.async_and_wait_ops) * len(config.async_and_wait_sizes)
                    + config.dcp_repetitions + len(audit_cost.WORKLOADS))
     extra_units = sum(scenario.units(config) for scenario in scenarios)
     return (extra_units + len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
-            + len(config.fake_worlds) * config.fake_repetitions
+            + len(config.fake_worlds) * config.fake_repetitions + config.rebuild_repetitions
             + len(config.gloo_worlds) * per_gloo_world + first_world)
 
 
@@ -176,11 +188,14 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
         creation_results.append(run_world(creation.measure_fake, world, config.fake_repetitions,
                                           backend="fake", timeout_s=config.timeout_s,
                                           progress=bar)[0])
+    rebuild_results = [run_world(rebuild.measure_fake, max(config.fake_worlds),
+                                 config.rebuild_repetitions, backend="fake",
+                                 timeout_s=config.timeout_s, progress=bar)[0]]
     gloo: dict[int, dict[str, Any]] = {}
     smallest = min(config.gloo_worlds)
     with tempfile.TemporaryDirectory(prefix="commgroups-bench-") as directory:
         for world in config.gloo_worlds:
-            sections: tuple[str, ...] = ("creation", "exchange")
+            sections: tuple[str, ...] = ("creation", "rebuild", "exchange")
             if world == smallest:
                 sections += ("async_and_wait", "audit", "dcp")
             logger.info("gloo world of %d: %s", world, ", ".join(sections))
@@ -190,14 +205,16 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
     creation_results += [gloo[w]["creation"] for w in config.gloo_worlds]
 
     creation_table, creation_summary = creation.tables(creation_results)
+    rebuild_table, rebuild_summary = rebuild.tables(
+        [gloo[w]["rebuild"] for w in config.gloo_worlds] + rebuild_results)
     async_and_wait_table, async_and_wait_summary = async_wait_cost.tables(gloo[smallest]["async_and_wait"])
     audit_table, audit_summary = audit_cost.tables(gloo[smallest]["audit"])
     checkpoint_tables, checkpoint_summary = checkpoint.tables(
         [gloo[smallest]["dcp"]], [gloo[w]["exchange"] for w in config.gloo_worlds]
     )
-    result.tables = [creation_table, planning_table, async_and_wait_table, audit_table,
+    result.tables = [creation_table, rebuild_table, planning_table, async_and_wait_table, audit_table,
                      *checkpoint_tables, memory_table, *(table for tables, _ in extras for table in tables)]
-    for part in (creation_summary, planning_summary, async_and_wait_summary, audit_summary,
+    for part in (creation_summary, rebuild_summary, planning_summary, async_and_wait_summary, audit_summary,
                  checkpoint_summary, memory_summary, *(summary for _, summary in extras)):
         result.summary.update(part)
     result.duration_s = time.perf_counter() - started
