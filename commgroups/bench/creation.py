@@ -36,9 +36,12 @@ __all__ = [
     "tables",
 ]
 
-VARIANTS: tuple[str, ...] = ("registry", "registry all_ranks", "devicemesh", "new_group loop")
+VARIANTS: tuple[str, ...] = ("registry", "registry all_ranks", "devicemesh",
+                             "devicemesh + own fsdp", "new_group loop")
 """``registry`` uses creation_mode="auto" (the fastest safe path); ``registry all_ranks`` forces torch's
-default contract, the same calls as the loop."""
+default contract, the same calls as the loop. ``devicemesh + own fsdp`` is what a DeviceMesh user does
+to keep FSDP off the default group: the same mesh plus a dedicated world group for fsdp, i.e. the same
+communicators as the registry."""
 
 _COUNTED = ("new_group", "split_group")
 
@@ -137,18 +140,21 @@ def _create_registry(layout: Layout, creation: str, counter: CallCounter) -> Cre
                    "+".join(methods), keep=registry)
 
 
-def _create_devicemesh(layout: Layout, counter: CallCounter) -> Created:
+def _create_devicemesh(layout: Layout, counter: CallCounter, own_fsdp: bool = False) -> Created:
     from torch.distributed.device_mesh import init_device_mesh
 
     names = tuple(layout.dims)
     mesh = init_device_mesh("cpu", tuple(layout.dims.values()), mesh_dim_names=names)
     fsdp = torch_internals.flatten_mesh(mesh[names], "fsdp")
+    if own_fsdp:  # fsdp spans the world here (dp_shard x cp): a group of its own, not the default
+        own = dist.new_group(group_desc="fsdp")
+        assert isinstance(own, dist.ProcessGroup)
     # torchtitan makes its gloo checkpoint group by hand; DeviceMesh has no role for it.
     checkpoint = dist.new_group(backend=_checkpoint_backend(), group_desc=CHECKPOINT_ROLE)
     # torch >= 2.14 types new_group as ProcessGroup | NON_GROUP_MEMBER; every rank is a member here.
     assert isinstance(checkpoint, dist.ProcessGroup)
     groups = {name: mesh.get_group(name) for name in names}
-    groups["fsdp"] = fsdp.get_group()
+    groups["fsdp"] = own if own_fsdp else fsdp.get_group()
     groups[CHECKPOINT_ROLE] = checkpoint
     return Created(groups, _destroy(counter.groups), "devicemesh")
 
@@ -173,6 +179,8 @@ def _create(variant: str, layout: Layout, counter: CallCounter) -> Created:
         return _create_registry(layout, "all_ranks", counter)
     if variant == "devicemesh":
         return _create_devicemesh(layout, counter)
+    if variant == "devicemesh + own fsdp":
+        return _create_devicemesh(layout, counter, own_fsdp=True)
     return _create_loop(layout, counter)
 
 
@@ -282,6 +290,14 @@ def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
             table.add(result["world"], result["backend"], variant,
                       " / ".join(result["methods"][variant]), summarize(times).scaled(1e3),
                       _span(result["calls"][variant]), result["aliases"][variant], ratio)
+    for result in results:
+        if result["backend"] != "gloo":
+            continue
+        registry = result["samples"]["registry"]
+        for key, base_variant in (("devicemesh", "devicemesh"),
+                                  ("devicemesh_own_fsdp", "devicemesh + own fsdp")):
+            summary[f"creation_ratio_vs_{key}_gloo{result['world']}"] = summarize(
+                paired_ratios(registry, result["samples"][base_variant])).median
     simulated = [r for r in results if r["backend"] == "fake"]
     if simulated:
         largest = max(simulated, key=lambda r: r["world"])
@@ -294,7 +310,9 @@ def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
     table.notes += [
         "time: slowest rank's wall time per creation (median [p25-p75]); ratio: per-repetition "
         "variant / devicemesh, median [p25-p75]",
-        "devicemesh = init_device_mesh + _flatten('fsdp') + a gloo new_group for checkpoint metadata",
+        "devicemesh = init_device_mesh + _flatten('fsdp') + a gloo new_group for checkpoint metadata "
+        "(fsdp spans the world, so _flatten returns the default group: one communicator fewer than "
+        "the registry); devicemesh + own fsdp = the same plus a dedicated world group for fsdp",
         "registry = creation_mode='auto' (method: the paths it took); fake worlds simulate rank 0 in one "
         "process (no data moves)",
         "gloo worlds keep each registry open until the end: re-creating a closed layout would reuse "
