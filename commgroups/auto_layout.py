@@ -11,7 +11,10 @@ exists and identical on every rank (every rank resolves the same layout with the
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -22,7 +25,9 @@ from commgroups.errors import LayoutError, RegistryStateError, WorldSizeMismatch
 from commgroups.specs import ElasticSpec, Layout, RoleSpec, SpecModel, StrictSize
 from commgroups.validation_errors import problem
 
-__all__ = ["AUTO", "AutoLayout", "has_auto_dim", "job_layout", "resolve_layout"]
+__all__ = ["AUTO", "AutoLayout", "has_auto_dim", "job_layout", "resolve_layout", "shared_store_risk"]
+
+logger = logging.getLogger(__name__)
 
 AUTO = "auto"
 """The size of the dim that follows the world size."""
@@ -323,4 +328,36 @@ def job_layout(layout: AutoLayout) -> Layout:
             "but torch.distributed is not initialized; fix: call init_process_group() (or run "
             "under torchrun) before GroupRegistry(layout), or pass layout.resolve(world_size)"
         )
+    risk = shared_store_risk(os.environ)
+    if risk is not None and dist.get_rank() == 0:
+        logger.warning(risk)
     return layout.resolve(dist.get_world_size())
+
+
+def shared_store_risk(environ: Mapping[str, str]) -> str | None:
+    """Why a restart of this torchrun job may fail to initialize, or None (pure; reads ``environ``).
+
+    torchrun's agent shares its own TCPStore with the workers (``TORCHELASTIC_USE_AGENT_STORE``)
+    and keeps it across restarts while it stays node rank 0: the keys the previous attempt's
+    ``init_process_group`` left there are still set, so restarted workers read stale peer addresses
+    and fail to connect (pytorch#135712; seen on torch 2.13 with gloo: every restart failed). With
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in the agents' environment, worker rank 0 hosts a
+    fresh store per attempt.
+
+    Example::
+
+        >>> shared_store_risk({"TORCHELASTIC_USE_AGENT_STORE": "True",
+        ...                    "TORCHELASTIC_MAX_RESTARTS": "3"}) is not None
+        True
+        >>> shared_store_risk({"TORCHELASTIC_USE_AGENT_STORE": "False",
+        ...                    "TORCHELASTIC_MAX_RESTARTS": "3"}) is None
+        True
+    """
+    restarts = environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not restarts.isdigit() \
+            or int(restarts) == 0:
+        return None
+    return ("restart mode: torchrun shares its agent's store with the workers and keeps it "
+            "across restarts, so a restarted worker can read the previous attempt's peer "
+            "addresses and fail in init_process_group (pytorch#135712); fix: launch torchrun "
+            "with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment")

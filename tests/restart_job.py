@@ -4,7 +4,7 @@ Each worker: init the default group (gloo), build a GroupRegistry from an auto l
 sized by this world), FSDP2 on the registry's roles, AdamW; resume from the newest complete DCP
 checkpoint under ``--ckpt`` (or from ``--load``), loaded through the checkpoint-metadata group and
 resharded to this world; train to ``--steps``, saving every ``--save-every`` steps through the same
-group. Every event is one JSON line in ``--out``/events-<restart>-<rank>.jsonl (loss per step,
+group. Every event is one JSON line in ``--out``/events-<restart>-<rank>-<pid>.jsonl (loss per step,
 checkpoints saved, what was loaded, the resolved dims), so the test reads what happened without
 parsing logs.
 
@@ -44,10 +44,10 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def _events(args: argparse.Namespace, rank: int, restart: int) -> Any:
-    path = Path(args.out) / f"events-{restart}-{rank}.jsonl"
+    path = Path(args.out) / f"events-{restart}-{rank}-{os.getpid()}.jsonl"
 
     def emit(**event: Any) -> None:
-        event.update(rank=rank, restart=restart, t=time.time())
+        event.update(rank=rank, restart=restart, pid=os.getpid(), t=time.time())
         with path.open("a") as f:
             f.write(json.dumps(event) + "\n")
 
@@ -71,7 +71,7 @@ def train(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     emit = _events(args, rank, restart)
-    emit(event="start", world=world, pid=os.getpid(), group_rank=os.environ.get("GROUP_RANK"))
+    emit(event="start", world=world, group_rank=os.environ.get("GROUP_RANK"))
 
     layout = cg.load_layout(args.layout)  # an AutoLayout: the registry sizes it by this world
     registry = cg.GroupRegistry(layout, create_timeout_s=args.timeout_s).create()
@@ -113,7 +113,8 @@ def train(args: argparse.Namespace) -> None:
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path,
                      registry=registry)
             emit(event="saved", step=step, path=str(path), world=world)
-        time.sleep(args.step_sleep)
+        if restart == 0:  # slow the first attempt down so that a node can be lost mid-training
+            time.sleep(args.step_sleep)
     emit(event="done", world=world)
     registry.close()
     dist.destroy_process_group()
@@ -128,7 +129,8 @@ def main() -> None:
     parser.add_argument("--load", help="start from this checkpoint instead of the newest one")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--save-every", type=int, default=2)
-    parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--step-sleep", type=float, default=0.0,
+                        help="seconds to sleep after each step of the first attempt")
     parser.add_argument("--timeout-s", type=float, default=10.0)
     parser.add_argument("--seq", type=int, default=16)
     parser.add_argument("--batch", type=int, default=2)

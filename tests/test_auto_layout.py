@@ -196,3 +196,13 @@ def test_docstring_examples_hold() -> None:
 
     result = doctest.testmod(auto_layout, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_shared_store_risk_names_the_fix() -> None:
+    from commgroups.auto_layout import shared_store_risk
+
+    risky = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3"}
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in (shared_store_risk(risky) or "")
+    assert shared_store_risk({**risky, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None
+    assert shared_store_risk({**risky, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None
+    assert shared_store_risk({}) is None
