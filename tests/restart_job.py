@@ -29,7 +29,8 @@ CKPT_PREFIX = "step-"
 
 
 def _die_with_parent() -> None:
-    """Linux: this worker gets SIGKILL when its torchrun agent dies (a lost node takes its workers)."""
+    """Linux: this process gets SIGKILL when its parent dies (a worker with its torchrun agent: a lost
+    node takes its workers; an agent with the test that started it)."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

@@ -11,35 +11,44 @@ checkpoint at that size: its losses must equal the resumed job's, bitwise.
 
 The first agent hosts the rendezvous store (``is_host=1``): the store dies with the agent that hosts
 it, so the lost node must not be the host (an external store would lift this).
+
+The same scenario runs torchtitan's trainer through ``with_registry`` (tests/titan_restart_job.py;
+``titan_matrix``: minutes of torchtitan, so ``make test-titan`` runs it, not ``make test``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.restart_job import _die_with_parent
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "restart_job.py"
+TITAN_JOB = ROOT / "tests" / "titan_restart_job.py"
 STEPS = 10
 # Survivors that are direct peers of a lost rank fail at once ("Connection closed by peer"); the
 # others after this. It also bounds the first step, which is slow on a loaded 2-core machine.
 ROLE_TIMEOUT_S = 20
 # How long the two-agent run, then the reference run, may take before the test fails (and kills
-# what it started); pytest's own timeout (300 s) is above both. Measured on a 2-core machine
-# shared with other jobs: 130-140 s at load average 10-12, most of it importing torch.
-DEADLINE_S = 180
-REFERENCE_DEADLINE_S = 270
+# what it started); the test's pytest timeout is above both. Measured on a 2-core machine shared
+# with other jobs: 130-140 s in all at load average 10-12, 240 s at 21-29; most of it is importing
+# torch in 10 processes.
+DEADLINE_S = 300
+REFERENCE_DEADLINE_S = 420
 
 LAYOUTS = {
     # dp_shard follows the world: 4 ranks shard 4 ways, after the loss 2 ranks shard 2 ways, so
@@ -111,16 +120,20 @@ def _torchrun(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     # to connect (pytorch#135712, seen on torch 2.13 gloo). With it, worker rank 0 hosts a fresh
     # store per restart.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "LOGLEVEL": "INFO", "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+           "LOGLEVEL": "INFO", "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+           # torchtitan's job: offline data set and tokenizer made by the test
+           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     with log.open("wb") as out:
+        # An agent dies with this process (its workers die with it: restart_job.py), so nothing
+        # outlives a test killed by its timeout or an interrupt.
         return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_die_with_parent)
 
 
-def _events(out: Path) -> list[dict[str, Any]]:
+def _events(out: Path, pattern: str = "events-*.jsonl") -> list[dict[str, Any]]:
     events = []
-    for path in sorted(out.glob("events-*.jsonl")):
+    for path in sorted(out.glob(pattern)):
         for line in path.read_text().splitlines():
             if line.strip():
                 events.append(json.loads(line))
@@ -141,7 +154,51 @@ def _wait(procs: list[subprocess.Popen[bytes]], until: float) -> None:
         proc.wait(timeout=max(until - time.monotonic(), 1))
 
 
+def _lose_a_node(job: list[str], logs: Path, ready: Callable[[], bool],
+                 until: float) -> tuple[float, float]:
+    """Run ``job`` under two torchrun agents (two "nodes" of 2 workers, c10d rendezvous on
+    localhost); once ``ready()`` (the 4-rank world saved a checkpoint), SIGKILL the second agent and
+    its workers; wait until the first agent's restarted workers finish. Every process started here
+    is killed on the way out, whatever happens. Returns (killed at, finished at), monotonic."""
+    port = _free_port()
+    rdzv = ["--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "3",
+            "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"restart-{port}"]
+    # join_timeout bounds every rendezvous; last_call_timeout is how long a round waits for more
+    # nodes once the minimum is there (the 4-rank start wants both agents: they start together,
+    # and one later than that joins through a membership restart); a dead node's keep-alive
+    # expires after interval x attempts, and the restart's round waits for that.
+    # The expiry must outlast a starved agent: at load 14 on 2 cores a 1 s x 2 expiry dropped a live
+    # agent, and the other formed a world of its own.
+    conf = "join_timeout=90,last_call_timeout=10,close_timeout=5,keep_alive_interval=1," \
+           "keep_alive_max_attempt=8"
+    host_log, lost_log = logs / "host.log", logs / "lost.log"
+    host = _torchrun([*rdzv, "--rdzv-conf", f"{conf},is_host=1", *job], host_log)
+    lost = _torchrun([*rdzv, "--rdzv-conf", f"{conf},is_host=0", *job], lost_log)
+    agents = [host, lost]
+    try:
+        while not ready():
+            assert time.monotonic() < until, "no 4-rank checkpoint in time\n" + _tail(
+                host_log, lost_log)
+            assert host.poll() is None and lost.poll() is None, "an agent exited early\n" + _tail(
+                host_log, lost_log)
+            time.sleep(0.2)
+        _kill(_tree(lost.pid))  # the agent and its workers (torchrun gives them own sessions)
+        killed_at = time.monotonic()
+        lost.wait(timeout=10)
+        host.wait(timeout=max(until - time.monotonic(), 1))
+        assert host.returncode == 0, _tail(host_log)
+        return killed_at, time.monotonic()
+    finally:
+        for agent in agents:
+            _kill(_tree(agent.pid))
+        for agent in agents:
+            if agent.poll() is None:
+                agent.wait(timeout=10)
+
+
 @pytest.mark.world
+@pytest.mark.timeout(480)
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_lost_node_restarts_smaller_and_resumes_from_the_checkpoint(
     name: str, tmp_path: Path
@@ -153,43 +210,9 @@ def test_lost_node_restarts_smaller_and_resumes_from_the_checkpoint(
     ckpt, out, logs = tmp_path / "ckpt", tmp_path / "out", tmp_path
     ckpt.mkdir()
     out.mkdir()
-    port = _free_port()
-    rdzv = ["--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "3",
-            "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"restart-{port}"]
-    # join_timeout bounds every rendezvous; last_call_timeout is how long a round waits for more
-    # nodes once the minimum is there (the 4-rank start needs both agents: they start together,
-    # and a late one would join through a membership restart anyway); a dead node's keep-alive
-    # expires after interval x attempts.
-    conf = "join_timeout=60,last_call_timeout=3,close_timeout=5,keep_alive_interval=1," \
-           "keep_alive_max_attempt=2"
-    host = _torchrun([*rdzv, "--rdzv-conf", f"{conf},is_host=1",
-                      *_job_args(layout, ckpt, out, "--step-sleep", "0.5")], logs / "host.log")
-    lost = _torchrun([*rdzv, "--rdzv-conf", f"{conf},is_host=0",
-                      *_job_args(layout, ckpt, out, "--step-sleep", "0.5")], logs / "lost.log")
-    agents = [host, lost]
-    killed_at = None
-    try:
-        # Wait for a checkpoint saved by the 4-rank world, then lose the second node.
-        while not any(e["event"] == "saved" and e["world"] == 4 for e in _events(out)):
-            assert time.monotonic() < until, "no 4-rank checkpoint in time\n" + _tail(
-                logs / "host.log", logs / "lost.log")
-            assert host.poll() is None and lost.poll() is None, "an agent exited early\n" + _tail(
-                logs / "host.log", logs / "lost.log")
-            time.sleep(0.2)
-        victims = _tree(lost.pid)  # the agent and its workers (their own sessions)
-        _kill(victims)
-        killed_at = time.monotonic()
-        lost.wait(timeout=10)
-        host.wait(timeout=max(until - time.monotonic(), 1))
-        assert host.returncode == 0, _tail(logs / "host.log")
-        finished_at = time.monotonic()
-    finally:
-        for agent in agents:
-            _kill(_tree(agent.pid))
-        for agent in agents:
-            if agent.poll() is None:
-                agent.wait(timeout=10)
+    killed_at, finished_at = _lose_a_node(
+        _job_args(layout, ckpt, out, "--step-sleep", "0.5"), logs,
+        lambda: any(e["event"] == "saved" and e["world"] == 4 for e in _events(out)), until)
 
     events = _events(out)
     assert any(e["event"] == "loss" and e["world"] == 4 for e in events), "never trained on 4 ranks"
@@ -221,4 +244,68 @@ def test_lost_node_restarts_smaller_and_resumes_from_the_checkpoint(
     expected = {(e["rank"], e["step"]): e["loss"] for e in _events(ref_out) if e["event"] == "loss"}
     assert after == expected
     print(f"[restart] {name}: resumed from step {step} on 2 ranks; kill -> done "
+          f"{finished_at - killed_at:.1f}s; whole test {time.monotonic() - started:.1f}s")
+
+
+@pytest.mark.world
+@pytest.mark.titan_matrix  # minutes of torchtitan on 2 cores: `make test-titan`, not `make test`
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
+                    reason="torchtitan is not installed (pip install 'commgroups[torchtitan]')")
+def test_torchtitan_with_registry_restarts_smaller_and_resumes(tmp_path: Path) -> None:
+    """The same with torchtitan's trainer through ``with_registry``: its dp_shard degree is -1
+    (torchtitan sizes it by the world; the registry's layout is derived from the resolved degrees),
+    its checkpoint manager reloads the newest step through the checkpoint-metadata group."""
+    from tests.titan.assets import make_assets
+    from tests.titan.run import TitanRun
+
+    started = time.monotonic()
+    make_assets(tmp_path / "assets")
+    steps = 6
+
+    def job(dump: Path, out: Path) -> list[str]:
+        # The dataloader's state is per data-parallel rank and torchtitan refuses to reshard it
+        # ("dataloader resharding is not supported yet"): it starts afresh after a restart.
+        run = TitanRun(dump_folder=str(dump), assets=str(tmp_path / "assets"), registry=True,
+                       dp_shard=-1, spmd_backend="partial_dtensor", steps=steps,
+                       checkpoint_interval=2, seq_len=128,
+                       extra=("--checkpoint.exclude_from_loading", "dataloader",
+                              "--comm.train_timeout_seconds", "30"))
+        return [str(TITAN_JOB), "--out", str(out), "--", *run.args()]
+
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    out.mkdir()
+    killed_at, finished_at = _lose_a_node(
+        job(dump, out), tmp_path,
+        lambda: any(e["event"] == "saved" and e["world"] == 4
+                    for e in _events(out, "titan-*.jsonl")), started + 900)
+    events = _events(out, "titan-*.jsonl")
+    final = {e["pid"] for e in events if e["event"] == "done"}
+    mine = [e for e in events if e["pid"] in final]
+    assert sorted(e["rank"] for e in mine if e["event"] == "done") == [0, 1]
+    assert all(e["world"] == 2 and e["restart"] >= 1 for e in mine if e["event"] == "start")
+    dims = [e["dims"] for e in mine if e["event"] == "registry"]
+    assert [d["dp_shard"] for d in dims] == [2, 2], dims
+    after = {(e["rank"], e["step"]): e["loss"] for e in mine if e["event"] == "loss"}
+    resumed = min(s for _, s in after) - 1  # torchtitan loaded step-<resumed>
+    saved4 = {e["step"] for e in events if e["event"] == "saved" and e["world"] == 4}
+    assert resumed in saved4, (resumed, saved4)
+    assert sorted({s for _, s in after}) == list(range(resumed + 1, steps + 1))
+
+    # The reference: a fresh 2-rank torchtitan job from a copy of that checkpoint.
+    ref_dump, ref_out = tmp_path / "ref_dump", tmp_path / "ref_out"
+    ref_out.mkdir()
+    shutil.copytree(dump / "checkpoint" / f"step-{resumed}",
+                    ref_dump / "checkpoint" / f"step-{resumed}")
+    reference = _torchrun(["--standalone", "--nproc-per-node", "2", *job(ref_dump, ref_out)],
+                          tmp_path / "ref.log")
+    try:
+        _wait([reference], started + 1150)
+    finally:
+        _kill(_tree(reference.pid))
+    assert reference.returncode == 0, _tail(tmp_path / "ref.log")
+    expected = {(e["rank"], e["step"]): e["loss"] for e in _events(ref_out, "titan-*.jsonl")
+                if e["event"] == "loss"}
+    assert after == expected
+    print(f"[restart] torchtitan: resumed from step {resumed} on 2 ranks; kill -> done "
           f"{finished_at - killed_at:.1f}s; whole test {time.monotonic() - started:.1f}s")
