@@ -11,6 +11,7 @@ checkpoint-metadata, ...), never the default group, each with its own backend, o
 
 from commgroups import audit, errors, integrations
 from commgroups.async_wait import AsyncWaitDist, async_and_wait_scope
+from commgroups.auto_layout import AutoLayout, resolve_layout
 from commgroups.collectives import RoleCollectives
 from commgroups.layout_io import load_layout, parse_layout
 from commgroups.planning import Plan, RolePlan, plan
@@ -30,6 +31,7 @@ from commgroups.specs import (
 __all__ = [
     "CHECKPOINT_ROLE",
     "AsyncWaitDist",
+    "AutoLayout",
     "ElasticSpec",
     "GroupRegistry",
     "HcclOptions",
@@ -50,6 +52,7 @@ __all__ = [
     "parse_layout",
     "plan",
     "replan",
+    "resolve_layout",
 ]
 
 __version__ = "0.1.0"

@@ -20,6 +20,7 @@ __all__ = [
     "DuplicateRoleError",
     "EmptyDimsError",
     "GroupCreationError",
+    "InvalidAutoDimError",
     "InvalidNameError",
     "InvalidElasticError",
     "InvalidOptionError",
@@ -90,7 +91,12 @@ class LayoutMismatchError(LayoutError):
 
 
 class WorldSizeMismatchError(LayoutError):
-    """The layout's world size (product of dims) differs from the running job's world size."""
+    """The layout's world size (product of dims) differs from the running job's world size.
+
+    Also raised by :meth:`commgroups.AutoLayout.resolve` (and so by ``GroupRegistry`` on an auto
+    layout) when the world size is not a multiple of the fixed dims' product, or gives the
+    ``"auto"`` dim a size below its elastic minimum.
+    """
 
 
 class InvalidNameError(LayoutError):
@@ -181,6 +187,16 @@ class InvalidElasticError(LayoutError):
     ``cp``, ``tp``, ``ep``: their shards cannot be redistributed among survivors), a minimum size
     above the dim's size, an elastic dim missing from a view (the view could not shrink with it),
     and roles with explicit ``ranks`` (they cannot be re-derived on a smaller world).
+    """
+
+
+class InvalidAutoDimError(LayoutError):
+    """A dim size is ``"auto"`` where the world size cannot decide it.
+
+    Raised for ``"auto"`` in :class:`commgroups.Layout` (which needs sizes; use
+    :class:`commgroups.AutoLayout`), more than one ``"auto"`` dim, no ``"auto"`` dim in an
+    AutoLayout, an ``"auto"`` dim the ``elastic`` section does not name, and a view that lacks the
+    ``"auto"`` dim or gives another dim ``"auto"``.
     """
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from commgroups import limits
+from commgroups.auto_layout import AutoLayout, has_auto_dim, resolve_layout
 from commgroups.errors import LayoutError, LayoutFileError
 from commgroups.specs import Layout
 
@@ -222,46 +223,83 @@ def parse_layout_data(text: str, suffix: str, source: str = "<layout>") -> dict[
     return data
 
 
-def parse_layout(text: str, suffix: str, source: str = "<layout>") -> Layout:
+@overload
+def parse_layout(text: str, suffix: str, source: str = ..., *, world_size: int) -> Layout: ...
+
+
+@overload
+def parse_layout(
+    text: str, suffix: str, source: str = ..., *, world_size: None = None
+) -> Layout | AutoLayout: ...
+
+
+def parse_layout(
+    text: str, suffix: str, source: str = "<layout>", *, world_size: int | None = None
+) -> Layout | AutoLayout:
     """Parse layout text in the format of ``suffix`` into a validated :class:`~commgroups.Layout`.
+
+    Text whose ``dims`` give one elastic dim the size ``"auto"`` (restart mode) becomes a
+    :class:`~commgroups.AutoLayout` instead, which ``GroupRegistry`` resolves with the job's world
+    size; with ``world_size`` it is resolved here.
 
     Args:
         text (str): the layout: a table/mapping with ``dims`` and optionally ``roles``.
         suffix (str): the format, as a file suffix: ``.toml``, ``.yaml``, ``.yml`` or ``.json``.
         source (str): what to call the text in error messages (a path, a URL).
+        world_size (int, optional): resolve for this many ranks (see
+            :func:`~commgroups.resolve_layout`): an AutoLayout gets its ``"auto"`` size, a Layout
+            must have this world size.
 
     Returns:
-        Layout: the validated layout.
+        Layout | AutoLayout: the validated layout (always a Layout when ``world_size`` is given).
 
     Raises:
         LayoutFileError: an unknown suffix, bad syntax, YAML without PyYAML, or a top level that is
             not a mapping.
         LayoutError: the layout itself is invalid (the subclass names the problem, see
-            :class:`~commgroups.Layout`); the message starts with ``source``.
+            :class:`~commgroups.Layout` and :class:`~commgroups.AutoLayout`), or does not fit
+            ``world_size`` (:class:`~commgroups.errors.WorldSizeMismatchError`); the message starts
+            with ``source``.
 
     Example::
 
         >>> layout = parse_layout('{"dims": {"dp_shard": 2, "cp": 2}}', ".json")
         >>> layout.world_size, layout.role_names
         (4, ('dp_shard', 'cp', 'fsdp', 'checkpoint-metadata'))
+        >>> text = '{"dims": {"dp_shard": "auto"}, "elastic": {"dims": {"dp_shard": 1}}}'
+        >>> parse_layout(text, ".json", world_size=2).dims
+        {'dp_shard': 2}
     """
     data = parse_layout_data(text, suffix, source)
     try:
-        return Layout.model_validate(data)
+        layout: Layout | AutoLayout = (
+            AutoLayout.model_validate(data) if has_auto_dim(data) else Layout.model_validate(data)
+        )
+        return layout if world_size is None else resolve_layout(layout, world_size)
     except LayoutError as error:
         error.args = (f"{source}: {error.args[0]}",)
         raise
 
 
-def load_layout(path: str | Path) -> Layout:
+@overload
+def load_layout(path: str | Path, *, world_size: int) -> Layout: ...
+
+
+@overload
+def load_layout(path: str | Path, *, world_size: None = None) -> Layout | AutoLayout: ...
+
+
+def load_layout(path: str | Path, *, world_size: int | None = None) -> Layout | AutoLayout:
     """Read and validate a layout file; every failure is a LayoutError naming the field and fix.
 
     Args:
         path (str | Path): a ``.toml``, ``.yaml``, ``.yml`` or ``.json`` file; the suffix picks
             the format.
+        world_size (int, optional): resolve for this many ranks, see :func:`parse_layout`.
 
     Returns:
-        Layout: the validated layout.
+        Layout | AutoLayout: the validated layout; an :class:`~commgroups.AutoLayout` when a dim
+        is ``"auto"`` and no ``world_size`` is given (``GroupRegistry`` takes either).
 
     Raises:
         LayoutFileError: the file cannot be read, or see :func:`parse_layout`.
@@ -272,9 +310,11 @@ def load_layout(path: str | Path) -> Layout:
         >>> layout = load_layout("examples/layouts/seed_cp4.toml")  # from the repository root
         >>> layout.role_names
         ('fsdp', 'cp', 'checkpoint-metadata')
+        >>> load_layout("examples/layouts/hsdp_restart.toml", world_size=2).dims
+        {'dp_replicate': 1, 'dp_shard': 2}
     """
     path = Path(path)
-    return parse_layout(_read(path), path.suffix.lower(), str(path))
+    return parse_layout(_read(path), path.suffix.lower(), str(path), world_size=world_size)
 
 
 def load_layout_data(path: str | Path) -> dict[str, Any]:

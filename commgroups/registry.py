@@ -26,6 +26,7 @@ from typing_extensions import Self
 from commgroups import limits, torch_internals
 from commgroups.agreement import agree, store_barrier, store_calls
 from commgroups.audit.call_sites import call_site
+from commgroups.auto_layout import AutoLayout, job_layout
 from commgroups.backends import BackendAdapter, resolve_backend
 from commgroups.check_in import check_in
 from commgroups.creation import (
@@ -122,7 +123,9 @@ class GroupRegistry:
     dedicated group that is not the default group.
 
     Args:
-        layout: the validated layout.
+        layout: the validated layout; an :class:`~commgroups.AutoLayout` is resolved with
+            ``torch.distributed``'s world size (restart mode), so create the registry after
+            ``init_process_group``.
         creation_mode: ``auto`` (fastest safe path per role), ``all_ranks``, ``local`` or
             ``split``; :meth:`creation_method` says which path each role actually took.
         create_timeout_s: how long ranks wait for each other to agree on the plan before every rank
@@ -131,11 +134,13 @@ class GroupRegistry:
 
     def __init__(
         self,
-        layout: Layout,
+        layout: Layout | AutoLayout,
         *,
         creation_mode: str = "auto",
         create_timeout_s: float = DEFAULT_CREATE_TIMEOUT_S,
     ) -> None:
+        if isinstance(layout, AutoLayout):  # restart mode: the "auto" dim's size is the world's
+            layout = job_layout(layout)
         if not isinstance(layout, Layout):
             raise TypeError(
                 f"GroupRegistry needs a commgroups.Layout, got {type(layout).__name__}; "

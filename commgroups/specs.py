@@ -575,6 +575,25 @@ class Layout(SpecModel):
         default=None, description="Dims that may shrink after a rank loss; omitted: none."
     )
 
+    @field_validator("dims", "views", mode="before")
+    @classmethod
+    def _no_auto_size(cls, value: Any, info: ValidationInfo) -> Any:
+        # Restart mode's "auto" size belongs to AutoLayout (cg.load_layout picks it for a file).
+        if isinstance(value, Mapping):
+            sizes = value.items() if info.field_name == "dims" else (
+                (f"{view}.{name}", size) for view, dims in value.items()
+                if isinstance(dims, Mapping) for name, size in dims.items())
+            for name, size in sizes:
+                if size == "auto":
+                    raise problem(
+                        errors.InvalidAutoDimError,
+                        "dim '{name}' has size \"auto\", which a Layout cannot resolve; fix: "
+                        "build cg.AutoLayout(...) (cg.load_layout picks it for a file) and pass it "
+                        "to GroupRegistry under torchrun, or resolve it with .resolve(world_size)",
+                        str(name), name=_shown(str(name)),
+                    )
+        return value
+
     @field_validator("dims")
     @classmethod
     def _dims_valid(cls, value: dict[str, int]) -> dict[str, int]:

@@ -125,9 +125,11 @@ def _classify(model: type[BaseModel], item: dict[str, Any]) -> list[Problem]:
     nested = ctx.get("error")
     if kind == "value_error" and isinstance(nested, errors.LayoutError):
         # A nested spec validated through its own __init__ already classified its problems.
-        prefix = _field_path(model, loc, None)
+        # No loc: the spec itself was validated through its __init__ (model_validate of a spec
+        # with a custom __init__), so its fields are already whole paths.
+        prefix = _field_path(model, loc, None) if loc else ""
         found = [
-            (cls, f"{prefix}{'' if sub.startswith('[') else '.'}{sub}", msg)
+            (cls, f"{prefix}{'' if sub.startswith('[') or not prefix else '.'}{sub}", msg)
             for cls, sub, msg in nested.problems
         ]
     else:

@@ -116,6 +116,25 @@ CASES: list[tuple[type[errors.LayoutError], Callable[[], object], str, str]] = [
     (errors.InvalidElasticError, lambda: cg.Layout(
         dims={"dp_replicate": 2, "cp": 2}, roles=[{"name": "e", "ranks": [[0, 3]]}],
         elastic={"dims": {"dp_replicate": 1}}), "elastic", "give them dims"),
+    (errors.InvalidAutoDimError, lambda: cg.Layout(dims={"dp_replicate": "auto", "cp": 2}),
+     "dims.dp_replicate", "cg.AutoLayout"),
+    (errors.InvalidAutoDimError, lambda: cg.AutoLayout(
+        dims={"dp_replicate": "auto", "dp_shard": "auto"}, elastic={"dims": {"dp_replicate": 1}}),
+     "dims.dp_shard", "every dim but one"),
+    (errors.InvalidAutoDimError, lambda: cg.AutoLayout(dims={"dp_replicate": "auto", "cp": 2}),
+     "dims.dp_replicate", "add it to the elastic section"),
+    (errors.InvalidAutoDimError, _parse(
+        '[dims]\ndp_shard = "auto"\ntp = 2\n[elastic]\ndims = { dp_replicate = 1 }\n', ".toml"),
+     "dims.dp_shard", "add it to the elastic section"),
+    (errors.InvalidAutoDimError, lambda: cg.AutoLayout(
+        dims={"dp_replicate": "auto", "dp_shard": 2}, views={"moe": {"dp_replicate": 2, "e": 2}},
+        elastic={"dims": {"dp_replicate": 1}}), "views.moe", 'dp_replicate = "auto"'),
+    (errors.WorldSizeMismatchError, lambda: cg.AutoLayout(
+        dims={"dp_replicate": "auto", "dp_shard": 4}, elastic={"dims": {"dp_replicate": 1}},
+    ).resolve(6), "dims", "multiple of 4"),
+    (errors.WorldSizeMismatchError, lambda: cg.AutoLayout(
+        dims={"dp_replicate": "auto", "dp_shard": 2}, elastic={"dims": {"dp_replicate": 2}},
+    ).resolve(2), "elastic.dims.dp_replicate", "at least 4 ranks"),
 ]
 
 
@@ -155,6 +174,9 @@ def _ranked(rank: int, world_size: int) -> dict[str, str]:
     mine = cg.Layout(dims={"cp": 2}, roles=[cg.RoleSpec(name="cp", dims=["cp"], timeout_s=rank + 1)])
     attempt("mismatch", lambda: cg.GroupRegistry(mine).create())
     attempt("world", lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4})).create())
+    # Restart mode: the "auto" dim is sized by the world, on every rank alike, before any group.
+    attempt("auto_world", lambda: cg.GroupRegistry(cg.AutoLayout(
+        dims={"dp_shard": "auto", "tp": 4}, elastic={"dims": {"dp_shard": 1}})))
     layout = cg.Layout(dims={"a": 2, "b": 1}, roles=[
         cg.RoleSpec(name="a", dims=["a"], backend="gloo"),
         cg.RoleSpec(name="edge", ranks=[[0]], backend="gloo"),
@@ -175,6 +197,8 @@ def test_rank_dependent_errors_on_a_real_world() -> None:
         assert "timeout_s" in out["mismatch"]
         assert out["world"].startswith("WorldSizeMismatchError|"), out["world"]
         assert "fix" in out["world"]
+        assert out["auto_world"].startswith("WorldSizeMismatchError|dims|"), out["auto_world"]
+        assert "multiple of 4" in out["auto_world"]
         assert out["mesh_unknown"].startswith("UnknownDimError|dims|"), out["mesh_unknown"]
         assert out["mesh_ranks"].startswith("LayoutError|dims|"), out["mesh_ranks"]
         assert "fix" in out["mesh_ranks"]

@@ -68,8 +68,11 @@ def _world_size(args: argparse.Namespace) -> int:
 
     from commgroups.demo.launch import under_torchrun
     from commgroups.layout_io import load_layout
+    from commgroups.specs import Layout
 
-    layout_world = load_layout(args.layout).world_size if args.layout else None
+    loaded = load_layout(args.layout) if args.layout else None
+    # An auto layout (restart mode) fits any world its fixed dims divide: demo_layout resolves it.
+    layout_world = loaded.world_size if isinstance(loaded, Layout) else None
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         if args.world_size not in (None, world):

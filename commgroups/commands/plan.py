@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from commgroups.auto_layout import AutoLayout, resolve_layout
 from commgroups.errors import LayoutError
 from commgroups.layout_io import load_layout
 from commgroups.memory import DEVICE_BACKENDS, MeasuredMemory, estimate_memory, load_measured
@@ -26,6 +27,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("layout", help="layout file (.toml, .yaml, .yml or .json)")
     parser.add_argument("--rank", type=int, default=0, help="the rank whose groups to show")
+    parser.add_argument("--world-size", type=int, default=None,
+                        help='the world to plan for: required by a layout with an "auto" dim '
+                        "(restart mode), which it sizes; a fixed layout must have this size")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--max-groups", type=int, default=8,
                         help=f"list at most this many groups per role, 0..{MAX_GROUPS_LISTED} "
@@ -46,7 +50,16 @@ def run(args: argparse.Namespace) -> int:
             "groups (--json prints every field of the plan)",
             field="--max-groups",
         )
-    plan = Plan(load_layout(args.layout))
+    loaded = load_layout(args.layout)
+    if isinstance(loaded, AutoLayout) and args.world_size is None:
+        raise LayoutError(
+            f"--world-size: the layout's '{loaded.auto_dim}' is \"auto\" (restart mode) and takes "
+            "its size from the world; fix: pass --world-size N, a multiple of "
+            f"{loaded.fixed_size} and at least {loaded.minimum_world_size}",
+            field="--world-size",
+        )
+    plan = Plan(resolve_layout(loaded, args.world_size) if args.world_size is not None
+                or isinstance(loaded, AutoLayout) else loaded)
     if not 0 <= args.rank < plan.world_size:
         raise LayoutError(
             f"--rank: {args.rank} is outside the layout's ranks; fix: use 0..{plan.world_size - 1}",

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from commgroups import torch_internals
+from commgroups.auto_layout import AutoLayout, resolve_layout
 from commgroups.errors import LayoutError
 from commgroups.layout_io import load_layout
 from commgroups.registry import GroupRegistry
@@ -36,7 +37,9 @@ def is_default_group(group: dist.ProcessGroup | None) -> bool:
 
 def demo_layout(cfg: DemoConfig) -> Layout:
     """The layout the demo runs on: ``cfg.layout_path`` or the seed's for ``cfg.world_size``."""
-    layout = load_layout(cfg.layout_path) if cfg.layout_path else seed_layout(cfg.world_size)
+    loaded = load_layout(cfg.layout_path) if cfg.layout_path else seed_layout(cfg.world_size)
+    # An auto layout (restart mode) takes its "auto" size from the run's world size.
+    layout = resolve_layout(loaded, cfg.world_size) if isinstance(loaded, AutoLayout) else loaded
     if "fsdp" not in layout.role_names:
         raise LayoutError(
             f"the demo needs an 'fsdp' role; the layout has {', '.join(layout.role_names)}; fix: add "
