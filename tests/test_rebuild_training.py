@@ -39,8 +39,9 @@ def test_hsdp_survives_a_lost_rank_and_matches_a_fresh_run(victim: int) -> None:
     for rank, value in members.items():
         rebuild = value["rebuild"]
         assert rebuild is not None, f"rank {rank} never noticed the loss"
-        # Each survivor noticed within the role's timeout (plus scheduling slack).
-        assert rebuild["noticed_s"] < ROLE_TIMEOUT_S + 3, rebuild
+        # Each survivor noticed within the role's timeout, or two (a peer left the collective it
+        # waited in for one of its own), plus scheduling slack.
+        assert rebuild["noticed_s"] < 2 * ROLE_TIMEOUT_S + 5, rebuild
         report = rebuild["report"]
         assert report.lost == (victim,) and report.members == tuple(kept)
         assert value["place"] == "member" and value["generation"] == 1

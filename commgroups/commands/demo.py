@@ -105,7 +105,8 @@ def _run_rank_loss(args: argparse.Namespace, timeout_s: float) -> int:
                          "it without torchrun and without --baseline")
     world = _world_size(args)
     role_timeout = check_timeout(args.role_timeout, "--role-timeout")
-    layout = load_layout(args.layout) if args.layout else elastic_layout(world, role_timeout)
+    layout = (load_layout(args.layout, world_size=world) if args.layout
+              else elastic_layout(world, role_timeout))
     if layout.elastic is None:
         raise LayoutError(f"--layout: {args.layout} has no [elastic] section, so no dim may shrink "
                           "after a rank loss; fix: add one (see examples/layouts/hsdp_elastic.toml)",
