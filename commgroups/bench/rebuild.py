@@ -27,7 +27,7 @@ from commgroups.rebuild_report import PHASES
 from commgroups.registry import GroupRegistry
 from commgroups.specs import ElasticSpec, Layout
 
-__all__ = ["hsdp_layout", "measure_fake", "measure_gloo", "tables"]
+__all__ = ["hsdp_layout", "measure_fake", "measure_gloo", "merge", "tables"]
 
 
 def hsdp_layout(world_size: int, shard: int = 2) -> Layout:
@@ -43,7 +43,11 @@ def _slowest(values: list[float], group: dist.ProcessGroup) -> list[float]:
 
 
 def measure_gloo(rank: int, world_size: int, progress: Progress, repetitions: int) -> dict[str, Any]:
-    """On every rank of a real gloo world: first creation, then rebuild without the last rank."""
+    """On every rank of a real gloo world: first creation, then rebuild without the last rank.
+
+    Run one repetition per world: after a rebuild the ranks left out have created fewer groups
+    than the members, so torch would name the next registry's groups differently on them.
+    """
     layout = hsdp_layout(world_size)
     everyone = dist.new_group(list(range(world_size)), group_desc="bench-everyone")
     survivors = list(range(world_size - 1))
@@ -106,6 +110,15 @@ def measure_fake(rank: int, world_size: int, progress: Progress, repetitions: in
             dist.destroy_process_group()
         progress.advance()
     return {"world": world_size, "backend": "fake", "samples": samples}
+
+
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several worlds' results of the same size (their samples joined)."""
+    merged: dict[str, Any] = {**results[0], "samples": {k: [] for k in results[0]["samples"]}}
+    for result in results:
+        for key, values in result["samples"].items():
+            merged["samples"][key].extend(values)
+    return merged
 
 
 def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
