@@ -139,3 +139,13 @@ def fake_world() -> Iterator[object]:
     yield init
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def titan_worlds(request: pytest.FixtureRequest,
+                 tmp_path_factory: pytest.TempPathFactory) -> object:
+    """The session's torchtitan worlds (tests/titan/worlds.py): each (world, spmd backend) trains
+    once, every job the selected tests ask for, on first use."""
+    from tests.titan.worlds import TitanWorlds, jobs_of
+
+    return TitanWorlds(jobs_of(request.session.items), tmp_path_factory)

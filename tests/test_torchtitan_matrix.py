@@ -15,96 +15,35 @@ Marked ``titan_matrix`` (excluded by default; ``make test-titan`` runs it, on CI
 from __future__ import annotations
 
 import importlib.util
-import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-
-from commgroups.local_world import run_local_world
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
                        reason="torchtitan is not installed (pip install 'commgroups[torchtitan]')"),
     pytest.mark.titan_matrix,
+    pytest.mark.world,
     pytest.mark.timeout(3600),
 ]
 
-TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-BACKENDS = ("partial_dtensor", "spmd_types")
 
-
-def _entries() -> list[Any]:
+def _jobs() -> list[Any]:
     if importlib.util.find_spec("torchtitan") is None:
         return []
-    from tests.titan.matrix import ENTRIES
+    from tests.titan.matrix import BACKENDS, ENTRIES, Job
 
-    return list(ENTRIES)
-
-
-@pytest.fixture(scope="module")
-def matrix_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.titan.assets import make_assets
-
-    root = tmp_path_factory.mktemp("titan-assets")
-    make_assets(root)
-    return root
+    return [Job(entry, backend) for entry in ENTRIES if entry.in_matrix for backend in BACKENDS]
 
 
-@pytest.fixture(scope="module")
-def world_results(tmp_path_factory: pytest.TempPathFactory,
-                  matrix_assets: Path) -> Callable[[str, str], dict[str, Any]]:
-    """(world, backend) -> entry name -> {"registry": [per rank], "stock": [per rank]}; each
-    world runs once, on first use; a failed world's tracebacks come back as ``"error"``."""
-    from tests.titan.matrix import matrix_rank, worlds
-
-    grouped = worlds(tuple(_entries()))
-    done: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def get(world: str, backend: str) -> dict[str, Any]:
-        if (world, backend) in done:
-            return done[(world, backend)]
-        entries = grouped[world]
-        root = tmp_path_factory.mktemp(f"matrix-{world}-{backend}")
-        started = time.monotonic()
-        reports = run_local_world(matrix_rank, entries[0].world_size, entries, str(root),
-                                  str(matrix_assets), backend, timeout_s=3000,
-                                  preload=("torch", "torch.distributed", "commgroups"))
-        seconds = time.monotonic() - started
-        failed = {r: rep.traceback for r, rep in reports.items() if not rep.ok}
-        ranks = range(entries[0].world_size)
-        if failed or sorted(reports) != list(ranks):
-            out: dict[str, Any] = {"error": "\n".join(
-                f"--- rank {r} ---\n{tb}" for r, tb in failed.items()) or
-                f"ranks missing: {sorted(set(ranks) - set(reports))}"}
-        else:
-            out = {entry.name: {side: [reports[r].value[entry.name][side] for r in ranks]
-                                for side in ("registry", "stock")} for entry in entries}
-        out["seconds"] = seconds
-        done[(world, backend)] = out
-        return out
-
-    return get
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("entry", _entries(), ids=lambda e: e.name)
-def test_entry_equals_stock_and_stays_isolated(
-        entry: Any, backend: str, world_results: Callable[[str, str], dict[str, Any]]) -> None:
+@pytest.mark.parametrize("job", _jobs(), ids=lambda job: job.id)
+def test_entry_equals_stock_and_stays_isolated(job: Any, titan_worlds: Any) -> None:
     from tests.titan.matrix import compare, render
 
-    if backend == "spmd_types" and TORCH < (2, 14):
-        pytest.skip(f"torchtitan's spmd_types backend needs torch >= 2.14 (this is "
-                    f"{torch.__version__}); partial_dtensor runs here")
-    if entry.min_torch > TORCH:
-        pytest.skip(f"stock torchtitan needs torch >= {entry.min_torch} for {entry.name} (this is "
-                    f"{torch.__version__}; see tests/titan/matrix.py)")
-    results = world_results(entry.world, backend)
-    assert "error" not in results, results.get("error")
-    runs = results[entry.name]
-    print(f"[{backend}, world {entry.world} took {results['seconds']:.0f}s]")
-    print(render(entry, runs["registry"], runs["stock"]))
-    problems = compare(entry, runs["registry"], runs["stock"], backend)
+    done = titan_worlds.runs(job)
+    runs = done.runs
+    print(f"[{job.backend}, world {job.entry.world} ({', '.join(done.world_jobs)}) took "
+          f"{done.world_seconds:.0f}s]")
+    print(render(job.entry, runs["registry"], runs["stock"]))
+    problems = compare(job.entry, runs["registry"], runs["stock"], job.backend)
     assert not problems, "\n".join(problems)

@@ -2,7 +2,10 @@
 
 Each :class:`Entry` is one parallelism configuration. A spawned world trains several entries in
 turn (start-up is the expensive part on CPU), each through commgroups and then stock, with the
-same seed and command line but ``--module``. :func:`compare` then checks one entry:
+same seed and command line but ``--module``; a ``scenario`` entry also resumes each side from the
+other's checkpoint (:mod:`tests.titan.scenario`). A :class:`Job` is an entry under one spmd
+backend: the tests ask for jobs, and :func:`world_rank` trains every job a world holds.
+:func:`compare` then checks one entry:
 
 - losses (average, max) and grad norms, as exact floats, equal stock's on every rank;
 - commgroups puts 0 collectives on the default group (the whole training, building included);
@@ -19,6 +22,7 @@ Counts come from gloo's per-group sequence numbers (:mod:`tests.titan.counts`), 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +31,10 @@ from typing import Any
 from tests.titan.counts import GroupKey
 from tests.titan.run import RankResult, TitanRun, train_rank
 
-__all__ = ["ENTRIES", "Entry", "compare", "matrix_rank", "render"]
+__all__ = ["BACKENDS", "ENTRIES", "Entry", "Job", "compare", "entry", "render", "world_rank",
+           "worlds"]
+
+BACKENDS = ("partial_dtensor", "spmd_types")
 
 CHECKPOINT_ROLE = "checkpoint-metadata"
 
@@ -48,6 +55,14 @@ class Entry:
     world: str = "dense"
     min_torch: tuple[int, int] = (2, 10)
     """Oldest torch stock torchtitan trains this entry on (below it the test skips)."""
+    scenario: bool = False
+    """Four trainings instead of two: commgroups and stock, then each resumed from the other's
+    step-1 checkpoint (tests/test_torchtitan_train.py checks those)."""
+    in_matrix: bool = True
+    """Checked by the matrix test (False: trained only for another test's checks)."""
+
+    def __post_init__(self) -> None:
+        assert self.checkpoint or not self.scenario, f"{self.name}: a scenario resumes: checkpoint"
 
     @property
     def world_size(self) -> int:
@@ -61,7 +76,11 @@ class Entry:
             assets=str(assets), model=self.model, registry=registry, cp=self.cp,
             dp_shard=self.dp_shard, tp=self.tp, ep=self.ep, dp_replicate=self.dp_replicate,
             pp=self.pp, spmd_backend=spmd_backend, steps=2,
-            checkpoint_interval=1 if self.checkpoint else 0, seq_len=256,
+            checkpoint_interval=1 if self.checkpoint else 0,
+            # The fewest tokens that still train every configuration (start-up and tokens are the
+            # cost on CPU; the checks need no more): CP needs a multiple of cp * 128, a pipeline
+            # of 2 stages 2 microbatches.
+            seq_len=128 * self.cp, local_batch_size=2 if self.pp > 1 else 1,
         )
 
     def busy_roles(self, spmd_backend: str) -> set[str]:
@@ -83,7 +102,9 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("dpr2-dps2", dp_replicate=2, dp_shard=2),
     Entry("dpr2-cp2", dp_replicate=2, cp=2, checkpoint=False),
     Entry("dpr2-tp2", dp_replicate=2, tp=2),
-    Entry("dps2-cp2", dp_shard=2, cp=2, checkpoint=False),
+    # dp_shard x cp and cp = world (the seed bug's layout) are also the resume scenarios.
+    Entry("dps2-cp2", dp_shard=2, cp=2, scenario=True),
+    Entry("cp4", cp=4, scenario=True),
     Entry("dps2-tp2", dp_shard=2, tp=2, checkpoint=False),
     Entry("cp2-tp2", cp=2, tp=2),
     # torchtitan 0.3.0 calls pipelining's step(arg_mbs=, kwarg_mbs=, target_mbs=), which torch
@@ -92,21 +113,62 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("pp2-dps2", pp=2, dp_shard=2, world="pp", min_torch=(2, 14)),
     Entry("pp2-cp2", pp=2, cp=2, world="pp", min_torch=(2, 14)),
     Entry("pp2-tp2", pp=2, tp=2, checkpoint=False, world="pp", min_torch=(2, 14)),
-    # Expert parallelism on the MoE debug model (qwen3), mixed with tp: one world of its own (a MoE
-    # rank grows to ~4.5 GB over four trainings on CPU). MoE with ep alone (dp_shard=4 x ep=2) is
-    # make test's test_torchtitan_train::test_moe_expert_parallel_equals_stock; a matrix world for it
-    # never finished on a 2-core, 24 GB machine, so it is not in the matrix.
-    Entry("moe-dps2-tp2-ep2", dp_shard=2, tp=2, ep=2, model="moe", world="moe-tp-ep"),
+    # Expert parallelism on the MoE debug model (qwen3, tests/titan/configs.py), mixed with tp, and
+    # alone (efsdp x ep from the registry's view: tests/test_torchtitan_train.py checks its losses
+    # and meshes), in a world of their own. Alone it stays out of the matrix check: commgroups
+    # reduces the grad norm over efsdp and then ep where stock (torch 2.13) merges the reduction
+    # onto the world group (2 collectives per step instead of 1; losses and grad norms equal).
+    Entry("moe-dps4-ep2", dp_shard=4, ep=2, model="moe", checkpoint=False, world="moe",
+          in_matrix=False),
+    Entry("moe-dps2-tp2-ep2", dp_shard=2, tp=2, ep=2, model="moe", world="moe"),
     # A triple on 8 ranks.
     Entry("dps2-cp2-tp2", dp_shard=2, cp=2, tp=2, world="triple"),
 )
 
 
-def matrix_rank(rank: int, world_size: int, post: Any, entries: tuple[Entry, ...], root: str,
-                assets: str, spmd_backend: str) -> dict[str, dict[str, Any]]:
-    """Train every entry on this rank, commgroups first, then stock; entry -> name -> result."""
+def entry(name: str) -> Entry:
+    """The entry called ``name``."""
+    found = [e for e in ENTRIES if e.name == name]
+    assert len(found) == 1, f"no entry {name!r}"
+    return found[0]
+
+
+@dataclass(frozen=True)
+class Job:
+    """An entry trained under one spmd backend: what a test asks a world for."""
+
+    entry: Entry
+    backend: str
+
+    @property
+    def id(self) -> str:
+        """The test id: ``<entry>-<backend>``."""
+        return f"{self.entry.name}-{self.backend}"
+
+    def skip_reason(self, torch_version: tuple[int, int]) -> str | None:
+        """Why stock torchtitan cannot train this job on ``torch_version`` (None: it can)."""
+        if self.backend == "spmd_types" and torch_version < (2, 14):
+            return (f"torchtitan's spmd_types backend needs torch >= 2.14 (this is "
+                    f"{'.'.join(map(str, torch_version))}); partial_dtensor runs here")
+        if self.entry.min_torch > torch_version:
+            return (f"stock torchtitan needs torch >= {self.entry.min_torch} for {self.entry.name} "
+                    f"(this is {'.'.join(map(str, torch_version))}; see tests/titan/matrix.py)")
+        return None
+
+
+def world_rank(rank: int, world_size: int, post: Any, entries: tuple[Entry, ...], root: str,
+               assets: str, spmd_backend: str) -> dict[str, dict[str, Any]]:
+    """Train every entry on this rank (commgroups first, then stock; a scenario entry then resumes
+    each from the other's checkpoint); entry name -> run name -> result."""
+    from tests.titan.scenario import scenario_rank
+
     results: dict[str, dict[str, Any]] = {}
     for entry in entries:
+        if entry.scenario:
+            base = entry.run(Path(root), Path(assets), spmd_backend, registry=True)
+            base = dataclasses.replace(base, dump_folder=str(Path(root) / entry.name / spmd_backend))
+            results[entry.name] = scenario_rank(rank, world_size, post, base)
+            continue
         results[entry.name] = {}
         for registry in (True, False):
             run = entry.run(Path(root), Path(assets), spmd_backend, registry)

@@ -6,14 +6,15 @@ On every rank, in order (each a fresh trainer; stock torchtitan and commgroups d
 1. ``registry``: through commgroups from scratch (first, so nothing stock exists in the process yet
    when its default-group count is taken);
 2. ``stock``: stock torchtitan from scratch, same seed;
-3. ``registry_resume``: through commgroups, resuming from stock's step-2 checkpoint (a stock
+3. ``registry_resume``: through commgroups, resuming from stock's first checkpoint (a stock
    checkpoint loads through commgroups; resume equals the uninterrupted run), under
    ``COMMGROUPS_AUDIT_DIR`` (the audit switch: every rank writes its file; nothing on the default
    group, no error);
-4. ``stock_resume``: stock, resuming from commgroups' step-2 checkpoint.
+4. ``stock_resume``: stock, resuming from commgroups' first checkpoint.
 
-Rank 0 copies the step-2 checkpoints into the resume runs' folders between 2 and 3 (torchtitan's
-fault-tolerance resume: the folder holds ``step-2``); ranks meet through the store, not a collective.
+The first checkpoint is the one at step ``checkpoint_interval`` (:func:`resume_step`). Rank 0 copies
+it into the resume runs' folders between 2 and 3 (torchtitan's fault-tolerance resume: the folder
+holds ``step-N``); ranks meet through the store, not a collective.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch.distributed as dist
 
 from tests.titan.run import TitanRun, train_rank
 
-__all__ = ["RUN_NAMES", "pair_rank", "scenario_rank"]
+__all__ = ["RUN_NAMES", "resume_step", "scenario_rank"]
 
 RUN_NAMES = ("registry", "stock", "registry_resume", "stock_resume")
 
@@ -39,6 +40,12 @@ def _store_barrier(name: str, rank: int, world_size: int) -> None:
 
     store = dist.distributed_c10d._get_default_store()
     store_barrier(store, f"tests/titan/{name}", rank, world_size, timedelta(seconds=300), name)
+
+
+def resume_step(base: TitanRun) -> int:
+    """The step the resumed runs start after: the first checkpoint's."""
+    assert 0 < base.checkpoint_interval < base.steps, "a scenario resumes before its last step"
+    return base.checkpoint_interval
 
 
 def scenario_rank(rank: int, world_size: int, post: Any, base: TitanRun) -> dict[str, Any]:
@@ -53,24 +60,13 @@ def scenario_rank(rank: int, world_size: int, post: Any, base: TitanRun) -> dict
     results: dict[str, Any] = {}
     for name in RUN_NAMES:
         if name == "registry_resume":
+            step = f"step-{resume_step(base)}"
             if rank == 0:
                 for src, dst in (("stock", "registry_resume"), ("registry", "stock_resume")):
-                    shutil.copytree(root / src / "checkpoint" / "step-2",
-                                    root / dst / "checkpoint" / "step-2")
-            _store_barrier("copied", rank, world_size)
+                    shutil.copytree(root / src / "checkpoint" / step,
+                                    root / dst / "checkpoint" / step)
+            _store_barrier(f"copied{root}", rank, world_size)
         started = time.monotonic()
         results[name] = train_rank(rank, world_size, post, runs[name])
-        results[name].notes["seconds"] = time.monotonic() - started
-    return results
-
-
-def pair_rank(rank: int, world_size: int, post: Any, base: TitanRun) -> dict[str, Any]:
-    """Only the first two trainings (commgroups, then stock), without checkpoints."""
-    root = Path(base.dump_folder)
-    results: dict[str, Any] = {}
-    for name in RUN_NAMES[:2]:
-        run = dataclasses.replace(base, dump_folder=str(root / name), registry=name == "registry")
-        started = time.monotonic()
-        results[name] = train_rank(rank, world_size, post, run)
         results[name].notes["seconds"] = time.monotonic() - started
     return results
