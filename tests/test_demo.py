@@ -147,7 +147,7 @@ def test_kill_rank_rebuilds_in_place_and_says_what_happened() -> None:
                                                           "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
     proc = subprocess.run(
         [sys.executable, "-m", "commgroups", "demo", "--kill-rank", "3", "--kill-step", "1",
-         "--steps", "3", "--role-timeout", "2"],
+         "--steps", "3", "--role-timeout", "3"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"

@@ -51,7 +51,7 @@ def _fail_then_rebuild(rank: int, world: int, victim: int, role: str,
         error = type(caught).__name__
     detected = time.monotonic() - started
     alive = [r for r in range(world) if r != victim] if alive_known else None
-    report = registry.rebuild(alive, timeout=ROLE_TIMEOUT_S + 4)
+    report = registry.rebuild(alive, timeout=2 * ROLE_TIMEOUT_S + 6)  # may notice after 2 timeouts
     result: dict[str, Any] = {"error": error, "detected_s": detected, "place": report.place,
                               "generation": registry.generation, "lost": report.lost,
                               "members": report.members, "seconds": report.seconds}
@@ -198,7 +198,7 @@ def _second_loss_during_rebuild(rank: int, world: int) -> dict[str, Any]:
     errors = []
     for _attempt in range(3):
         try:
-            report = registry.rebuild(timeout=ROLE_TIMEOUT_S + 2)
+            report = registry.rebuild(timeout=2 * ROLE_TIMEOUT_S + 2)
         except Exception as error:  # the second loss, named: try again, as a job would
             errors.append(type(error).__name__)
             continue

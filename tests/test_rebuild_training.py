@@ -30,7 +30,7 @@ def _run(run: ElasticRun, world: int) -> dict[int, Any]:
 def test_hsdp_survives_a_lost_rank_and_matches_a_fresh_run(victim: int) -> None:
     layout = elastic_layout(4, ROLE_TIMEOUT_S)
     reports = _run(ElasticRun(layout, STEPS, kill_rank=victim, kill_step=KILL_STEP,
-                              rebuild_timeout_s=ROLE_TIMEOUT_S + 4), 4)
+                              rebuild_timeout_s=2 * ROLE_TIMEOUT_S + 6), 4)
     assert victim not in reports  # it exited mid-step without a word
     failed = {r: rep.traceback for r, rep in reports.items() if not rep.ok}
     assert not failed, failed
