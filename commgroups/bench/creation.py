@@ -145,16 +145,18 @@ def _create_devicemesh(layout: Layout, counter: CallCounter, own_fsdp: bool = Fa
 
     names = tuple(layout.dims)
     mesh = init_device_mesh("cpu", tuple(layout.dims.values()), mesh_dim_names=names)
-    fsdp = torch_internals.flatten_mesh(mesh[names], "fsdp")
+    fsdp_group = torch_internals.flatten_mesh(mesh[names], "fsdp").get_group()
     if own_fsdp:  # fsdp spans the world here (dp_shard x cp): a group of its own, not the default
         own = dist.new_group(group_desc="fsdp")
+        # torch >= 2.14 types new_group as ProcessGroup | NON_GROUP_MEMBER; every rank is a member.
         assert isinstance(own, dist.ProcessGroup)
+        fsdp_group = own
     # torchtitan makes its gloo checkpoint group by hand; DeviceMesh has no role for it.
     checkpoint = dist.new_group(backend=_checkpoint_backend(), group_desc=CHECKPOINT_ROLE)
     # torch >= 2.14 types new_group as ProcessGroup | NON_GROUP_MEMBER; every rank is a member here.
     assert isinstance(checkpoint, dist.ProcessGroup)
     groups = {name: mesh.get_group(name) for name in names}
-    groups["fsdp"] = own if own_fsdp else fsdp.get_group()
+    groups["fsdp"] = fsdp_group
     groups[CHECKPOINT_ROLE] = checkpoint
     return Created(groups, _destroy(counter.groups), "devicemesh")
 

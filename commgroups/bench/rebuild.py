@@ -49,10 +49,11 @@ def measure_gloo(rank: int, world_size: int, progress: Progress, repetitions: in
     than the members, so torch would name the next registry's groups differently on them.
     """
     layout = hsdp_layout(world_size)
-    everyone = dist.new_group(list(range(world_size)), group_desc="bench-everyone")
+    # torch >= 2.14 types new_group as ProcessGroup | NON_GROUP_MEMBER: Any for both.
+    everyone: Any = dist.new_group(list(range(world_size)), group_desc="bench-everyone")
     survivors = list(range(world_size - 1))
     # Only the survivors' clock matters after the loss; every rank calls new_group (all_ranks).
-    alive_group = dist.new_group(survivors, group_desc="bench-survivors")
+    alive_group: Any = dist.new_group(survivors, group_desc="bench-survivors")
     samples: dict[str, list[float]] = {"create": [], "rebuild": [],
                                        **{f"phase {p}": [] for p in PHASES}}
     kept: list[GroupRegistry] = []
