@@ -82,18 +82,20 @@ class Plan:
         self.world_size = layout.world_size
         self.members: tuple[int, ...] | None = None
         """The global rank at each layout position (None: position ``i`` is global rank ``i``)."""
-        self._position: dict[int, int] = {}
+        self._members = np.zeros(0, dtype=np.int64)
         if members is not None:
-            self.members = tuple(int(r) for r in members)
-            self._position = {rank: i for i, rank in enumerate(self.members)}
-            if len(self.members) != self.world_size or len(self._position) != self.world_size:
+            self._members = np.asarray(members, dtype=np.int64).reshape(-1)
+            self.members = tuple(self._members.tolist())
+            if self._members.size != self.world_size:
                 raise ValueError(
-                    f"members: {len(self.members)} ranks ({len(self._position)} distinct) for a "
-                    f"layout of {self.world_size}; give one distinct global rank per position"
+                    f"members: {self._members.size} ranks for a layout of {self.world_size}; give "
+                    "one global rank per position"
                 )
-            if min(self.members) < 0 or list(self.members) != sorted(self.members):
-                # Ascending keeps every group's ranks in the order new_group sorts them into.
-                raise ValueError("members: give global ranks >= 0 in ascending order")
+            # Strictly ascending keeps every group's ranks in the order new_group sorts them into
+            # (and makes a position a binary search away).
+            if self._members.size and (self._members[0] < 0
+                                       or not bool(np.all(np.diff(self._members) > 0))):
+                raise ValueError("members: give distinct global ranks >= 0 in ascending order")
         self.dim_names: tuple[str, ...] = tuple(layout.dims)
         self.dim_sizes: tuple[int, ...] = tuple(layout.dims.values())
         self.dim_strides: tuple[int, ...] = row_major_strides(self.dim_sizes)
@@ -191,17 +193,30 @@ class Plan:
             if not 0 <= rank < self.world_size:
                 raise ValueError(f"rank {rank} is outside the layout's world of {self.world_size}")
             return rank
-        try:
-            return self._position[rank]
-        except KeyError:
-            raise ValueError(f"rank {rank} holds no position of this layout (its members are "
-                             f"{_short_ranks(self.members)})") from None
+        index = int(np.searchsorted(self._members, rank))
+        if index < self._members.size and int(self._members[index]) == rank:
+            return index
+        raise ValueError(f"rank {rank} holds no position of this layout (its members are "
+                         f"{_short_ranks(self.members)})")
+
+    def positions(self, ranks: Sequence[int]) -> np.ndarray:
+        """The positions of global ``ranks`` (each must hold one), as an array."""
+        given = np.asarray(ranks, dtype=np.int64)
+        if self.members is None:
+            if given.size and (given.min() < 0 or given.max() >= self.world_size):
+                raise ValueError(f"ranks outside the layout's world of {self.world_size}")
+            return given
+        found = np.searchsorted(self._members, given)
+        if given.size and (found.max() >= self._members.size
+                           or not bool(np.all(self._members[found] == given))):
+            raise ValueError("ranks that hold no position of this layout")
+        return found
 
     def global_ranks(self, positions: np.ndarray) -> np.ndarray:
         """The global ranks at ``positions`` (an integer array of any shape)."""
         if self.members is None:
             return positions
-        mapped: np.ndarray = np.asarray(self.members, dtype=np.int64)[positions]
+        mapped: np.ndarray = self._members[positions]
         return mapped
 
     def offsets(self, dims: Sequence[str]) -> np.ndarray:

@@ -18,6 +18,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+import numpy as np
 import torch.distributed as dist
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 from torch.distributed.device_mesh import DeviceMesh
@@ -395,12 +396,12 @@ class GroupRegistry:
             survivors = check_in(torch_internals.default_store(), prefix, self._rank, old_members,
                                  window, known)
         seconds["check_in"] = time.monotonic() - started
-        decision = replan(self.layout, [self.plan.position(r) for r in survivors])
-        new_members = tuple(old_members[i] for i in decision.ranks)
-        alive_set = set(survivors)
-        lost = tuple(r for r in old_members if r not in alive_set)
-        spares = tuple(old_members[i] for i in decision.spares)
-        dropped = tuple(old_members[i] for i in decision.dropped)
+        decision = replan(self.layout, self.plan.positions(survivors))
+        to_global = np.asarray(old_members, dtype=np.int64)
+        new_members = tuple(to_global[list(decision.ranks)].tolist())
+        lost = tuple(to_global[list(decision.lost)].tolist())
+        spares = tuple(to_global[list(decision.spares)].tolist())
+        dropped = tuple(to_global[list(decision.dropped)].tolist())
 
         mark = time.monotonic()
         self._retire()

@@ -116,7 +116,7 @@ def replan(layout: Layout, alive: Iterable[int]) -> Replan:
     survivors = np.flatnonzero(is_alive)
     lost = np.flatnonzero(~is_alive)
     if lost.size == 0:
-        return Replan(layout, tuple(int(r) for r in survivors), ())
+        return Replan(layout, tuple(survivors.tolist()), ())
     elastic = layout.elastic
     shapes = dim_shapes(layout.dims)
     best: tuple[int, str, np.ndarray] | None = None
@@ -154,14 +154,14 @@ def replan(layout: Layout, alive: Iterable[int]) -> Replan:
     removed = tuple(sorted({int(c) for c in (lost // stride) % size}))
     new_layout = _shrunk(layout, {name: size - len(removed)})
     placed = np.flatnonzero(keep)
-    leftover = tuple(int(r) for r in np.flatnonzero(~keep & is_alive))
+    leftover = tuple(np.flatnonzero(~keep & is_alive).tolist())
     assert math.prod(new_layout.dims.values()) == placed.size
     assert bool(is_alive[placed].all())
     spare = bool(elastic is not None and elastic.spares)
     return Replan(
         layout=new_layout,
-        ranks=tuple(int(r) for r in placed),
-        lost=tuple(int(r) for r in lost),
+        ranks=tuple(placed.tolist()),
+        lost=tuple(lost.tolist()),
         spares=leftover if spare else (),
         dropped=() if spare else leftover,
         removed={name: removed},
