@@ -22,7 +22,7 @@ from typing_extensions import Self
 
 from commgroups import errors, limits
 from commgroups.errors import LayoutError, RegistryStateError, WorldSizeMismatchError
-from commgroups.specs import ElasticSpec, Layout, RoleSpec, SpecModel, StrictSize
+from commgroups.specs import ElasticSpec, Layout, RoleSpec, SpecModel, StrictSize, ordered_key
 from commgroups.validation_errors import problem
 
 __all__ = ["AUTO", "AutoLayout", "has_auto_dim", "job_layout", "resolve_layout", "shared_store_risk"]
@@ -193,13 +193,9 @@ class AutoLayout(SpecModel):
         return self
 
     def __eq__(self, other: object) -> bool:
-        # Dim order is part of the layout, as in Layout.
         if not isinstance(other, AutoLayout):
             return NotImplemented
-        return (list(self.dims.items()) == list(other.dims.items()) and self.roles == other.roles
-                and [(v, list(d.items())) for v, d in self.views.items()]
-                == [(v, list(d.items())) for v, d in other.views.items()]
-                and self.elastic == other.elastic)
+        return ordered_key(self) == ordered_key(other)
 
     __hash__ = None  # type: ignore[assignment]  # dims is a dict: layouts are not hashable
 

@@ -45,6 +45,7 @@ __all__ = [
     "RoleSpec",
     "checkpoint_role",
     "default_roles",
+    "ordered_key",
     "dim_roles",
 ]
 
@@ -508,6 +509,13 @@ class ElasticSpec(SpecModel):
     spares: StrictBool = Field(default=False, description="Keep leftover survivors as spares.")
 
 
+def ordered_key(layout: Any) -> tuple[Any, ...]:
+    """What makes two layouts (fixed or auto) equal, dim order included: the order decides which
+    ranks share a group, and dict equality would ignore it."""
+    return (list(layout.dims.items()), layout.roles,
+            [(view, list(dims.items())) for view, dims in layout.views.items()], layout.elastic)
+
+
 class Layout(SpecModel):
     """The job's mesh dims and communicator roles; the single input of planning and creation.
 
@@ -830,14 +838,9 @@ class Layout(SpecModel):
         return self
 
     def __eq__(self, other: object) -> bool:
-        # Dim order is part of the layout (it decides which ranks share a group); dict equality
-        # would ignore it.
         if not isinstance(other, Layout):
             return NotImplemented
-        return (list(self.dims.items()) == list(other.dims.items()) and self.roles == other.roles
-                and [(v, list(d.items())) for v, d in self.views.items()]
-                == [(v, list(d.items())) for v, d in other.views.items()]
-                and self.elastic == other.elastic)
+        return ordered_key(self) == ordered_key(other)
 
     __hash__ = None  # type: ignore[assignment]  # dims is a dict: layouts are not hashable
 

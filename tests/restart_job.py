@@ -21,9 +21,10 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 CKPT_PREFIX = "step-"
 
@@ -34,6 +35,20 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run_worker(work: Callable[[], None]) -> NoReturn:
+    """Run ``work`` as a torchrun worker: die with the agent, and on any failure report and leave at
+    once (a peer died; gloo's threads must not hold the exit up; the agent restarts the workers)."""
+    _die_with_parent()
+    try:
+        work()
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -136,17 +151,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=16)
     parser.add_argument("--batch", type=int, default=2)
     args = parser.parse_args()
-    _die_with_parent()
-    try:
-        train(args)
-    except BaseException:
-        # A peer died: report and leave at once (gloo's threads must not hold the exit up); the
-        # agent restarts the workers.
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    os._exit(0)
+    run_worker(lambda: train(args))
 
 
 if __name__ == "__main__":

@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.restart_job import _die_with_parent
+from tests.restart_job import run_worker
 
 
 def train(out: Path, titan_args: list[str]) -> None:
@@ -76,15 +74,7 @@ def main() -> None:
     parser.add_argument("titan_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     titan_args = args.titan_args[1:] if args.titan_args[:1] == ["--"] else args.titan_args
-    _die_with_parent()
-    try:
-        train(Path(args.out), titan_args)
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    os._exit(0)
+    run_worker(lambda: train(Path(args.out), titan_args))
 
 
 if __name__ == "__main__":
