@@ -456,7 +456,7 @@ class GroupRegistry:
     def _check_rebuildable(self) -> None:
         """Refuse, on every rank alike, backends whose groups cannot be made without the dead rank."""
         context = CreationContext.detect()
-        for name, created in [*self._created.items(), *self._retired_roles.items()]:
+        for name, created in self._generation_roles().items():
             adapter = created.adapter
             if (context.device_bound and adapter.supports_split
                     and context.default_backend == adapter.torch_backend):
@@ -468,13 +468,17 @@ class GroupRegistry:
                     "bind the default group (init_process_group without device_id)"
                 )
 
+    def _generation_roles(self) -> dict[str, CreatedRole]:
+        """The roles of the generation being rebuilt from: live, or retired by a failed rebuild."""
+        return self._created if self._state == "created" else self._retired_roles
+
     def _check_in_window(self, timeout: float | timedelta | None) -> timedelta:
         if timeout is None:
             # A survivor notices the loss at its collective's timeout at the latest, and one whose
             # peers left a collective early may wait out one more: twice the longest role timeout.
-            roles = self._created if self._state == "created" else self._retired_roles
             longest = max((self._role_timeout(name, created.adapter).total_seconds()
-                           for name, created in roles.items()), default=self.create_timeout_s)
+                           for name, created in self._generation_roles().items()),
+                          default=self.create_timeout_s)
             return timedelta(seconds=2 * longest)
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         return timedelta(seconds=limits.check_timeout(seconds, "timeout"))
