@@ -1,14 +1,13 @@
 """Fingerprint agreement: before any group exists, every rank checks that all ranks plan the same.
 
 Ranks compare a small payload (layout fingerprint, resolved backends, creation mode, and any local
-error) through the default group's store, in one round. Rank 0's payload is the reference; a rank
-that differs publishes its details; counters other decisions need (local creation's votes) ride in
-the same round. Then all ranks meet and every rank raises the same
-:class:`~commgroups.errors.LayoutMismatchError` naming the ranks that differ and the fields, or the same
-:class:`~commgroups.errors.AgreementTimeoutError` naming the ranks that never arrived. No collective
-runs on a group, so disagreement can never hang a communicator. The success path costs each rank a
-handful of store operations, O(1) in the world size.
-"""
+error) through the default group's store, in one round: each rank compares its digest with the first
+one in, records itself, casts a ballot where one is asked (local creation's safety) and counts itself
+in; the last rank in publishes the verdict. Every rank then raises the same
+:class:`~commgroups.errors.LayoutMismatchError` naming the ranks that differ from rank 0 and the
+fields, or the same :class:`~commgroups.errors.AgreementTimeoutError` naming the ranks that never
+arrived. No collective runs on a group, so disagreement can never hang a communicator. The success
+path costs each rank about six store operations, O(1) in the world size."""
 
 from __future__ import annotations
 
@@ -16,8 +15,9 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -26,7 +26,7 @@ from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported
 
 from commgroups.errors import AgreementTimeoutError, LayoutMismatchError, StoreUnreachableError
 
-__all__ = ["agree", "describe_differences", "store_barrier", "store_host", "store_calls"]
+__all__ = ["Ballot", "Verdict", "agree", "describe_differences", "store_barrier", "store_host", "store_calls"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,29 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Ballot:
+    """A yes/no question every rank answers in the agreement's round (local creation's safety).
+
+    It carries only if every rank gives the same ``state`` and no rank vetoes.
+    """
+
+    state: str
+    """A value that must be equal on every rank (e.g. torch's group-naming state)."""
+    veto: bool
+    """This rank says no whatever the others say."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the agreement decided besides "every rank plans the same"."""
+
+    carried: bool
+    """The ballot carried (False when there was none)."""
+    reason: str = ""
+    """Why the ballot did not carry (empty when it did or there was none)."""
+
+
 def agree(
     store: Store,
     rank: int,
@@ -79,67 +102,99 @@ def agree(
     payload: dict[str, Any],
     timeout: timedelta,
     finish: Callable[[], None] | None = None,
-    tallies: Mapping[str, int] | None = None,
-) -> dict[str, int]:
+    ballot: Ballot | None = None,
+) -> Verdict:
     """Check that every rank holds an identical ``payload``; raise on every rank otherwise.
 
     ``store`` should be a namespace unique to this attempt (a PrefixStore); every rank must call
-    this with the same namespace, in the same order. The attempt ends exactly once, decided by one
-    compare-and-set on the key ``state``: ``complete`` (set by the last rank to arrive) or
-    ``abandoned`` (set by a rank whose wait timed out first). Every rank follows that one outcome,
-    and ``finish`` runs once when it is decided, so the caller can open a fresh namespace for the
-    next attempt: a rank that skipped this attempt then meets the others at the next one instead of
-    reading this one's stale keys. ``tallies``: counters this rank adds to in the same round;
-    returns each one's total over all ranks (read once every rank has added).
+    this with the same namespace, in the same order. One round: each rank compares its digest with
+    the first one in (a compare-and-set returns it: nobody waits for a particular rank), records
+    itself, casts its ``ballot`` and counts itself in; the last rank to arrive decides the attempt
+    by one compare-and-set on the key ``state`` and publishes the verdict, which every rank waits
+    for. A rank whose wait times out first sets ``state`` to ``abandoned`` instead; every rank
+    follows that one outcome, and ``finish`` runs once when it is decided, so the caller can open a
+    fresh namespace for the next attempt: a rank that skipped this attempt then meets the others at
+    the next one instead of reading this one's stale keys. About six store calls per rank
+    (plus two for a ballot), O(1) in the world size; the error path reads every rank's digest once.
     """
     started = time.monotonic()
     with store_calls(store, rank, started, "GroupRegistry.create()"):
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         digest = _digest(text)
-        store.set(f"digest/{rank}", digest)
-        if rank == 0:
-            store.set("detail/0", text)
-        else:
-            _wait_or_abandon(store, ["digest/0"], timeout, started, world_size, rank, finish)
-            if store.get("digest/0").decode() != digest:
-                store.set(f"detail/{rank}", text)
-                index = store.add("mismatch", 1)
-                store.set(f"mismatch/{index}", str(rank))
-        for key, value in (tallies or {}).items():
-            store.add(f"tally/{key}", value)
+        mine = f"{digest}:{rank}"
+        reference = store.compare_set("ref", "", mine).decode()
+        store.set(f"digest/{rank}", digest)  # presence (names who never came) and the error path
+        if reference == mine or reference.partition(":")[0] != digest:
+            # The reference holder and every rank that differs from it publish their payloads:
+            # enough for any rank to show rank 0's payload beside one that differs from it.
+            store.set(f"detail/{rank}", text)
+            if reference != mine:
+                store.add("mismatch", 1)
+        if ballot is not None:
+            if store.compare_set("ballot/state", "", ballot.state).decode() != ballot.state:
+                store.add("ballot/split", 1)
+            if ballot.veto:
+                store.add("ballot/veto", 1)
         if store.add("arrived", 1) == world_size and _decide(store, "complete") == "complete":
+            verdict = _verdict(store, world_size, reference.partition(":")[0], ballot is not None)
             if finish is not None:
                 finish()
-            store.set("all", "1")
+            store.set("all", json.dumps(verdict))
         _wait_or_abandon(store, ["all"], timeout, started, world_size, rank, finish)
-        state = store.get("state").decode()
-        if state != "complete":
+        verdict = json.loads(store.get("all").decode())
+        if verdict["state"] != "complete":
             missing = _missing_ranks(store, world_size, "digest/")
             raise AgreementTimeoutError(
                 f"rank {rank}: not every rank reached GroupRegistry.create() within "
-                f"{timeout.total_seconds():g}s (the attempt was {state} when its wait timed out); "
-                f"ranks that never arrived: {missing or 'unknown'}. fix: make every rank call "
-                "create() (in the same order as other registries), check that no rank died, or "
-                "raise create_timeout_s; calling create() again on every rank starts a fresh attempt"
+                f"{timeout.total_seconds():g}s (the attempt was {verdict['state']} when its wait "
+                f"timed out); ranks that never arrived: {missing or 'unknown'}. fix: make every "
+                "rank call create() (in the same order as other registries), check that no rank "
+                "died, or raise create_timeout_s; calling create() again on every rank starts a "
+                "fresh attempt"
             )
-        mismatches = store.add("mismatch", 0)
-        if mismatches == 0:
+        differ = int(verdict["differ"])
+        if differ == 0:
             logger.debug("rank %d: %d ranks agree on %s", rank, world_size, digest[:12])
-            return {key: store.add(f"tally/{key}", 0) for key in (tallies or {})}
-        named = min(mismatches, MAX_NAMED_RANKS)
-        ranks = sorted(int(store.get(f"mismatch/{i}").decode()) for i in range(1, named + 1))
-        reference = json.loads(store.get("detail/0").decode())
-        other = json.loads(store.get(f"detail/{ranks[0]}").decode())
-    lines = describe_differences(reference, other, ("rank 0", f"rank {ranks[0]}"))
-    more = f" (and {mismatches - named} more)" if mismatches > named else ""
+            return Verdict(bool(verdict["carried"]), str(verdict["reason"]))
+        ranks: list[int] = verdict["named"]
+        reference_text = json.loads(store.get(f"detail/{verdict['zero']}").decode())
+        other = json.loads(store.get(f"detail/{verdict['other']}").decode())
+    lines = describe_differences(reference_text, other, ("rank 0", f"rank {verdict['other']}"))
+    more = f" (and {differ - len(ranks)} more)" if differ > len(ranks) else ""
     raise LayoutMismatchError(
         f"ranks {ranks}{more} built a different layout than rank 0 "
-        f"({mismatches} of {world_size} ranks differ); differences:\n  "
+        f"({differ} of {world_size} ranks differ); differences:\n  "
         + "\n  ".join(lines)
         + "\nfix: give every rank the same layout (same file, dims, roles, options, backends) "
         "and the same creation mode",
         field=lines[0].split(":")[0] if lines else None,
     )
+
+
+def _verdict(store: Store, world_size: int, reference: str, ballot: bool) -> dict[str, Any]:
+    """The last rank in: every rank has recorded itself, so the counters are final."""
+    verdict: dict[str, Any] = {"state": "complete", "differ": 0, "carried": False, "reason": ""}
+    if ballot:
+        split, vetoes = store.add("ballot/split", 0), store.add("ballot/veto", 0)
+        verdict["carried"] = split == 0 and vetoes == 0
+        verdict["reason"] = (
+            "ranks are in different torch group-naming states (they created different groups "
+            "before this call)" if split else
+            f"{vetoes} rank(s) would reuse a group name torch created before, or cannot predict it"
+            if vetoes else "")
+    if store.add("mismatch", 0) == 0:
+        return verdict
+    # Name the ranks that differ from rank 0 (the reference of the message, whoever came first).
+    digests = [bytes(d).decode() for d in
+               store.multi_get([f"digest/{r}" for r in range(world_size)])]
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    holder = int(bytes(store.get("ref")).decode().rpartition(":")[2])
+    # Published: the reference holder and every rank whose digest is not the reference's.
+    published = [r for r in differ if r == holder or digests[r] != reference]
+    verdict.update(differ=len(differ), named=differ[:MAX_NAMED_RANKS],
+                   zero=0 if digests[0] != reference or holder == 0 else holder,
+                   other=published[0])
+    return verdict
 
 
 def _decide(store: Store, outcome: str) -> str:
@@ -166,7 +221,8 @@ def _wait_or_abandon(
             return
         if finish is not None:
             finish()  # idempotent: the next attempt opens however many ranks give up
-        store.set("all", "1")  # wake the ranks still waiting: they read the outcome and raise
+        # Wake the ranks still waiting: they read the outcome and raise.
+        store.set("all", json.dumps({"state": f"abandoned by rank {rank}"}))
         raise
 
 

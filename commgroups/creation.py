@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore  # type: ignore[attr-defined]  # re-exported at runtime
 
 from commgroups import torch_internals
+from commgroups.agreement import Ballot, Verdict
 from commgroups.backends import BackendAdapter
 from commgroups.planning import Plan, RolePlan
 from commgroups.specs import RoleOptions
@@ -43,7 +44,6 @@ __all__ = [
     "CreatedRole",
     "CreationContext",
     "choose_method",
-    "LocalVote",
     "decide_local",
     "local_vote",
     "create_role_group",
@@ -226,37 +226,23 @@ def _planned_calls(
     return calls, local_calls
 
 
-@dataclass(frozen=True)
-class LocalVote:
-    """This rank's vote on whether member-only creation is safe (see :func:`local_vote`)."""
-
-    state: str
-    """torch's group-naming state of this rank (a hash of a probe group's name), or "unknown"."""
-    unsafe: int
-    """1 when this rank cannot predict a local group's name or would reuse one, else 0."""
-
-    def tallies(self) -> dict[str, int]:
-        """What this rank adds to the agreement round's counters: ranks in the same naming state
-        add to the same key, which reaches the world size only if every rank is in it."""
-        return {f"local/state/{self.state}": 1, "local/unsafe": self.unsafe}
-
-
 def local_vote(
     plan: Plan, order: list[RolePlan], methods: dict[str, str], rank: int, world_size: int
-) -> LocalVote | None:
-    """This rank's vote on local creation of ``methods``' local roles; None when there are none.
+) -> Ballot | None:
+    """This rank's ballot on local creation of ``methods``' local roles; None when there are none.
 
     torch names a member-only group by hashing its ranks with a per-process counter, so every member
     must compute the same name and the name must be new. Rather than re-implement torch's private
     naming rule (2.14 changed it), this asks torch (see
     :func:`commgroups.torch_internals.predict_group_names`): local creation is kept only when (1)
-    every rank's naming state is the same now (torch's own hash of a probe group), (2) torch's own
-    naming code predicts each local group's name, and (3) no rank has had torch create one of those
-    names before (a name reused after ``destroy_process_group`` meets its predecessor's stale
-    rendezvous keys in the store: a hang on gloo) nor holds a live group by that name. Where torch's
-    names never repeat (2.14+: the counter grows with every group), a layout re-created after
-    ``close()`` therefore stays local. The votes travel in the agreement's one store round
-    (:func:`commgroups.agreement.agree`'s ``tallies``); :func:`decide_local` reads the totals.
+    every rank's naming state is the same now (torch's own hash of a probe group: the ballot's
+    ``state``), (2) torch's own naming code predicts each local group's name, and (3) no rank has had
+    torch create one of those names before (a name reused after ``destroy_process_group`` meets its
+    predecessor's stale rendezvous keys in the store: a hang on gloo) nor holds a live group by that
+    name; (2) and (3) are this rank's ``veto``. Where torch's names never repeat (2.14+: the counter
+    grows with every group), a layout re-created after ``close()`` therefore stays local. The
+    ballot travels in the agreement's one store round (:func:`commgroups.agreement.agree`);
+    :func:`decide_local` reads its verdict.
     """
     if "local" not in methods.values():
         return None
@@ -268,34 +254,26 @@ def local_vote(
         if rank == 0:
             logger.info("torch %s: commgroups cannot predict member-only group names here; "
                         "creating local roles on every rank (all_ranks)", torch.__version__)
-        return LocalVote("unknown", 1)
+        return Ballot("unknown", veto=True)
     live = registered_group_names() or set()
     claims = PrefixStore(_CLAIM_PREFIX, default_store())
-    unsafe = 0
+    unsafe = False
     for index in planned[1].values():
         name = names[index]
         if name in live or claims.add(f"{name}/{rank}", 1) > 1:
-            unsafe = 1
-    return LocalVote(state, unsafe)
+            unsafe = True
+    return Ballot(state, veto=unsafe)
 
 
-def decide_local(
-    methods: dict[str, str], vote: LocalVote | None, totals: dict[str, int], world_size: int,
-    rank: int,
-) -> dict[str, str]:
-    """``methods`` with every local role kept local only if every rank voted it safe (``totals``:
-    the summed :meth:`LocalVote.tallies` of all ranks); else all_ranks, on every rank alike."""
-    if vote is None:
+def decide_local(methods: dict[str, str], ballot: Ballot | None, verdict: Verdict,
+                 rank: int) -> dict[str, str]:
+    """``methods`` with every local role kept local only if the ballot carried on every rank;
+    else all_ranks, on every rank alike (the verdict is the same everywhere)."""
+    if ballot is None or verdict.carried:
         return dict(methods)
-    uniform = totals.get(f"local/state/{vote.state}", 0) == world_size
-    flagged = totals.get("local/unsafe", 0)
-    if uniform and flagged == 0:
-        return dict(methods)
-    why = ("ranks are in different torch group-naming states (they created different groups "
-           "before this call)" if not uniform else
-           f"{flagged} rank(s) would reuse a group name torch created before, or cannot predict it")
     if rank == 0:
-        logger.info("local creation not safe (%s); creating those roles on every rank", why)
+        logger.info("local creation not safe (%s); creating those roles on every rank",
+                    verdict.reason)
     return {role: ("all_ranks" if method == "local" else method) for role, method in methods.items()}
 
 

@@ -315,10 +315,9 @@ class GroupRegistry:
         rank holds an error that the agreement reports (its methods may be incomplete), so it casts
         no local vote."""
         ballot = local_vote(self.plan, order, methods, self._rank, world) if vote else None
-        totals = agree(store, rank, world, payload, timedelta(seconds=self.create_timeout_s),
-                       finish=store.finish,
-                       tallies=ballot.tallies() if ballot is not None else None)
-        return decide_local(methods, ballot, totals, world, rank)
+        verdict = agree(store, rank, world, payload, timedelta(seconds=self.create_timeout_s),
+                        finish=store.finish, ballot=ballot)
+        return decide_local(methods, ballot, verdict, rank)
 
     # ---------------------------------------------------------------------------------- rebuild
     @property

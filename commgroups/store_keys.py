@@ -21,9 +21,11 @@ from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  
 
 __all__ = ["AttemptStore", "open_attempt"]
 
-# Keys of an attempt that a single rank writes (the others only read or wait for them); the last
-# rank to release deletes them whether or not it wrote them.
-_SINGLE_WRITER_KEYS = ("all", "state", "created/all", "local/all", "closed")
+# Shared keys of an attempt that some ranks write and others only read or wait for (agreement's
+# outcome, reference and counters, the end barrier's release); the last rank to release deletes
+# them whether or not it wrote them.
+_SHARED_KEYS = ("all", "state", "ref", "mismatch", "ballot/state", "ballot/split", "ballot/veto",
+                "created/all", "closed")
 
 
 class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Store loosely
@@ -52,6 +54,10 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
     def get(self, key: str) -> bytes:
         value: bytes = self.underlying_store.get(key)
         return value
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        values: list[bytes] = self.underlying_store.multi_get(keys)
+        return values
 
     def add(self, key: str, amount: int) -> int:
         self.written.add(key)
@@ -94,7 +100,7 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
             for key in own:
                 self.underlying_store.delete_key(key)
             if self.underlying_store.add("closed", 1) == world_size:
-                for key in (self.written - own) | set(_SINGLE_WRITER_KEYS):
+                for key in (self.written - own) | set(_SHARED_KEYS):
                     self.underlying_store.delete_key(key)
         except RuntimeError:  # DistNetworkError: the store's host is gone, and its keys with it
             pass

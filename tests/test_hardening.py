@@ -217,8 +217,9 @@ def _store_keys_per_cycle(rank: int, world_size: int) -> dict[str, Any]:
         dist.barrier()
     # The first attempts' namespaces are gone, key by key (agreement, barrier, local check).
     left = [key for epoch in range(3) for key in (
-        "arrived", "all", "state", "mismatch", "digest/0", f"digest/{rank}", "detail/0",
-        "created/count", "created/all", f"created/{rank}", "local/arrived", "local/all", "closed")
+        "arrived", "all", "state", "ref", "mismatch", "digest/0", f"digest/{rank}", "detail/0",
+        f"detail/{rank}", "ballot/state", "ballot/split", "ballot/veto", "created/count",
+        "created/all", f"created/{rank}", "closed")
         if store.check([f"commgroups/agree/{epoch}/{key}"])]
     return {"counts": counts, "baseline": baseline, "left": left,
             "epoch": store.add("commgroups/epoch", 0)}
