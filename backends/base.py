@@ -52,7 +52,12 @@ class BackendAdapter(ABC):
 
     aborts: ClassVar[bool] = False
     """Whether :meth:`abort` frees a group whose peer died (gloo's abort does not free a blocked
-    collective: a survivor waits for the group's timeout, so gloo groups are only left alone)."""
+    collective: a survivor waits for the group's timeout, so gloo groups are only left alone).
+    True for NCCL/RCCL (``ncclCommAbort``) and HCCL (``ProcessGroupHCCL::abort``)."""
+
+    # Shrinking (torch.distributed.shrink_group: a group's survivors get a new communicator without
+    # the dead ranks, no rendezvous with them) is not a class constant: it depends on the torch and
+    # NCCL a job runs (NCCL >= 2.27), so it is asked of a live group: shrink_blocker() / shrinks().
 
     def check_available(self) -> None:
         """Raise BackendUnavailableError when this backend cannot run on this machine."""
@@ -63,6 +68,19 @@ class BackendAdapter(ABC):
         Called by ``registry.rebuild()`` on the retired generation. The default does nothing: the
         group stays referenced (never destroyed: destroying a group with a dead peer may block).
         """
+
+    def shrink_blocker(self, group: Any) -> str | None:
+        """Why ``group`` cannot be shrunk to its survivors here, or None when it can.
+
+        Decided at run time, on a live group: ``torch.distributed.shrink_group`` must exist and
+        the group's backend must report ``supports_shrinking``. The default: this backend never
+        shrinks (torch's shrink_group serves NCCL only; gloo's backend reports False).
+        """
+        return f"backend {self.name} cannot shrink a group (torch's shrink_group serves NCCL only)"
+
+    def shrinks(self, group: Any) -> bool:
+        """Whether ``group`` can be shrunk to its survivors here (:meth:`shrink_blocker` is None)."""
+        return self.shrink_blocker(group) is None
 
     def default_timeout(self) -> timedelta:
         """torch's default collective timeout for this backend: its general process-group default

@@ -52,6 +52,20 @@ class HcclAdapter(BackendAdapter):
     torch_backend: ClassVar[str] = "hccl"
     device_type: ClassVar[str] = "npu"
     supports_local_creation: ClassVar[bool] = False
+    aborts: ClassVar[bool] = True
+
+    def abort(self, group: Any) -> None:
+        """Free ``group``'s HCCL communicators after a rank loss, without its peers.
+
+        Through c10d (:func:`commgroups.torch_internals.abort_group`): for a non-default group,
+        ``_abort_process_group`` calls ``ProcessGroup.abort()``, which reaches the C++
+        ``ProcessGroupHCCL::abort()`` override (it destroys the group's communicators; torch_npu
+        also binds ``abort_hccl_comm`` on its ``ProcessGroupHCCL``, which commgroups does not use).
+        Needs no torch_npu import. NOT RUN anywhere by commgroups: torch_npu needs the Ascend
+        CANN toolkit, never installed in CI, and no NPU check exists; CI checks only that
+        rebuild() routes an HCCL group here (mocked HCCL, ``tests/test_gpu_rebuild_mocked.py``).
+        """
+        torch_internals.abort_group(group)
 
     def check_available(self) -> None:
         """HCCL needs torch_npu and a visible NPU."""
@@ -61,7 +75,6 @@ class HcclAdapter(BackendAdapter):
                 "backend 'hccl' found torch_npu but no NPU; fix: run on Ascend NPUs, or set the "
                 "role's backend to 'device' or 'gloo'"
             )
-
 
     def make_options(self, options: RoleOptions, timeout: timedelta) -> Any | None:
         """A fresh ``ProcessGroupHCCL.Options``; ``hccl_config`` is assigned as one whole dict."""

@@ -19,6 +19,16 @@ from .base import BackendAdapter
 _CONFIG_FIELDS = ("cga_cluster_size", "min_ctas", "max_ctas", "net_name", "split_share", "blocking")
 
 
+def _nccl_version() -> str:
+    """The NCCL version torch was built with (``torch.cuda.nccl.version()``), or "unknown"."""
+    try:
+        nccl: Any = torch.cuda.nccl  # its version() is untyped on every checked torch
+        version = nccl.version()
+    except Exception:  # a CPU build, or no NCCL library: only used in messages
+        return "unknown"
+    return ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
+
+
 class NcclAdapter(BackendAdapter):
     """NCCL groups; options come from the role's ``options.nccl`` section."""
 
@@ -32,10 +42,33 @@ class NcclAdapter(BackendAdapter):
     def abort(self, group: Any) -> None:
         """``ncclCommAbort`` through c10d (:func:`commgroups.torch_internals.abort_group`).
 
-        Not run on a GPU by commgroups' tests (one GPU holds no group with a peer to lose); the
-        call itself is checked to exist on torch 2.10-2.15.
+        What was run: CI checks the call exists on torch 2.10-2.15 and that rebuild() reaches it
+        (mocked NCCL, ``tests/test_gpu_rebuild_mocked.py``); the GPU check aborts a real one-rank
+        NCCL group through it during a rebuild (``tests/test_gpu_rebuild.py``). Not run: an abort
+        with a dead peer (one GPU holds no group with a peer to lose).
         """
         torch_internals.abort_group(group)
+
+    def shrink_blocker(self, group: Any) -> str | None:
+        """None when ``torch.distributed.shrink_group`` can shrink ``group`` here, else why not.
+
+        Needs torch's public ``shrink_group`` (2.10+) and the group's NCCL backend reporting
+        ``supports_shrinking`` (ncclCommShrink, NCCL >= 2.27), read on the group's bound device
+        (else cuda) as torch's own shrink_group reads it. Not run on a GPU in CI; the GPU check
+        prints the answer of its machine. commgroups does not drive shrink_group yet (see
+        ``GroupRegistry.rebuild``): this only names what a job has.
+        """
+        if not callable(getattr(dist, "shrink_group", None)):
+            return f"torch {torch.__version__} has no torch.distributed.shrink_group (torch >= 2.10)"
+        device = getattr(group, "bound_device_id", None) or torch.device("cuda")
+        supported = torch_internals.backend_supports_shrinking(group, device)
+        if supported is None:
+            return (f"torch cannot tell whether the group's backend on {device} can shrink (no "
+                    "such backend, or no supports_shrinking property)")
+        if not supported:
+            return ("the group's NCCL backend reports supports_shrinking=False (ncclCommShrink "
+                    f"needs NCCL >= 2.27; this torch was built with NCCL {_nccl_version()})")
+        return None
 
     def check_available(self) -> None:
         """NCCL needs a CUDA build of torch with NCCL and a visible CUDA device."""

@@ -453,19 +453,42 @@ class GroupRegistry:
         return tuple(ranks)
 
     def _check_rebuildable(self) -> None:
-        """Refuse, on every rank alike, backends whose groups cannot be made without the dead rank."""
+        """Refuse, on every rank alike, backends whose groups cannot be made without the dead rank.
+
+        A bound default group (``init_process_group(device_id=...)``) gave the device backend's
+        roles by ncclCommSplit of its communicator, and every new NCCL group there is split from
+        it again, dead rank included (member-only creation hangs, all-ranks creation waits for the
+        dead rank). The only way around is ``shrink_group``, which commgroups does not drive: on
+        the default group torch makes the shrunk group the new default, renumbering every rank
+        (the registry's layout is in global ranks, ``Plan(members=...)``) and destroying every
+        other group (the gloo roles included); a non-default world parent to shrink instead
+        would cost one more world communicator per job. So the refusal says whether this job
+        could shrink at all (the backend's :meth:`~commgroups.backends.BackendAdapter.shrink_blocker`
+        on the default group) and what to do instead.
+        """
         context = CreationContext.detect()
         for name, created in self._generation_roles().items():
             adapter = created.adapter
-            if (context.device_bound and adapter.supports_split
+            if not (context.device_bound and adapter.supports_split
                     and context.default_backend == adapter.torch_backend):
-                raise RebuildError(
-                    f"role {name!r}: its {adapter.name} groups come from the bound default group's "
-                    "communicator (ncclCommSplit), which still holds the lost rank; rebuilding "
-                    "in place needs shrink_group (NCCL >= 2.27), which commgroups does not drive "
-                    "yet. fix: restart the job under torchrun elastic (restart mode), or do not "
-                    "bind the default group (init_process_group without device_id)"
-                )
+                continue
+            blocker = adapter.shrink_blocker(torch_internals.default_group())
+            if blocker is not None:
+                shrink = (f"rebuilding in place needs shrink_group, which this job lacks: "
+                          f"{blocker}")
+            else:
+                shrink = ("this torch and NCCL can shrink (shrink_group, supports_shrinking), but "
+                          "shrinking the default group makes the result the new default group, "
+                          "renumbering every rank and destroying every other group, and "
+                          "commgroups keeps no non-default world group to shrink instead; it "
+                          "does not drive shrink_group")
+            raise RebuildError(
+                f"role {name!r}: its {adapter.name} groups come from the bound default group's "
+                f"communicator (ncclCommSplit), which still holds the lost rank; {shrink}. fix: "
+                "restart the job under torchrun elastic (restart mode), or do not bind the "
+                "default group (init_process_group without device_id): then rebuild() aborts "
+                f"the old {adapter.name} groups and creates new ones on the survivors"
+            )
 
     def _generation_roles(self) -> dict[str, CreatedRole]:
         """The roles of the generation being rebuilt from: live, or retired by a failed rebuild."""

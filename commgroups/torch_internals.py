@@ -43,6 +43,7 @@ __all__ = [
     "TorchDispatchMode",
     "default_group",
     "abort_group",
+    "backend_supports_shrinking",
     "default_store",
     "defers_to_subclass",
     "op_schema",
@@ -104,8 +105,12 @@ def abort_group(group: dist.ProcessGroup) -> None:
     """Abort ``group``'s communicators without its peers (NCCL: ``ncclCommAbort``).
 
     ``distributed_c10d._abort_process_group(group)``: private, present on 2.10, 2.13, 2.14.1 and
-    2.15.0 (NCCL only; other backends raise or ignore it). Failures are logged, never raised: the
-    group is being thrown away after a rank loss.
+    2.15.0. For a non-default group it calls ``ProcessGroup.abort()``, which aborts every backend
+    the group holds through the C++ ``Backend::abort()``, then drops the group from c10d's tables
+    (read in the 2.10, 2.13 and 2.15 sources). torch documents it for NCCL; ProcessGroupHCCL
+    (torch_npu) overrides ``abort()`` too, which is NOT CHECKED here (no torch_npu, see
+    ``backends/hccl.py``). Failures are logged, never raised: the group is being thrown away
+    after a rank loss.
     """
     abort = getattr(c10d, "_abort_process_group", None)
     if not callable(abort):
@@ -115,6 +120,23 @@ def abort_group(group: dist.ProcessGroup) -> None:
         abort(group)
     except (RuntimeError, ValueError) as error:
         logger.warning("aborting %s failed: %s", group, error)
+
+
+def backend_supports_shrinking(group: dist.ProcessGroup, device: torch.device) -> bool | None:
+    """Whether ``group``'s backend for ``device`` can shrink to its survivors (``shrink_group``).
+
+    Reads it where torch's own ``shrink_group`` does: ``ProcessGroup._get_backend(device)``
+    (private) and the c10d ``Backend.supports_shrinking`` property (ProcessGroupNCCL: NCCL >=
+    2.27), both present on 2.10, 2.13, 2.15.0 (gloo answers False there); 2.14.1 NOT CHECKED (no
+    venv of it here), nor the NCCL answer (it needs CUDA: the GPU check prints it). None where
+    the group has no backend for ``device`` or the property is missing or fails: unknown, so
+    callers must not shrink.
+    """
+    try:
+        backend: Any = group._get_backend(device)
+        return bool(backend.supports_shrinking)
+    except Exception:  # no backend for the device, or a torch without the property: unknown
+        return None
 
 
 # ---------------------------------------------------------------------------------- timeouts

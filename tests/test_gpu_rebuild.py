@@ -1,0 +1,165 @@
+"""GPU only: what one GPU can show of rebuild() on NCCL (a one-rank NCCL world; the GPU check runs it).
+
+- Unbound default group: the registry's NCCL groups carry a collective, ``rebuild(alive=[0])``
+  aborts them through torch's real ``_abort_process_group`` (gloo's group is left referenced), the
+  new generation carries a collective and the old handle raises StaleGenerationError.
+- Device-bound default group (``device_id``): roles are made by ncclCommSplit, and rebuild() refuses
+  before touching anything, naming the shrink capability; the registry keeps working.
+- What this machine's torch and NCCL say about shrinking (``dist.shrink_group``, the NCCL
+  backend's ``supports_shrinking``), printed for the GPU check's log.
+
+Not shown (one GPU holds no peer to lose): an abort that frees a collective blocked on a dead
+peer, and any shrink. A one-rank role normally gets commgroups' single-rank backend (no
+communicator), so these tests resolve roles as if their groups were larger: the registry then
+makes real one-rank NCCL groups. Skips without CUDA or NCCL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+import commgroups as cg
+from commgroups import registry as registry_module
+from commgroups import torch_internals
+from commgroups.backends.nccl import NcclAdapter, _nccl_version
+from commgroups.errors import RebuildError, StaleGenerationError
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device (NCCL groups to rebuild); torch.cuda.is_available() is False "
+                "here", allow_module_level=True)
+if not dist.is_nccl_available():
+    pytest.skip("needs NCCL; this torch build has none", allow_module_level=True)
+
+LAYOUT = cg.Layout(dims={"dp_shard": 1, "tp": 1},
+                   roles=[cg.RoleSpec(name="dp_shard", dims=["dp_shard"]),
+                          cg.RoleSpec(name="tp", dims=["tp"]),
+                          cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo")])
+
+
+def _init(device_id: torch.device | None) -> Iterator[None]:
+    if dist.is_initialized():
+        pytest.skip("another test left a default group initialized in this process")
+    torch.cuda.set_device(0)
+    if device_id is None:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=device_id)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def nccl_world() -> Iterator[None]:
+    yield from _init(None)
+
+
+@pytest.fixture
+def bound_nccl_world() -> Iterator[None]:
+    yield from _init(torch.device("cuda", 0))
+
+
+@pytest.fixture
+def real_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resolve every role as if its groups had several ranks: real one-rank NCCL/gloo groups."""
+    resolve = registry_module.resolve_backend
+
+    def larger(requested: str, default_group_backend: str | None = None,
+               group_size: int | None = None) -> Any:
+        return resolve(requested, default_group_backend, None)
+
+    monkeypatch.setattr(registry_module, "resolve_backend", larger)
+
+
+@pytest.fixture
+def aborted(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The groups torch's real ``_abort_process_group`` is called on (it still runs)."""
+    calls: list[Any] = []
+    real = c10d._abort_process_group
+
+    def spy(group: Any = None) -> None:
+        calls.append(group)
+        real(group)
+
+    monkeypatch.setattr(c10d, "_abort_process_group", spy)
+    return calls
+
+
+def test_rebuild_on_a_one_rank_nccl_world(nccl_world: None, real_groups: None,
+                                          aborted: list[Any]) -> None:
+    registry = cg.GroupRegistry(LAYOUT, create_timeout_s=60).create()
+    try:
+        assert registry.backend("tp") == "nccl" and registry.backend("dp_shard") == "nccl"
+        old_handle = registry.collectives("tp")
+        old_nccl = [registry.group("tp"), registry.group("dp_shard")]
+        gloo = registry.group("checkpoint-metadata")
+        x = torch.full((8,), 3.0, device="cuda")
+        old_handle.all_reduce(x)
+        torch.cuda.synchronize()
+        assert torch.equal(x.cpu(), torch.full((8,), 3.0))
+
+        report = registry.rebuild(alive=[0], timeout=30)
+        print(f"\nrebuild on one NCCL rank: generation {report.generation}, seconds "
+              f"{ {k: round(v, 3) for k, v in report.seconds.items()} }, aborted {len(aborted)}")
+        assert report.place == "member" and registry.generation == 1
+        # Each old NCCL group went through torch's real abort (which drops it from c10d's
+        # tables); the gloo group was left referenced, never aborted.
+        assert all(any(g is old for g in aborted) for old in old_nccl), aborted
+        assert not any(g is gloo for g in aborted)
+        assert all(old not in c10d._world.pg_map for old in old_nccl)
+
+        new_group = registry.group("tp")
+        assert all(new_group is not old for old in old_nccl)
+        assert registry.backend("tp") == "nccl"
+        y = torch.full((8,), 2.0, device="cuda")
+        registry.collectives("tp").all_reduce(y)
+        registry.collectives("dp_shard").all_reduce(y)
+        torch.cuda.synchronize()
+        assert torch.equal(y.cpu(), torch.full((8,), 2.0))
+        with pytest.raises(StaleGenerationError):
+            old_handle.all_reduce(x)
+    finally:
+        registry.close()
+
+
+def test_bound_rebuild_is_refused_naming_shrink(bound_nccl_world: None, real_groups: None,
+                                                aborted: list[Any]) -> None:
+    registry = cg.GroupRegistry(LAYOUT, create_timeout_s=60).create()
+    try:
+        assert registry.creation_method("tp") == "split"  # ncclCommSplit of the bound default
+        with pytest.raises(RebuildError) as caught:
+            registry.rebuild(alive=[0], timeout=30)
+        print(f"\nbound rebuild refused: {caught.value}")
+        assert "shrink" in str(caught.value) and "without device_id" in str(caught.value)
+        assert aborted == [] and registry.generation == 0  # refused before retiring anything
+        x = torch.ones(4, device="cuda")
+        registry.collectives("tp").all_reduce(x)
+        torch.cuda.synchronize()
+        assert torch.equal(x.cpu(), torch.ones(4))
+    finally:
+        registry.close()
+
+
+def test_shrink_capability_of_this_machine(bound_nccl_world: None) -> None:
+    default = torch_internals.default_group()
+    dist.all_reduce(torch.ones(1, device="cuda"))  # the default communicator exists now
+    device = torch.device("cuda", 0)
+    supports = torch_internals.backend_supports_shrinking(default, device)
+    blocker = NcclAdapter().shrink_blocker(default)
+    print(f"\nshrink capability: torch {torch.__version__}, NCCL {_nccl_version()}, "
+          f"dist.shrink_group exists: {callable(getattr(dist, 'shrink_group', None))}, "
+          f"default group's NCCL backend supports_shrinking: {supports}, "
+          f"commgroups' blocker: {blocker or 'none (this job could shrink)'}")
+    assert callable(getattr(dist, "shrink_group", None))  # torch >= 2.10
+    assert supports is not None  # the NCCL backend answers (True from NCCL 2.27)
+    assert (blocker is None) == supports

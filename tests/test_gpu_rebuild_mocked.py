@@ -1,0 +1,201 @@
+"""The GPU/NPU paths of rebuild() on the CPU: NCCL abort, the shrink capability, HCCL abort.
+
+NCCL and HCCL cannot run here, so each test mocks only the NCCL/HCCL piece, and says so in its
+name: the c10d call that aborts (``_abort_process_group``), what a group's backend answers to
+``supports_shrinking``, or whether the default group is bound to an NCCL device. Everything
+else (adapters, the registry's retire and refusal paths, commgroups' torch_internals) is the real
+code. What these do not show, the GPU check runs on one GPU (``tests/test_gpu_rebuild.py``):
+a real one-rank NCCL abort during a rebuild and the machine's real shrink answer.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+import commgroups as cg
+from commgroups import registry as registry_module
+from commgroups import torch_internals
+from commgroups.backends.gloo import GlooAdapter
+from commgroups.backends.hccl import HcclAdapter
+from commgroups.backends.nccl import NcclAdapter
+from commgroups.backends.rccl import RcclAdapter
+from commgroups.creation import CreatedRole, CreationContext
+from commgroups.errors import RebuildError
+
+BOUND_NCCL = CreationContext(default_backend="nccl", device_bound=True, accelerator=True)
+
+
+def _aborts_recorded(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Replace c10d's abort (NCCL/HCCL only) with a recorder; returns what it was called with."""
+    calls: list[Any] = []
+    monkeypatch.setattr(c10d, "_abort_process_group", calls.append)
+    return calls
+
+
+def _backend_answers(monkeypatch: pytest.MonkeyPatch, answer: bool | None) -> list[Any]:
+    """Make every group's backend answer ``supports_shrinking`` with ``answer`` (None: unknown)."""
+    asked: list[Any] = []
+
+    def supports(group: Any, device: torch.device) -> bool | None:
+        asked.append(device)
+        return answer
+
+    monkeypatch.setattr(torch_internals, "backend_supports_shrinking", supports)
+    return asked
+
+
+# ------------------------------------------------------------------------------ capability flags
+def test_capability_flags() -> None:
+    assert NcclAdapter.aborts and RcclAdapter.aborts and HcclAdapter.aborts
+    assert not GlooAdapter.aborts  # gloo's abort frees no blocked collective: left referenced
+    assert NcclAdapter.supports_split and not HcclAdapter.supports_split
+
+
+def test_shrink_needs_torch_shrink_group_and_the_backend_mocked_nccl(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    group = SimpleNamespace(bound_device_id=torch.device("cuda", 3))
+    asked = _backend_answers(monkeypatch, True)
+    assert NcclAdapter().shrink_blocker(group) is None and NcclAdapter().shrinks(group)
+    assert asked[0] == torch.device("cuda", 3)  # the bound device, as torch's shrink_group reads it
+
+    _backend_answers(monkeypatch, False)
+    blocker = NcclAdapter().shrink_blocker(group)
+    assert blocker is not None and "supports_shrinking=False" in blocker and "2.27" in blocker
+
+    asked = _backend_answers(monkeypatch, None)
+    unbound = SimpleNamespace(bound_device_id=None)
+    blocker = NcclAdapter().shrink_blocker(unbound)
+    assert blocker is not None and "cannot tell" in blocker and asked == [torch.device("cuda")]
+
+    _backend_answers(monkeypatch, True)
+    monkeypatch.delattr(dist, "shrink_group")
+    blocker = NcclAdapter().shrink_blocker(group)
+    assert blocker is not None and "no torch.distributed.shrink_group" in blocker
+
+
+def test_gloo_and_hccl_never_shrink() -> None:
+    for adapter in (GlooAdapter(), HcclAdapter()):
+        blocker = adapter.shrink_blocker(object())
+        assert blocker is not None and adapter.name in blocker and not adapter.shrinks(object())
+
+
+def test_backend_supports_shrinking_reads_the_backend_property() -> None:
+    class Group:
+        def __init__(self, backend: object) -> None:
+            self.backend = backend
+
+        def _get_backend(self, device: torch.device) -> object:
+            if self.backend is None:
+                raise RuntimeError(f"no backend for {device}")
+            return self.backend
+
+    check = torch_internals.backend_supports_shrinking
+    cuda = torch.device("cuda")
+    assert check(Group(SimpleNamespace(supports_shrinking=True)), cuda) is True  # type: ignore[arg-type]
+    assert check(Group(SimpleNamespace(supports_shrinking=False)), cuda) is False  # type: ignore[arg-type]
+    assert check(Group(SimpleNamespace()), cuda) is None  # type: ignore[arg-type]
+    assert check(Group(None), cuda) is None  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------- aborts
+def test_nccl_abort_goes_through_c10d_mocked_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _aborts_recorded(monkeypatch)
+    group = object()
+    NcclAdapter().abort(group)
+    assert calls == [group]
+
+
+def test_hccl_abort_goes_through_c10d_without_torch_npu_mocked_hccl(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _aborts_recorded(monkeypatch)
+    group = object()
+    HcclAdapter().abort(group)
+    assert calls == [group]
+    assert "torch_npu" not in sys.modules  # aborting imports nothing of torch_npu
+
+
+def test_a_failing_abort_is_logged_not_raised_mocked_nccl(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def refuse(group: Any) -> None:
+        raise RuntimeError("NCCL communicator was aborted already")
+
+    monkeypatch.setattr(c10d, "_abort_process_group", refuse)
+    NcclAdapter().abort(object())
+    assert "aborting" in caplog.text and "aborted already" in caplog.text
+
+
+def _registry(roles: dict[str, CreatedRole]) -> cg.GroupRegistry:
+    """A registry in the state create() leaves on rank 0 of 2, holding ``roles`` (no torch world)."""
+    registry = cg.GroupRegistry(cg.Layout(dims={"tp": 2}))
+    registry._rank = 0
+    registry._created = roles
+    registry._state = "created"
+    return registry
+
+
+def test_retire_aborts_nccl_and_hccl_groups_and_leaves_gloo_mocked_nccl_hccl(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _aborts_recorded(monkeypatch)
+    nccl, hccl, gloo = object(), object(), object()
+    registry = _registry({
+        "tp": CreatedRole(nccl, "all_ranks", NcclAdapter(), [nccl]),  # type: ignore[arg-type]
+        "npu": CreatedRole(hccl, "all_ranks", HcclAdapter(), [hccl]),  # type: ignore[arg-type]
+        "checkpoint-metadata": CreatedRole(gloo, "local", GlooAdapter(), [gloo]),  # type: ignore[arg-type]
+    })
+    registry._retire()
+    assert calls == [nccl, hccl]  # gloo: kept referenced, never aborted nor destroyed
+    assert registry._state == "retired"
+    assert [r.group for r in registry._retired] == [nccl, hccl, gloo]
+
+
+# ------------------------------------------------------------------------ bound default group
+def _bound_split_registry(monkeypatch: pytest.MonkeyPatch) -> cg.GroupRegistry:
+    """A registry whose tp role was split from a device-bound NCCL default group (mocked)."""
+    monkeypatch.setattr(registry_module.CreationContext, "detect", classmethod(
+        lambda cls: BOUND_NCCL))
+    monkeypatch.setattr(torch_internals, "default_group",
+                        lambda: SimpleNamespace(bound_device_id=torch.device("cuda", 0)))
+    split = object()
+    return _registry({"tp": CreatedRole(split, "split", NcclAdapter(), [split])})  # type: ignore[arg-type]
+
+
+def test_bound_rebuild_names_the_missing_shrink_capability_mocked_nccl(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = _bound_split_registry(monkeypatch)
+    _backend_answers(monkeypatch, False)
+    calls = _aborts_recorded(monkeypatch)
+    with pytest.raises(RebuildError) as caught:
+        registry.rebuild(alive=[0])
+    message = str(caught.value)
+    assert "role 'tp'" in message and "ncclCommSplit" in message
+    assert "needs shrink_group, which this job lacks" in message
+    assert "supports_shrinking=False" in message and "NCCL >= 2.27" in message
+    assert "without device_id" in message and "restart mode" in message
+    # Refused before the check-in: nothing retired, nothing aborted, the registry still usable.
+    assert registry._state == "created" and calls == []
+
+
+def test_bound_rebuild_refuses_to_shrink_the_default_group_mocked_nccl(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = _bound_split_registry(monkeypatch)
+    _backend_answers(monkeypatch, True)
+    with pytest.raises(RebuildError) as caught:
+        registry.rebuild(alive=[0])
+    message = str(caught.value)
+    assert "can shrink" in message and "renumbering every rank" in message
+    assert "does not drive shrink_group" in message and registry._state == "created"
+
+
+def test_unbound_nccl_is_not_refused_mocked_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry_module.CreationContext, "detect", classmethod(
+        lambda cls: CreationContext(default_backend="nccl", device_bound=False, accelerator=True)))
+    group = object()
+    registry = _registry({"tp": CreatedRole(group, "local", NcclAdapter(), [group])})  # type: ignore[arg-type]
+    registry._check_rebuildable()  # no refusal: new groups need no split of the default group
