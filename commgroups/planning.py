@@ -77,7 +77,7 @@ class Plan:
     the one group ``(1, 3)``.
     """
 
-    def __init__(self, layout: Layout, members: Sequence[int] | None = None) -> None:
+    def __init__(self, layout: Layout, members: Sequence[int] | np.ndarray | None = None) -> None:
         self.layout = layout
         self.world_size = layout.world_size
         self.members: tuple[int, ...] | None = None
@@ -198,6 +198,16 @@ class Plan:
             return index
         raise ValueError(f"rank {rank} holds no position of this layout (its members are "
                          f"{_short_ranks(self.members)})")
+
+    def holds(self, ranks: np.ndarray) -> np.ndarray:
+        """Whether each global rank of the integer array ``ranks`` holds a position (bool array)."""
+        if self.members is None:
+            held: np.ndarray = (ranks >= 0) & (ranks < self.world_size)
+            return held
+        found = np.searchsorted(self._members, ranks)
+        inside = found < self._members.size
+        held = inside & (self._members[np.where(inside, found, 0)] == ranks)
+        return held
 
     def positions(self, ranks: Sequence[int]) -> np.ndarray:
         """The positions of global ``ranks`` (each must hold one), as an array."""
@@ -376,7 +386,7 @@ def _short_ranks(ranks: Sequence[int], limit: int = 8) -> str:
     return f"[{shown}{', ...' if len(ranks) > limit else ''}] ({len(ranks)} ranks)"
 
 
-def plan(layout: Layout, members: Sequence[int] | None = None) -> Plan:
+def plan(layout: Layout, members: Sequence[int] | np.ndarray | None = None) -> Plan:
     """Plan ``layout``: every role's rank groups and the layout's fingerprint, no communication.
 
     ``members``: the global rank at each layout position, after a rank loss (see :class:`Plan`).

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import operator
 import sys
 import threading
 import time
@@ -57,7 +56,7 @@ from commgroups.errors import (
 from commgroups.meshes import axes_in_order, build_mesh, forget_flattenings, register_flattening
 from commgroups.planning import RolePlan, plan
 from commgroups.rebuild_report import RebuildReport
-from commgroups.replan import replan
+from commgroups.replan import as_rank_array, replan
 from commgroups.specs import Layout, RoleSpec
 from commgroups.store_keys import AttemptStore, open_attempt
 from commgroups.text_table import format_ranks, format_table
@@ -396,11 +395,15 @@ class GroupRegistry:
                                  window, known)
         seconds["check_in"] = time.monotonic() - started
         decision = replan(self.layout, self.plan.positions(survivors))
-        to_global = np.asarray(old_members, dtype=np.int64)
-        new_members = tuple(to_global[list(decision.ranks)].tolist())
-        lost = tuple(to_global[list(decision.lost)].tolist())
-        spares = tuple(to_global[list(decision.spares)].tolist())
-        dropped = tuple(to_global[list(decision.dropped)].tolist())
+        # Positions -> global ranks as arrays: at 65,536 ranks each Python step per rank costs ms.
+        new_members_array = self.plan.global_ranks(np.asarray(decision.ranks, dtype=np.int64))
+        new_members = tuple(new_members_array.tolist())
+
+        def to_global(positions: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(self.plan.global_ranks(np.asarray(positions, dtype=np.int64)).tolist())
+
+        lost, spares, dropped = (to_global(decision.lost), to_global(decision.spares),
+                                 to_global(decision.dropped))
 
         mark = time.monotonic()
         self._retire()
@@ -413,7 +416,7 @@ class GroupRegistry:
 
         mark = time.monotonic()
         old_layout, old_plan = self.layout, self.plan
-        self.layout, self.plan = decision.layout, plan(decision.layout, new_members)
+        self.layout, self.plan = decision.layout, plan(decision.layout, new_members_array)
         try:
             self._created = self._create_generation(len(lost))
         except BaseException:
@@ -437,20 +440,23 @@ class GroupRegistry:
 
     def _check_alive(self, alive: Iterable[int], members: tuple[int, ...]) -> tuple[int, ...]:
         try:
-            ranks = sorted({operator.index(r) for r in alive})
-        except TypeError:
+            given = as_rank_array(alive)
+        except (TypeError, ValueError):
             raise RebuildError(f"alive: {limits.short_repr(alive)} is not a list of global "
                                "ranks; fix: pass e.g. alive=[0, 1, 3]") from None
-        member_set = set(members)
-        outside = [r for r in ranks if r not in member_set]
-        if outside or self._rank not in ranks:
+        ranks = np.sort(given)
+        if ranks.size:  # duplicates ignored (masks, not np.unique: see replan)
+            ranks = ranks[np.concatenate(([True], ranks[1:] != ranks[:-1]))]
+        outside = ranks[~self.plan.holds(ranks)].tolist()
+        index = int(np.searchsorted(ranks, self._rank))
+        if outside or index >= ranks.size or int(ranks[index]) != self._rank:
             raise RebuildError(
-                f"alive: {ranks} must be global ranks of the current generation "
-                f"({format_ranks(members)}) and include this rank ({self._rank}); "
-                f"{'outside: ' + str(outside) if outside else 'this rank is missing'}; fix: pass "
-                "the survivors' global ranks, or alive=None to let them check in"
+                f"alive: {format_ranks(ranks.tolist())} must be global ranks of the current "
+                f"generation ({format_ranks(members)}) and include this rank ({self._rank}); "
+                f"{'outside: ' + format_ranks(outside) if outside else 'this rank is missing'}; "
+                "fix: pass the survivors' global ranks, or alive=None to let them check in"
             )
-        return tuple(ranks)
+        return tuple(ranks.tolist())
 
     def _check_rebuildable(self) -> None:
         """Refuse, on every rank alike, backends whose groups cannot be made without the dead rank.

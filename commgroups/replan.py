@@ -10,6 +10,7 @@ which is exactly the row-major numbering of the smaller grid.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ from commgroups.errors import ReplanError
 from commgroups.shapes import dim_shapes
 from commgroups.specs import Layout
 
-__all__ = ["Replan", "replan"]
+__all__ = ["Replan", "as_rank_array", "replan"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,22 @@ def _blocking_group(layout: Layout, rank: int) -> tuple[str, list[int]] | None:
     return None
 
 
+def as_rank_array(ranks: Iterable[int]) -> np.ndarray:
+    """``ranks`` as a 1-d int64 array, without a Python step per rank for lists and arrays.
+
+    Raises TypeError for anything that is not integers (``operator.index`` semantics: no floats,
+    no strings, no booleans, no nested lists).
+    """
+    if isinstance(ranks, (list, tuple, range)):
+        ranks = np.asarray(ranks)
+    if not isinstance(ranks, np.ndarray):  # sets, generators: one step per rank
+        return np.fromiter((operator.index(r) for r in ranks), dtype=np.int64)
+    if ranks.ndim == 1 and (ranks.dtype.kind in "iu" or ranks.size == 0):
+        return ranks.astype(np.int64, copy=False)
+    raise TypeError(f"not a flat list of integers (numpy reads it as {ranks.dtype}, "
+                    f"{ranks.ndim}-d)")
+
+
 def replan(layout: Layout, alive: Iterable[int]) -> Replan:
     """The layout the ranks in ``alive`` can form, by shrinking one elastic dim.
 
@@ -104,7 +121,7 @@ def replan(layout: Layout, alive: Iterable[int]) -> Replan:
     world = layout.world_size
     # Masks rather than np.unique/np.isin: those import numpy.ma on first use (0.2-1.5 s, paid
     # inside a rebuild).
-    given = np.fromiter((int(r) for r in alive), dtype=np.int64)
+    given = as_rank_array(alive)
     if given.size and (given.min() < 0 or given.max() >= world):
         outside = sorted({int(r) for r in given if r < 0 or r >= world})
         raise ReplanError(f"alive: ranks {outside} are outside the world 0..{world - 1}; fix: "
