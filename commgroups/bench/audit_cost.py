@@ -75,7 +75,7 @@ def measure(rank: int, world_size: int, progress: Progress, config: BenchConfig)
             once = _slowest(_block(fn, 4, scopes["plain"], group))
             calls = max(2, min(2000, round(config.async_and_wait_target_s / max(once, 1e-7))))
             samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
-            for repetition in range(config.async_and_wait_repetitions):
+            for repetition in range(config.audit_repetitions):
                 for variant in interleaved(VARIANTS, repetition):
                     samples[variant].append(_slowest(_block(fn, calls, scopes[variant], group)))
             results.append({"workload": name, "calls": calls, "samples": samples})

@@ -33,6 +33,7 @@ __all__ = [
     "counting_creation_calls",
     "measure_fake",
     "measure_gloo",
+    "merge",
     "tables",
 ]
 
@@ -113,8 +114,6 @@ class Created:
     teardown: Callable[[], None]
     method: str
     """The creation path(s) taken (the registry may fall back from local/split to all_ranks)."""
-    keep: Any = None
-    """An object to keep alive instead of tearing down (see :func:`measure_gloo`)."""
 
 
 def _checkpoint_backend() -> str | None:
@@ -137,7 +136,7 @@ def _create_registry(layout: Layout, creation: str, counter: CallCounter) -> Cre
     registry = GroupRegistry(layout, creation_mode=creation).create()
     methods = sorted({registry.creation_method(role) for role in registry.role_names})
     return Created({role: registry.group(role) for role in registry.role_names}, registry.close,
-                   "+".join(methods), keep=registry)
+                   "+".join(methods))
 
 
 def _create_devicemesh(layout: Layout, counter: CallCounter, own_fsdp: bool = False) -> Created:
@@ -199,11 +198,17 @@ def _timed(variant: str, layout: Layout) -> tuple[float, int, Created]:
     return elapsed, counter.total, created
 
 
-def measure_gloo(rank: int, world_size: int, progress: Progress, repetitions: int) -> dict[str, Any]:
-    """On every rank of a real gloo world: time every variant ``repetitions`` times, interleaved.
+def measure_gloo(rank: int, world_size: int, progress: Progress, repetition: int) -> dict[str, Any]:
+    """On every rank of a fresh real gloo world: time every variant once, in the order of
+    ``repetition`` (:func:`~commgroups.bench.stats.interleaved`); :func:`merge` joins the worlds.
 
-    A sample is the slowest rank's time (the job waits for it), taken with an all_reduce(MAX) outside
-    the timed region.
+    One world per repetition: a job creates its registry once, and closing it and creating the same
+    layout again would make torch (< 2.14) reuse the member-only group names, which the registry
+    refuses (falling back to all_ranks); keeping every repetition's groups open in one world
+    instead slowed every variant down as they piled up (8 ranks: 60 ms to 300 ms over 12
+    repetitions). A throw-away group first takes the world's one-time costs. A sample is the
+    slowest rank's time (the job waits for it), taken with an all_reduce(MAX) outside the timed
+    region.
     """
     layout = bench_layout(world_size)
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -212,32 +217,41 @@ def measure_gloo(rank: int, world_size: int, progress: Progress, repetitions: in
     aliases: dict[str, int] = {}
     kept: list[Any] = []
     progress.describe(f"creation, gloo x{world_size}")
-    progress.add_total(repetitions)
-    for repetition in range(repetitions):
-        for variant in interleaved(VARIANTS, repetition):
-            dist.barrier()
-            elapsed, count, created = _timed(variant, layout)
-            calls[variant].append(count)
-            methods[variant].add(created.method)
-            aliases[variant] = _aliases(created)
-            # Also a barrier: a rank may return from new_group while a peer is still connecting
-            # to it, and destroying the group then would reset that peer's connection.
-            slowest = torch.tensor([elapsed], dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            samples[variant].append(float(slowest.item()))
-            if variant == "registry":
-                # A job creates its registry once. Closing it and creating the same layout again
-                # would make torch reuse the member-only group names, which the registry refuses
-                # (falling back to all_ranks): keep each one open until the world ends instead.
-                kept.append(created.keep)
-            else:
-                created.teardown()
-        progress.advance()
-    for registry in kept:
-        registry.close()
+    warm_up = dist.new_group(group_desc="bench-warm-up")
+    dist.barrier(group=warm_up)  # type: ignore[arg-type]  # every rank is a member
+    for variant in interleaved(VARIANTS, repetition):
+        dist.barrier()
+        elapsed, count, created = _timed(variant, layout)
+        calls[variant].append(count)
+        methods[variant].add(created.method)
+        aliases[variant] = _aliases(created)
+        # Also a barrier: a rank may return from new_group while a peer is still connecting
+        # to it, and destroying the group then would reset that peer's connection.
+        slowest = torch.tensor([elapsed], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        samples[variant].append(float(slowest.item()))
+        kept.append(created)
+    progress.advance()
+    dist.barrier()
+    for created in kept:
+        created.teardown()
     return {"world": world_size, "backend": "gloo", "samples": samples, "calls": calls,
             "methods": {v: sorted(m) for v, m in methods.items()}, "aliases": aliases,
             "roles": len(layout.roles)}
+
+
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several worlds' results of the same size (samples and calls joined)."""
+    merged: dict[str, Any] = {**results[0], "samples": {v: [] for v in VARIANTS},
+                              "calls": {v: [] for v in VARIANTS},
+                              "methods": {v: set() for v in VARIANTS}}
+    for result in results:
+        for variant in VARIANTS:
+            merged["samples"][variant].extend(result["samples"][variant])
+            merged["calls"][variant].extend(result["calls"][variant])
+            merged["methods"][variant].update(result["methods"][variant])
+    merged["methods"] = {v: sorted(m) for v, m in merged["methods"].items()}
+    return merged
 
 
 def measure_fake(rank: int, world_size: int, progress: Progress, repetitions: int) -> dict[str, Any]:
@@ -317,7 +331,7 @@ def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
         "the registry); devicemesh + own fsdp = the same plus a dedicated world group for fsdp",
         "registry = creation_mode='auto' (method: the paths it took); fake worlds simulate rank 0 in one "
         "process (no data moves)",
-        "gloo worlds keep each registry open until the end: re-creating a closed layout would reuse "
-        "torch's member-only group names, which the registry refuses by falling back to all_ranks",
+        "gloo: one fresh world per repetition, every variant once in it (a job creates its groups "
+        "once; groups piling up in one world slowed every variant down)",
     ]
     return table, summary

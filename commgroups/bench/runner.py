@@ -118,9 +118,6 @@ def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig
              sections: tuple[str, ...], directory: str) -> dict[str, Any] | None:
     """Every gloo section for one world, on every rank; rank 0 returns the measurements."""
     out: dict[str, Any] = {}
-    if "creation" in sections:
-        out["creation"] = creation.measure_gloo(rank, world_size, progress,
-                                                config.creation_repetitions)
     if "async_and_wait" in sections:
         out["async_and_wait"] = async_wait_cost.measure(rank, world_size, progress, config)
     if "audit" in sections:
@@ -192,12 +189,17 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
     smallest = min(config.gloo_worlds)
     with tempfile.TemporaryDirectory(prefix="commgroups-bench-") as directory:
         for world in config.gloo_worlds:
-            sections: tuple[str, ...] = ("creation", "exchange")
+            # One world per repetition (see creation.measure_gloo).
+            created = [run_world(creation.measure_gloo, world, repetition,
+                                 timeout_s=config.timeout_s, progress=bar)[0]
+                       for repetition in range(config.creation_repetitions)]
+            sections: tuple[str, ...] = ("exchange",)
             if world == smallest:
                 sections += ("async_and_wait", "audit", "dcp")
             logger.info("gloo world of %d: %s", world, ", ".join(sections))
             gloo[world] = run_world(gloo_job, world, config, sections, directory,
                                     timeout_s=config.timeout_s, progress=bar)[0]
+            gloo[world]["creation"] = creation.merge(created)
             # A rebuild leaves the lost rank (and dropped ones) behind in torch's group naming:
             # no later creation in that world could agree on names, so one world per rebuild.
             samples = [run_world(rebuild.measure_gloo, world, 1, timeout_s=config.timeout_s,
