@@ -7,7 +7,7 @@ in; the last rank in publishes the verdict. Every rank then raises the same
 :class:`~commgroups.errors.LayoutMismatchError` naming the ranks that differ from rank 0 and the
 fields, or the same :class:`~commgroups.errors.AgreementTimeoutError` naming the ranks that never
 arrived. No collective runs on a group, so disagreement can never hang a communicator. The success
-path costs each rank about six store operations, O(1) in the world size."""
+path costs each rank five store operations, O(1) in the world size."""
 
 from __future__ import annotations
 
@@ -114,29 +114,33 @@ def agree(
     for. A rank whose wait times out first sets ``state`` to ``abandoned`` instead; every rank
     follows that one outcome, and ``finish`` runs once when it is decided, so the caller can open a
     fresh namespace for the next attempt: a rank that skipped this attempt then meets the others at
-    the next one instead of reading this one's stale keys. About six store calls per rank
-    (plus two for a ballot), O(1) in the world size; the error path reads every rank's digest once.
+    the next one instead of reading this one's stale keys. Five store calls per rank on the success
+    path (a veto adds one), O(1) in the world size; the error path reads every rank's digest once.
     """
     started = time.monotonic()
     with store_calls(store, rank, started, "GroupRegistry.create()"):
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         digest = _digest(text)
-        mine = f"{digest}:{rank}"
+        # The ballot's state rides with the digest: one compare-and-set checks both against the
+        # first rank in.
+        state = ballot.state if ballot is not None else ""
+        mine = f"{digest}|{state}|{rank}"
         reference = store.compare_set("ref", "", mine).decode()
+        reference_digest, reference_state, _ = reference.split("|")
         store.set(f"digest/{rank}", digest)  # presence (names who never came) and the error path
-        if reference == mine or reference.partition(":")[0] != digest:
+        if reference == mine or reference_digest != digest:
             # The reference holder and every rank that differs from it publish their payloads:
             # enough for any rank to show rank 0's payload beside one that differs from it.
             store.set(f"detail/{rank}", text)
             if reference != mine:
                 store.add("mismatch", 1)
         if ballot is not None:
-            if store.compare_set("ballot/state", "", ballot.state).decode() != ballot.state:
+            if reference_state != state:
                 store.add("ballot/split", 1)
             if ballot.veto:
                 store.add("ballot/veto", 1)
         if store.add("arrived", 1) == world_size and _decide(store, "complete") == "complete":
-            verdict = _verdict(store, world_size, reference.partition(":")[0], ballot is not None)
+            verdict = _verdict(store, world_size, reference_digest, ballot is not None)
             if finish is not None:
                 finish()
             store.set("all", json.dumps(verdict))
@@ -188,7 +192,7 @@ def _verdict(store: Store, world_size: int, reference: str, ballot: bool) -> dic
     digests = [bytes(d).decode() for d in
                store.multi_get([f"digest/{r}" for r in range(world_size)])]
     differ = [r for r, d in enumerate(digests) if d != digests[0]]
-    holder = int(bytes(store.get("ref")).decode().rpartition(":")[2])
+    holder = int(bytes(store.get("ref")).decode().rpartition("|")[2])
     # Published: the reference holder and every rank whose digest is not the reference's.
     published = [r for r in differ if r == holder or digests[r] != reference]
     verdict.update(differ=len(differ), named=differ[:MAX_NAMED_RANKS],

@@ -218,7 +218,7 @@ def _store_keys_per_cycle(rank: int, world_size: int) -> dict[str, Any]:
     # The first attempts' namespaces are gone, key by key (agreement, barrier, local check).
     left = [key for epoch in range(3) for key in (
         "arrived", "all", "state", "ref", "mismatch", "digest/0", f"digest/{rank}", "detail/0",
-        f"detail/{rank}", "ballot/state", "ballot/split", "ballot/veto", "created/count",
+        f"detail/{rank}", "ballot/split", "ballot/veto", "created/count",
         "created/all", f"created/{rank}", "closed")
         if store.check([f"commgroups/agree/{epoch}/{key}"])]
     return {"counts": counts, "baseline": baseline, "left": left,
