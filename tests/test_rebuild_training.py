@@ -26,11 +26,14 @@ def _run(run: ElasticRun, world: int) -> dict[int, Any]:
     return {rank: report for rank, report in reports.items()}
 
 
-@pytest.mark.parametrize("victim", [3, 0], ids=["rank3", "rank0-store-elsewhere"])
-def test_hsdp_survives_a_lost_rank_and_matches_a_fresh_run(victim: int) -> None:
+# Rank 3's survivors check in until the window closes (nobody tells them who is alive); rank 0's
+# are told (alive=, as a launcher's failure report would), so their check-in ends at once.
+@pytest.mark.parametrize(("victim", "alive_known"), [(3, False), (0, True)],
+                         ids=["rank3-window", "rank0-store-elsewhere-alive-given"])
+def test_hsdp_survives_a_lost_rank_and_matches_a_fresh_run(victim: int, alive_known: bool) -> None:
     layout = elastic_layout(4, ROLE_TIMEOUT_S)
     reports = _run(ElasticRun(layout, STEPS, kill_rank=victim, kill_step=KILL_STEP,
-                              rebuild_timeout_s=2 * ROLE_TIMEOUT_S + 6), 4)
+                              rebuild_timeout_s=2 * ROLE_TIMEOUT_S + 6, alive_known=alive_known), 4)
     assert victim not in reports  # it exited mid-step without a word
     failed = {r: rep.traceback for r, rep in reports.items() if not rep.ok}
     assert not failed, failed

@@ -58,6 +58,9 @@ class ElasticRun:
     kill_step: int = 1
     rebuild_timeout_s: float | None = None
     """The check-in window (None: the roles' longest timeout)."""
+    alive_known: bool = False
+    """Survivors pass ``alive=`` (every rank but ``kill_rank``), as a launcher's failure report
+    would let them: the check-in ends once they are all in instead of at the window's end."""
     start_step: int = 0
     start_shards: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     """Position -> local parameter shards to start from (a reference run); empty: the seed."""
@@ -152,7 +155,9 @@ def elastic_rank(rank: int, world_size: int, post: Callable[[Any], None],
             if run.kill_rank is None or result["rebuild"] is not None:
                 raise
             noticed = time.monotonic() - started
-            report = registry.rebuild(timeout=run.rebuild_timeout_s)
+            alive = ([r for r in registry.members if r != run.kill_rank] if run.alive_known
+                     else None)
+            report = registry.rebuild(alive, timeout=run.rebuild_timeout_s)
             # gloo prefixes its messages with a source path in brackets: keep what follows.
             text = str(error).rsplit("] ", 1)[-1]
             result["rebuild"] = {"error": f"{type(error).__name__}: {text[:160]}",
