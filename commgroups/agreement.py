@@ -93,6 +93,8 @@ class Verdict:
     """The ballot carried (False when there was none)."""
     reason: str = ""
     """Why the ballot did not carry (empty when it did or there was none)."""
+    counter_split: int = 0
+    """Ranks whose ``counter`` differed from the first rank in (see :func:`agree`)."""
 
 
 def agree(
@@ -103,6 +105,7 @@ def agree(
     timeout: timedelta,
     finish: Callable[[], None] | None = None,
     ballot: Ballot | None = None,
+    counter: str = "",
 ) -> Verdict:
     """Check that every rank holds an identical ``payload``; raise on every rank otherwise.
 
@@ -116,6 +119,8 @@ def agree(
     fresh namespace for the next attempt: a rank that skipped this attempt then meets the others at
     the next one instead of reading this one's stale keys. Five store calls per rank on the success
     path (a veto adds one), O(1) in the world size; the error path reads every rank's digest once.
+    ``counter``: a value compared like the ballot's state but reported, not voted on (torch's name
+    for the next all-ranks group: the caller decides whether a difference matters).
     """
     started = time.monotonic()
     with store_calls(store, rank, started, "GroupRegistry.create()"):
@@ -124,9 +129,9 @@ def agree(
         # The ballot's state rides with the digest: one compare-and-set checks both against the
         # first rank in.
         state = ballot.state if ballot is not None else ""
-        mine = f"{digest}|{state}|{rank}"
+        mine = f"{digest}|{state}|{counter}|{rank}"
         reference = store.compare_set("ref", "", mine).decode()
-        reference_digest, reference_state, _ = reference.split("|")
+        reference_digest, reference_state, reference_counter, _ = reference.split("|")
         store.set(f"digest/{rank}", digest)  # presence (names who never came) and the error path
         if reference == mine or reference_digest != digest:
             # The reference holder and every rank that differs from it publish their payloads:
@@ -134,6 +139,8 @@ def agree(
             store.set(f"detail/{rank}", text)
             if reference != mine:
                 store.add("mismatch", 1)
+        if reference_counter != counter:
+            store.add("counter/split", 1)
         if ballot is not None:
             if reference_state != state:
                 store.add("ballot/split", 1)
@@ -159,7 +166,8 @@ def agree(
         differ = int(verdict["differ"])
         if differ == 0:
             logger.debug("rank %d: %d ranks agree on %s", rank, world_size, digest[:12])
-            return Verdict(bool(verdict["carried"]), str(verdict["reason"]))
+            return Verdict(bool(verdict["carried"]), str(verdict["reason"]),
+                           int(verdict["counter_split"]))
         ranks: list[int] = verdict["named"]
         reference_text = json.loads(store.get(f"detail/{verdict['zero']}").decode())
         other = json.loads(store.get(f"detail/{verdict['other']}").decode())
@@ -177,7 +185,8 @@ def agree(
 
 def _verdict(store: Store, world_size: int, reference: str, ballot: bool) -> dict[str, Any]:
     """The last rank in: every rank has recorded itself, so the counters are final."""
-    verdict: dict[str, Any] = {"state": "complete", "differ": 0, "carried": False, "reason": ""}
+    verdict: dict[str, Any] = {"state": "complete", "differ": 0, "carried": False, "reason": "",
+                               "counter_split": store.add("counter/split", 0)}
     if ballot:
         split, vetoes = store.add("ballot/split", 0), store.add("ballot/veto", 0)
         verdict["carried"] = split == 0 and vetoes == 0

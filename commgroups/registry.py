@@ -315,8 +315,23 @@ class GroupRegistry:
         no local vote."""
         ballot = local_vote(self.plan, order, methods, self._rank, world) if vote else None
         verdict = agree(store, rank, world, payload, timedelta(seconds=self.create_timeout_s),
-                        finish=store.finish, ballot=ballot)
-        return decide_local(methods, ballot, verdict, rank)
+                        finish=store.finish, ballot=ballot,
+                        counter=torch_internals.next_counter_name() or "")
+        decided = decide_local(methods, ballot, verdict, rank)
+        every_rank = sorted(role for role, method in decided.items() if method != "local")
+        if vote and verdict.counter_split and every_rank:
+            # torch names a group every rank makes by a per-process counter: with counters apart,
+            # each rank would wait for the others under its own name until create_timeout_s.
+            raise GroupCreationError(
+                f"rank {self._rank}: {verdict.counter_split} rank(s) created a different number of "
+                "process groups before this call than the first rank to arrive, so torch would "
+                f"give the groups of {every_rank} (made by every rank) different names on "
+                "different ranks and creating them would wait until create_timeout_s; nothing was "
+                "created. fix: make every rank create the same process groups in the same order "
+                "before this call (a group made on some ranks only, e.g. a DeviceMesh or new_group "
+                "of a subset, moves torch's counter on those ranks alone)"
+            )
+        return decided
 
     # ---------------------------------------------------------------------------------- rebuild
     @property

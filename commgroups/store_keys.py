@@ -24,7 +24,7 @@ __all__ = ["AttemptStore", "open_attempt"]
 # Shared keys of an attempt that some ranks write and others only read or wait for (agreement's
 # outcome, reference and counters, the end barrier's release); the last rank to release deletes
 # them whether or not it wrote them.
-_SHARED_KEYS = ("all", "state", "ref", "mismatch", "ballot/split", "ballot/veto",
+_SHARED_KEYS = ("all", "state", "ref", "mismatch", "ballot/split", "ballot/veto", "counter/split",
                 "created/all", "closed")
 
 

@@ -231,6 +231,17 @@ def _rebind(fn: Callable[..., Any], namespace: dict[str, Any]) -> Callable[..., 
     return types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, None)
 
 
+def next_counter_name() -> str | None:
+    """The name torch would give the next group made by every rank (``new_group`` without
+    ``use_local_synchronization``): ``str(_world.group_count)`` on 2.10, 2.13, 2.14.1 and 2.15.0, read
+    through :func:`predict_group_names` (torch's own naming code). Ranks whose answers differ cannot
+    make such a group together: each would wait for the others under its own name. None where
+    torch's naming cannot be predicted.
+    """
+    names = predict_group_names([GroupCall((0,), local=False, member=True)], 1)
+    return names[0] if names else None
+
+
 def predict_group_names(calls: Sequence[GroupCall], world_size: int) -> list[str] | None:
     """The names c10d will give the groups of ``calls`` (made in order by this rank), without making them.
 

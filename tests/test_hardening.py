@@ -162,6 +162,33 @@ def test_after_a_rank_skipped_create_every_rank_can_retry() -> None:
         assert out["sum"] == 4.0 and out["second_s"] < 30
 
 
+def _counters_apart(rank: int, world_size: int) -> dict[str, Any]:
+    if rank == 0:  # a group of rank 0 alone: torch's group counter moves on rank 0 only
+        dist.new_group([0])
+    out: dict[str, Any] = {}
+    for mode in ("auto", "all_ranks"):
+        started = time.monotonic()
+        try:
+            cg.GroupRegistry(_cp_layout(), creation_mode=mode, create_timeout_s=30).create()
+            out[mode] = "created"
+        except cg.errors.GroupCreationError as error:
+            out[mode] = str(error)
+        out[f"{mode}_s"] = time.monotonic() - started
+    return out
+
+
+def test_ranks_with_torch_counters_apart_fail_at_once_not_at_the_timeout() -> None:
+    """Groups every rank makes are named by a per-process counter: ranks whose counters differ would
+    wait for each other under different names (until create_timeout_s); they get one error at once,
+    naming the cause, before any group exists."""
+    results = run_world(_counters_apart, 4, timeout=120)
+    for out in results:
+        for mode in ("auto", "all_ranks"):
+            assert "different number of process groups" in out[mode], out
+            assert "['cp']" in out[mode] and "nothing was created" in out[mode], out
+            assert out[f"{mode}_s"] < 10, out  # not the 30 s create timeout
+
+
 def _store_host_dies(rank: int, world_size: int) -> dict[str, Any]:
     # Re-join the world on a store that rank 0 hosts, as init_process_group's env:// does.
     port_box = [0]
