@@ -18,14 +18,11 @@ import torch
 import torch.distributed as dist
 
 import commgroups as cg
+from tests.gpu_support import require_cuda_and_nccl
 
 pytestmark = pytest.mark.gpu
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device (CUDA tensors through registry groups); "
-                "torch.cuda.is_available() is False here", allow_module_level=True)
-if not dist.is_nccl_available():
-    pytest.skip("needs NCCL; this torch build has none", allow_module_level=True)
+require_cuda_and_nccl("CUDA tensors through registry groups")
 
 ISOLATION_KINDS = {"off_purpose", "device_on_gloo", "default_group", "foreign_group", "aliasing"}
 

@@ -29,14 +29,11 @@ from commgroups import registry as registry_module
 from commgroups import torch_internals
 from commgroups.backends.nccl import NcclAdapter, _nccl_version
 from commgroups.errors import RebuildError, StaleGenerationError
+from tests.gpu_support import require_cuda_and_nccl
 
 pytestmark = pytest.mark.gpu
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device (NCCL groups to rebuild); torch.cuda.is_available() is False "
-                "here", allow_module_level=True)
-if not dist.is_nccl_available():
-    pytest.skip("needs NCCL; this torch build has none", allow_module_level=True)
+require_cuda_and_nccl("NCCL groups to rebuild")
 
 LAYOUT = cg.Layout(dims={"dp_shard": 1, "tp": 1},
                    roles=[cg.RoleSpec(name="dp_shard", dims=["dp_shard"]),
