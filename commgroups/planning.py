@@ -209,7 +209,7 @@ class Plan:
         held = inside & (self._members[np.where(inside, found, 0)] == ranks)
         return held
 
-    def positions(self, ranks: Sequence[int]) -> np.ndarray:
+    def positions(self, ranks: Sequence[int] | np.ndarray) -> np.ndarray:
         """The positions of global ``ranks`` (each must hold one), as an array."""
         given = np.asarray(ranks, dtype=np.int64)
         if self.members is None:

@@ -8,9 +8,10 @@ from commgroups.specs import Layout
 
 __all__ = ["PHASES", "RebuildReport"]
 
-PHASES: tuple[str, ...] = ("check_in", "retire", "create", "meshes")
-"""The phases of a rebuild, in order: agree on the survivors through the store, retire the old
-generation's groups, create every role's group on the survivors, rebuild the meshes asked for."""
+PHASES: tuple[str, ...] = ("check_in", "replan", "retire", "create", "meshes")
+"""The phases of a rebuild, in order: agree on the survivors through the store, derive the smaller
+layout and its rank map (:func:`commgroups.replan`), retire the old generation's groups, create
+every role's group on the survivors, rebuild the meshes asked for."""
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from commgroups.errors import (
 from commgroups.meshes import axes_in_order, build_mesh, forget_flattenings, register_flattening
 from commgroups.planning import RolePlan, plan
 from commgroups.rebuild_report import RebuildReport
-from commgroups.replan import as_rank_array, replan
+from commgroups.replan import as_rank_array, replan_arrays
 from commgroups.specs import Layout, RoleSpec
 from commgroups.store_keys import AttemptStore, open_attempt
 from commgroups.text_table import format_ranks, format_table
@@ -393,10 +393,10 @@ class GroupRegistry:
                 f"rebuild() needs a created registry (this one is {self._state}); fix: call it "
                 "after create() succeeded, on every survivor"
             )
-        old_members = self.members
-        known = None if alive is None else self._check_alive(alive, old_members)
+        known = None if alive is None else self._check_alive(alive)
         self._check_rebuildable()
         window = self._check_in_window(timeout)
+        survivors: np.ndarray
         if str(dist.get_backend()) == "fake":
             if known is None:
                 raise RebuildError("rebuild() under the fake backend simulates one rank: pass "
@@ -406,32 +406,33 @@ class GroupRegistry:
             prefix = (f"{STORE_PREFIX}/rebuild/{self._registry_id}/{self._generation + 1}/"
                       f"{self._rebuild_attempts}/")
             self._rebuild_attempts += 1
-            survivors = check_in(torch_internals.default_store(), prefix, self._rank, old_members,
-                                 window, known)
+            survivors = np.asarray(check_in(
+                torch_internals.default_store(), prefix, self._rank, self.members, window,
+                None if known is None else known.tolist()), dtype=np.int64)
         seconds["check_in"] = time.monotonic() - started
-        decision = replan(self.layout, self.plan.positions(survivors))
-        # Positions -> global ranks as arrays: at 65,536 ranks each Python step per rank costs ms.
-        new_members_array = self.plan.global_ranks(np.asarray(decision.ranks, dtype=np.int64))
-        new_members = tuple(new_members_array.tolist())
-
-        def to_global(positions: tuple[int, ...]) -> tuple[int, ...]:
-            return tuple(self.plan.global_ranks(np.asarray(positions, dtype=np.int64)).tolist())
-
-        lost, spares, dropped = (to_global(decision.lost), to_global(decision.spares),
-                                 to_global(decision.dropped))
+        mark = time.monotonic()
+        # Arrays from here on: at 65,536 ranks each Python step per rank (a tuple built, a
+        # membership test on one) costs milliseconds.
+        decision = replan_arrays(self.layout, self.plan.positions(survivors))
+        new_members_array = self.plan.global_ranks(decision.ranks)
+        lost, spares, dropped = (tuple(self.plan.global_ranks(positions).tolist())
+                                 for positions in (decision.lost, decision.spares,
+                                                   decision.dropped))
+        new_plan = plan(decision.layout, new_members_array)
+        seconds["replan"] = time.monotonic() - mark
 
         mark = time.monotonic()
         self._retire()
         seconds["retire"] = time.monotonic() - mark
-        if self._rank not in new_members:
+        if not bool(new_plan.holds(np.array([self._rank]))[0]):
             self._generation += 1
             self._state = "spare" if self._rank in spares else "dropped"
-            return RebuildReport(self._generation, decision.layout, new_members, lost, spares,
-                                 dropped, self._state, seconds)
+            return RebuildReport(self._generation, decision.layout, new_plan.members or (),
+                                 lost, spares, dropped, self._state, seconds)
 
         mark = time.monotonic()
         old_layout, old_plan = self.layout, self.plan
-        self.layout, self.plan = decision.layout, plan(decision.layout, new_members_array)
+        self.layout, self.plan = decision.layout, new_plan
         try:
             self._created = self._create_generation(len(lost))
         except BaseException:
@@ -449,11 +450,13 @@ class GroupRegistry:
             self.device_mesh(names)
         seconds["meshes"] = time.monotonic() - mark
         logger.info("rank %d: rebuilt generation %d on %d ranks in %.3fs", self._rank,
-                    self._generation, len(new_members), time.monotonic() - started)
-        return RebuildReport(self._generation, decision.layout, new_members, lost, spares,
+                    self._generation, new_plan.world_size, time.monotonic() - started)
+        return RebuildReport(self._generation, decision.layout, self.members, lost, spares,
                              dropped, "member", seconds)
 
-    def _check_alive(self, alive: Iterable[int], members: tuple[int, ...]) -> tuple[int, ...]:
+    def _check_alive(self, alive: Iterable[int]) -> np.ndarray:
+        """``alive`` as a sorted int64 array of distinct ranks of the current generation, this one
+        included; else a RebuildError naming what is wrong."""
         try:
             given = as_rank_array(alive)
         except (TypeError, ValueError):
@@ -467,11 +470,11 @@ class GroupRegistry:
         if outside or index >= ranks.size or int(ranks[index]) != self._rank:
             raise RebuildError(
                 f"alive: {format_ranks(ranks.tolist())} must be global ranks of the current "
-                f"generation ({format_ranks(members)}) and include this rank ({self._rank}); "
+                f"generation ({format_ranks(self.members)}) and include this rank ({self._rank}); "
                 f"{'outside: ' + format_ranks(outside) if outside else 'this rank is missing'}; "
                 "fix: pass the survivors' global ranks, or alive=None to let them check in"
             )
-        return tuple(ranks.tolist())
+        return ranks
 
     def _check_rebuildable(self) -> None:
         """Refuse, on every rank alike, backends whose groups cannot be made without the dead rank.

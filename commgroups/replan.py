@@ -20,7 +20,7 @@ from commgroups.errors import ReplanError
 from commgroups.shapes import dim_shapes
 from commgroups.specs import Layout
 
-__all__ = ["Replan", "as_rank_array", "replan"]
+__all__ = ["Replan", "ReplanArrays", "as_rank_array", "replan", "replan_arrays"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,27 @@ class Replan:
         index = int(np.searchsorted(self.ranks, global_rank))
         return index if index < len(self.ranks) and self.ranks[index] == global_rank else None
 
+
+
+@dataclass(frozen=True)
+class ReplanArrays:
+    """:func:`replan_arrays`' decision as int64 arrays (ascending), for callers at scale.
+
+    The same fields as :class:`Replan`: at 65,536 ranks turning ``ranks`` into a tuple and back
+    costs milliseconds each way, so the registry's rebuild keeps them as arrays.
+    """
+
+    layout: Layout
+    ranks: np.ndarray
+    lost: np.ndarray
+    spares: np.ndarray
+    dropped: np.ndarray
+    removed: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def as_tuples(self) -> Replan:
+        """The same decision with tuples of ints (:class:`Replan`)."""
+        return Replan(self.layout, tuple(self.ranks.tolist()), tuple(self.lost.tolist()),
+                      tuple(self.spares.tolist()), tuple(self.dropped.tolist()), self.removed)
 
 def _shrunk(layout: Layout, sizes: dict[str, int]) -> Layout:
     """``layout`` with elastic dims at ``sizes``, in ``dims`` and in every view that has them."""
@@ -118,6 +139,11 @@ def replan(layout: Layout, alive: Iterable[int]) -> Replan:
         >>> result.layout.dims, result.ranks, result.lost, result.spares
         ({'dp_replicate': 1, 'dp_shard': 2}, (0, 1), (3,), (2,))
     """
+    return replan_arrays(layout, alive).as_tuples()
+
+
+def replan_arrays(layout: Layout, alive: Iterable[int]) -> ReplanArrays:
+    """:func:`replan` with the rank sets as int64 arrays (same rules, same errors)."""
     world = layout.world_size
     # Masks rather than np.unique/np.isin: those import numpy.ma on first use (0.2-1.5 s, paid
     # inside a rebuild).
@@ -133,7 +159,8 @@ def replan(layout: Layout, alive: Iterable[int]) -> Replan:
     survivors = np.flatnonzero(is_alive)
     lost = np.flatnonzero(~is_alive)
     if lost.size == 0:
-        return Replan(layout, tuple(survivors.tolist()), ())
+        empty = np.zeros(0, dtype=np.int64)
+        return ReplanArrays(layout, survivors, empty, empty, empty)
     elastic = layout.elastic
     shapes = dim_shapes(layout.dims)
     best: tuple[int, str, np.ndarray] | None = None
@@ -171,15 +198,16 @@ def replan(layout: Layout, alive: Iterable[int]) -> Replan:
     removed = tuple(sorted({int(c) for c in (lost // stride) % size}))
     new_layout = _shrunk(layout, {name: size - len(removed)})
     placed = np.flatnonzero(keep)
-    leftover = tuple(np.flatnonzero(~keep & is_alive).tolist())
+    leftover = np.flatnonzero(~keep & is_alive)
     assert math.prod(new_layout.dims.values()) == placed.size
     assert bool(is_alive[placed].all())
     spare = bool(elastic is not None and elastic.spares)
-    return Replan(
+    none = np.zeros(0, dtype=np.int64)
+    return ReplanArrays(
         layout=new_layout,
-        ranks=tuple(placed.tolist()),
-        lost=tuple(lost.tolist()),
-        spares=leftover if spare else (),
-        dropped=() if spare else leftover,
+        ranks=placed,
+        lost=lost,
+        spares=leftover if spare else none,
+        dropped=none if spare else leftover,
         removed={name: removed},
     )

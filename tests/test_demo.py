@@ -154,7 +154,7 @@ def test_kill_rank_rebuilds_in_place_and_says_what_happened() -> None:
     out = proc.stdout
     assert "lost: rank 3" in out
     assert "rebuilt on 2 ranks (dp_replicate=1 x dp_shard=2)" in out
-    for phase in ("check_in", "retire", "create", "meshes"):
+    for phase in ("check_in", "replan", "retire", "create", "meshes"):
         assert f"{phase} " in out
     assert "left out: rank 2 (dropped)" in out
     assert "step 2" in out and "no checkpoint read" in out

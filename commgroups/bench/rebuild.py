@@ -145,7 +145,8 @@ def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
         "create: GroupRegistry(layout).create() + device_mesh(['dp_replicate', 'fsdp']) on every rank "
         "(slowest rank); rebuild: registry.rebuild(alive=survivors) after the last rank left "
         "(slowest survivor), meshes included",
-        "phases: check_in (agree on the survivors through the store), retire (old generation: "
+        "phases: check_in (agree on the survivors through the store), replan (the smaller layout "
+        "and its rank map), retire (old generation: "
         "handles stale, meshes forgotten), create (agreement + every role on the survivors), "
         "meshes (the meshes asked for before)",
         "fake: one node of 8 ranks (one replica) lost out of the simulated world; one process",
