@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 # At most this many differing or missing ranks are read back and named in an error.
 MAX_NAMED_RANKS = 16
 
+# The arrival counter's unit for a rank that noted something (a difference or a veto): arrivals
+# stay below it (worlds of fewer than 2**31 ranks), and the counts together below 2**63.
+_ANOMALY = 1 << 31
+
 
 def describe_differences(
     reference: Any, other: Any, labels: tuple[str, str] = ("reference", "other"), limit: int = 6
@@ -118,7 +122,8 @@ def agree(
     follows that one outcome, and ``finish`` runs once when it is decided, so the caller can open a
     fresh namespace for the next attempt: a rank that skipped this attempt then meets the others at
     the next one instead of reading this one's stale keys. Five store calls per rank on the success
-    path (a veto adds one), O(1) in the world size; the error path reads every rank's digest once.
+    path (a difference or a veto adds one; the last rank in adds three), O(1) in the world size;
+    the error path reads every rank's digest once.
     ``counter``: a value compared like the ballot's state but reported, not voted on (torch's name
     for the next all-ranks group: the caller decides whether a difference matters).
     """
@@ -133,21 +138,30 @@ def agree(
         reference = store.compare_set("ref", "", mine).decode()
         reference_digest, reference_state, reference_counter, _ = reference.split("|")
         store.set(f"digest/{rank}", digest)  # presence (names who never came) and the error path
+        anomalous = False
         if reference == mine or reference_digest != digest:
             # The reference holder and every rank that differs from it publish their payloads:
             # enough for any rank to show rank 0's payload beside one that differs from it.
             store.set(f"detail/{rank}", text)
             if reference != mine:
                 store.add("mismatch", 1)
+                anomalous = True
         if reference_counter != counter:
             store.add("counter/split", 1)
+            anomalous = True
         if ballot is not None:
             if reference_state != state:
                 store.add("ballot/split", 1)
+                anomalous = True
             if ballot.veto:
                 store.add("ballot/veto", 1)
-        if store.add("arrived", 1) == world_size and _decide(store, "complete") == "complete":
-            verdict = _verdict(store, world_size, reference_digest, ballot is not None)
+                anomalous = True
+        # One counter says both how many ranks are in and how many of them noted something: the
+        # last rank in reads the detailed counters only when one did (none on the success path).
+        total = store.add("arrived", 1 + (_ANOMALY if anomalous else 0))
+        if total % _ANOMALY == world_size and _decide(store, "complete") == "complete":
+            verdict = _verdict(store, world_size, reference_digest, ballot is not None,
+                               anomalies=total // _ANOMALY)
             if finish is not None:
                 finish()
             store.set("all", json.dumps(verdict))
@@ -183,8 +197,15 @@ def agree(
     )
 
 
-def _verdict(store: Store, world_size: int, reference: str, ballot: bool) -> dict[str, Any]:
-    """The last rank in: every rank has recorded itself, so the counters are final."""
+def _verdict(store: Store, world_size: int, reference: str, ballot: bool,
+             anomalies: int) -> dict[str, Any]:
+    """The last rank in: every rank has recorded itself, so the counters are final.
+
+    ``anomalies``: how many ranks noted a difference or a veto; with none, no counter is read.
+    """
+    if anomalies == 0:
+        return {"state": "complete", "differ": 0, "carried": ballot, "reason": "",
+                "counter_split": 0}
     verdict: dict[str, Any] = {"state": "complete", "differ": 0, "carried": False, "reason": "",
                                "counter_split": store.add("counter/split", 0)}
     if ballot:
@@ -278,9 +299,7 @@ def store_barrier(
 ) -> None:
     """Every rank reaches ``name`` before any leaves; O(1) store operations per rank.
 
-    The one store barrier: the end of creation on backends that connect on creation (on gloo a rank
-    can return from ``new_group`` while a peer is still connecting to it, and destroying the group
-    then would break the peer's connection), torchtitan's timeout switch. ``timeout`` counts from
+    The one store barrier (torchtitan's timeout switch; repository tooling). ``timeout`` counts from
     ``started`` (``time.monotonic()``; default: now). A rank that does not arrive in time makes the
     others raise :class:`~commgroups.errors.AgreementTimeoutError` naming it; a store that stops
     answering raises :class:`~commgroups.errors.StoreUnreachableError`.

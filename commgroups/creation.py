@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed import PrefixStore  # type: ignore[attr-defined]  # re-exported at runtime
 
 from commgroups import torch_internals
 from commgroups.agreement import Ballot, Verdict
@@ -54,7 +53,8 @@ logger = logging.getLogger(__name__)
 
 CREATION_MODES: tuple[str, ...] = ("auto", "all_ranks", "local", "split")
 
-# Where each rank records the hashed group names it has had torch create (see local_vote).
+# Where each rank records the hashed group names it has had torch create (see local_vote): one key
+# per rank, its names comma-separated.
 _CLAIM_PREFIX = "commgroups/hashed-names/"
 
 
@@ -256,12 +256,18 @@ def local_vote(
                         "creating local roles on every rank (all_ranks)", torch.__version__)
         return Ballot("unknown", veto=True)
     live = registered_group_names() or set()
-    claims = PrefixStore(_CLAIM_PREFIX, default_store())
-    unsafe = False
-    for index in planned[1].values():
-        name = names[index]
-        if name in live or claims.add(f"{name}/{rank}", 1) > 1:
-            unsafe = True
+    wanted = [names[index] for index in planned[1].values()]
+    # This rank's history of hashed names (only this rank writes its key): read it, creating it
+    # empty when missing (a compare-and-set from "" reads without blocking), then extend it. Two
+    # store calls whatever the number of local roles.
+    history_key = f"{_CLAIM_PREFIX}{rank}"
+    store = default_store()
+    history = bytes(store.compare_set(history_key, "", "")).decode()
+    used = set(history.split(",")) if history else set()
+    unsafe = any(name in live or name in used for name in wanted)
+    fresh = [name for name in wanted if name not in used]
+    if fresh:
+        store.set(history_key, ",".join(filter(None, [history, *fresh])))
     return Ballot(state, veto=unsafe)
 
 
