@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import torch.distributed as dist
-from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 from torch.distributed.device_mesh import DeviceMesh
 from typing_extensions import Self
 
 from commgroups import limits, torch_internals
-from commgroups.agreement import agree, store_barrier, store_calls
+from commgroups.agreement import agree, store_calls
 from commgroups.audit.call_sites import call_site
 from commgroups.auto_layout import AutoLayout, job_layout
 from commgroups.backends import BackendAdapter, resolve_backend
@@ -250,19 +249,20 @@ class GroupRegistry:
         infos: list[RolePlan],
         adapters: dict[str, BackendAdapter],
         methods: dict[str, str],
-        store: Store | None,
+        store: AttemptStore | None,
         what: str,
     ) -> dict[str, CreatedRole]:
         """Create the groups of ``infos`` in order: the one creation path (roles and mesh dims).
 
         Collective over all ranks, after agreement (which settled ``methods``, local creation's safety
         included): creates each group under ``create_timeout_s``, then, where a backend connects on
-        creation, waits until every rank is done (``what`` names that point in errors), so no rank can
-        destroy a group a peer is still connecting to. On failure
-        it destroys what it made and raises :class:`GroupCreationError` naming the role or step.
+        creation, notes in the attempt's store that this rank is done (no wait: ``close()`` waits
+        for the others before destroying, see :meth:`AttemptStore.note_created`; ``what`` names
+        that point in errors). On failure it destroys what it made and raises
+        :class:`GroupCreationError` naming the role or step.
         """
         world = self.layout.world_size
-        timeout = timedelta(seconds=self.create_timeout_s)
+        started = time.monotonic()
         created: dict[str, CreatedRole] = {}
         current: RolePlan | None = None
         try:
@@ -271,15 +271,16 @@ class GroupRegistry:
                     current, adapters[current.name], methods[current.name]
                 )
             current = None
-            # Meet at the end only where a backend connects on creation (gloo; NCCL eager init):
-            # single-rank and fake groups have no peer that could still be connecting.
+            # Only where a backend connects on creation (gloo; NCCL eager init): single-rank and
+            # fake groups have no peer that could still be connecting.
             if store is not None and any(adapters[info.name].connects_on_create for info in infos):
-                store_barrier(store, "created", self._position, world, timeout, what)
+                with store_calls(store, self._position, started, what):
+                    store.note_created(world, started + self.create_timeout_s)
         except Exception as error:
             # Leave nothing half-made: destroy what this rank created, then say what failed.
             self._destroy_groups(created.values())
             step = (f"creating role {current.name!r} ({methods[current.name]})"
-                    if current is not None else f"waiting for every rank at {what}")
+                    if current is not None else f"noting the end of creation at {what}")
             raise GroupCreationError(
                 f"rank {self._rank}: {step} failed: {error}; fix: check that every rank is alive "
                 "and makes the same registry calls in the same order; creation waits at most "
@@ -999,6 +1000,8 @@ class GroupRegistry:
             return
         for handle in self._collectives.values():
             handle.close("the registry was closed")
+        for attempt in self._attempts:
+            attempt.wait_created()  # a peer may still be connecting to a group made just now
         self._destroy_groups([*self._created.values(), *self._dim_groups.values()])
         self._collectives.clear()
         if self._rank >= 0:

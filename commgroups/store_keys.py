@@ -14,6 +14,8 @@ keys at once, and the last rank to release deletes the shared ones, which no ran
 
 from __future__ import annotations
 
+import logging
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -21,8 +23,10 @@ from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  
 
 __all__ = ["AttemptStore", "open_attempt"]
 
+logger = logging.getLogger(__name__)
+
 # Shared keys of an attempt that some ranks write and others only read or wait for (agreement's
-# outcome, reference and counters, the end barrier's release); the last rank to release deletes
+# outcome, reference and counters, the end of creation); the last rank to release deletes
 # them whether or not it wrote them.
 _SHARED_KEYS = ("all", "state", "ref", "mismatch", "ballot/split", "ballot/veto", "counter/split",
                 "created/all", "closed")
@@ -46,6 +50,35 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
         self._root = root
         self._epoch_key = f"{prefix}/epoch"
         self.written: set[str] = set()
+        self._peers_created_by: float | None = None  # see note_created
+
+    def note_created(self, world_size: int, deadline: float) -> None:
+        """This rank finished creating the attempt's groups; no wait (the last one says so for all).
+
+        On backends that connect on creation (gloo) a rank can return from ``new_group`` while a
+        peer is still connecting to it, and destroying the group then would break the peer's
+        connection. Rather than every rank meeting at the end of creation, each notes its end
+        here and :meth:`wait_created` meets only before groups are destroyed. ``deadline``
+        (``time.monotonic()``): when the peers' creation would have timed out anyway.
+        """
+        self._peers_created_by = deadline
+        if self.add("created/count", 1) == world_size:
+            self.set("created/all", "1")
+
+    def wait_created(self) -> None:
+        """Before destroying the attempt's groups: wait until every rank noted the end of creating
+        them, at most until the deadline given to :meth:`note_created` (a peer still creating then
+        has failed, and nothing is left to protect). A failed store is left alone."""
+        if self._peers_created_by is None:
+            return
+        left = self._peers_created_by - time.monotonic()
+        self._peers_created_by = None
+        if left <= 0:
+            return
+        try:
+            self.underlying_store.wait(["created/all"], timedelta(seconds=left))
+        except (RuntimeError, TimeoutError) as error:  # a peer never finished; the store died
+            logger.debug("not every rank finished creating before close: %s", error)
 
     def set(self, key: str, value: Any) -> None:
         self.written.add(key)
