@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from commgroups import torch_internals
 from commgroups.agreement import Ballot, Verdict
-from commgroups.backends import BackendAdapter
+from commgroups.backends import BackendAdapter, detect_device_backend
 from commgroups.planning import Plan, RolePlan
 from commgroups.specs import RoleOptions
 from commgroups.torch_internals import (
@@ -74,6 +74,8 @@ class CreationContext:
     """An accelerator is visible (split_group needs one)."""
     torchcomms: bool = False
     """torch delegates new_group to split_group (TorchComms); local creation raises there."""
+    device_backend: str = "gloo"
+    """What a role's ``device`` backend means here (:func:`~commgroups.backends.detect_device_backend`)."""
 
     @classmethod
     def detect(cls) -> CreationContext:
@@ -89,6 +91,7 @@ class CreationContext:
             device_bound=getattr(default_pg, "bound_device_id", None) is not None,
             accelerator=accelerator,
             torchcomms=torch_internals.torchcomms_enabled(),
+            device_backend=detect_device_backend(),
         )
 
 

@@ -211,7 +211,8 @@ class GroupRegistry:
                 for role in self.layout.roles:
                     info = self.plan.role(role.name)
                     adapter = resolve_backend(role.backend, default_backend,
-                                              info.group_size if info.regular else None)
+                                              info.group_size if info.regular else None,
+                                              context.device_backend)
                     adapter.check_available()
                     adapters[role.name] = adapter
                     methods[role.name] = choose_method(self.creation_mode, info, adapter, context)
@@ -576,7 +577,8 @@ class GroupRegistry:
         for role in self.layout.roles:
             info = self.plan.role(role.name)
             adapter = resolve_backend(role.backend, default_backend,
-                                      info.group_size if info.regular else None)
+                                      info.group_size if info.regular else None,
+                                      context.device_backend)
             adapter.check_available()  # also registers backends commgroups provides
             adapters[role.name] = adapter
             methods[role.name] = choose_method(mode, info, adapter, context)
