@@ -608,7 +608,7 @@ class Layout(SpecModel):
         if not value:
             raise problem(
                 errors.EmptyDimsError,
-                "a layout needs at least one dim; fix: e.g. dims = {{ dp_shard = 2, cp = 4 }}",
+                "a layout needs at least one dim; fix: e.g. dims = { dp_shard = 2, cp = 4 }",
             )
         if len(value) > limits.MAX_DIMS:
             raise problem(

@@ -151,6 +151,8 @@ def test_input_raises_exactly_its_class(
     assert info.value.field == field
     message = str(info.value)
     assert "fix:" in message and fix in message, message
+    # Braces doubled as in an f-string, where the message is not one, read as TOML nobody can paste.
+    assert "{{" not in message and "}}" not in message, message
     if field is not None:
         assert field in message
 
