@@ -323,3 +323,71 @@ def test_mock_nccl_split_creation_one_call_per_role(monkeypatch: pytest.MonkeyPa
     assert call["timeout"] == timedelta(seconds=42)
     assert call["pg_options"].config.split_share == 1
     assert call["group_desc"] == "cp"
+
+
+class _CountingStore(dist.Store):  # type: ignore[misc]  # torch's stubs re-export Store loosely
+    """The job's store, forwarding every call and counting them (commgroups' own calls only:
+    torch's group rendezvous reads the store it was given at init, not this one)."""
+
+    def __init__(self, inner: dist.Store) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+
+    def _forward(self, name: str, *args: Any) -> Any:
+        self.calls += 1
+        return getattr(self.inner, name)(*args)
+
+    def set(self, key: str, value: Any) -> None:
+        self._forward("set", key, value)
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._forward("get", key))
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._forward("add", key, amount))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        return bytes(self._forward("compare_set", key, expected, desired))
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._forward("wait", keys, *([] if timeout is None else [timeout]))
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self._forward("check", keys))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return list(self._forward("multi_get", keys))
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self._forward("delete_key", key))
+
+
+def store_calls_worker(rank: int, world: int) -> list[int]:
+    import commgroups.creation as creation
+    from commgroups import torch_internals
+
+    counting = _CountingStore(torch_internals.default_store())
+    creation.default_store = lambda: counting  # type: ignore[assignment]
+    torch_internals.default_store = lambda: counting  # type: ignore[assignment]
+    calls = []
+    for mode in ("auto", "all_ranks"):
+        counting.calls = 0
+        registry = GroupRegistry(_regular(world), creation_mode=mode, create_timeout_s=60).create()
+        calls.append(counting.calls)
+        dist.barrier()  # every rank created: closing waits for nobody
+        registry.close()
+    return calls
+
+
+def test_creation_costs_each_rank_a_fixed_number_of_store_calls() -> None:
+    """The registry's own round trips on the success path, O(1) per rank whatever the world: open
+    the attempt (1), local creation's name history (2), the agreement (5: compare with the first
+    rank in, record presence, count in, wait, read the verdict) and the note that this rank is done
+    (1). The first rank in also publishes its payload (1); the last decides, ends the attempt and
+    publishes the verdict (3) and says every rank is done (1)."""
+    calls = run_world(store_calls_worker, 4)
+    local, every_rank = [c[0] for c in calls], [c[1] for c in calls]
+    assert min(local) == 9 and sum(local) == 4 * 9 + 1 + 3 + 1, local
+    # Without member-only roles there is no name history to read and extend.
+    assert min(every_rank) == 7 and sum(every_rank) == 4 * 7 + 1 + 3 + 1, every_rank
