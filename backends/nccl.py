@@ -52,14 +52,17 @@ class NcclAdapter(BackendAdapter):
     def shrink_blocker(self, group: Any) -> str | None:
         """None when ``torch.distributed.shrink_group`` can shrink ``group`` here, else why not.
 
-        Needs torch's public ``shrink_group`` (2.10+) and the group's NCCL backend reporting
-        ``supports_shrinking`` (ncclCommShrink, NCCL >= 2.27), read on the group's bound device
-        (else cuda) as torch's own shrink_group reads it. Not run on a GPU in CI; the GPU check
-        prints the answer of its machine. commgroups does not drive shrink_group yet (see
-        ``GroupRegistry.rebuild``): this only names what a job has.
+        Needs torch's public ``shrink_group`` (2.10+) with its ``SHRINK_ABORT`` flag, and the
+        group's NCCL backend reporting ``supports_shrinking`` (ncclCommShrink, NCCL >= 2.27), read
+        on the group's bound device (else cuda) as torch's own shrink_group reads it. It gates
+        ``rebuild()``'s shrink path (:mod:`commgroups.shrink`, asked of the group it would
+        shrink). Not run on a GPU in CI (mocked there); the GPU check prints its machine's answer.
         """
         if not callable(getattr(dist, "shrink_group", None)):
             return f"torch {torch.__version__} has no torch.distributed.shrink_group (torch >= 2.10)"
+        if torch_internals.shrink_abort_flag() is None:
+            return (f"torch {torch.__version__} has no SHRINK_ABORT flag for shrink_group (a parent "
+                    "with a dead peer must have its work aborted first)")
         device = getattr(group, "bound_device_id", None) or torch.device("cuda")
         supported = torch_internals.backend_supports_shrinking(group, device)
         if supported is None:

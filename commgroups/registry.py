@@ -56,6 +56,7 @@ from commgroups.meshes import axes_in_order, build_mesh, forget_flattenings, reg
 from commgroups.planning import RolePlan, plan
 from commgroups.rebuild_report import RebuildReport
 from commgroups.replan import as_rank_array, replan_arrays
+from commgroups.shrink import Spine, prepare_spine
 from commgroups.specs import Layout, RoleSpec
 from commgroups.store_keys import AttemptStore, open_attempt
 from commgroups.text_table import format_ranks, format_table
@@ -174,6 +175,7 @@ class GroupRegistry:
         self._registry_id = -1  # the agreement epoch of create(): the same on every rank
         self._retired_roles: dict[str, CreatedRole] = {}  # the last retired generation's roles
         self._mesh_names: list[tuple[str, ...]] = []  # meshes to rebuild, in the order asked
+        self._spine: Spine | None = None  # bound NCCL: what rebuild() shrinks (commgroups.shrink)
 
     # --------------------------------------------------------------------------------- creation
     @_serialized
@@ -297,7 +299,9 @@ class GroupRegistry:
         # default): a peer that died during create() would hang the others that long. Create under
         # create_timeout_s, then give the group its role timeout.
         bounded = adapter.connects_on_create and timeout.total_seconds() > self.create_timeout_s
-        created = create_role_group(
+        # After a shrink rebuild, device groups come from the spine, never the default group.
+        make = create_role_group if self._spine is None else self._spine.creator(adapter)
+        created = make(
             self.plan, info, adapter, spec.options,
             self.create_timeout_s if bounded else timeout.total_seconds(),
             self._rank, method,
@@ -424,6 +428,8 @@ class GroupRegistry:
         seconds["replan"] = time.monotonic() - mark
 
         mark = time.monotonic()
+        if self._spine is not None:  # taken from its role before the retire would abort it
+            self._spine = self._spine.retarget(new_plan.members or (), self._rank)
         self._retire()
         seconds["retire"] = time.monotonic() - mark
         if not bool(new_plan.holds(np.array([self._rank]))[0]):
@@ -482,39 +488,14 @@ class GroupRegistry:
         """Refuse, on every rank alike, backends whose groups cannot be made without the dead rank.
 
         A bound default group (``init_process_group(device_id=...)``) gave the device backend's
-        roles by ncclCommSplit of its communicator, and every new NCCL group there is split from
-        it again, dead rank included (member-only creation hangs, all-ranks creation waits for the
-        dead rank). The only way around is ``shrink_group``, which commgroups does not drive: on
-        the default group torch makes the shrunk group the new default, renumbering every rank
-        (the registry's layout is in global ranks, ``Plan(members=...)``) and destroying every
-        other group (the gloo roles included); a non-default world parent to shrink instead
-        would cost one more world communicator per job. So the refusal says whether this job
-        could shrink at all (the backend's :meth:`~commgroups.backends.BackendAdapter.shrink_blocker`
-        on the default group) and what to do instead.
+        roles by ncclCommSplit of its communicator, which still holds the dead rank. There the
+        rebuild shrinks a non-default world group the registry owns instead (never the default
+        group) and splits every device role from it: :func:`commgroups.shrink.prepare_spine`
+        finds that group or raises the refusal naming what is missing (the shrink capability, a
+        role spanning the world) and the fix.
         """
-        context = CreationContext.detect()
-        for name, created in self._generation_roles().items():
-            adapter = created.adapter
-            if not (context.device_bound and adapter.supports_split
-                    and context.default_backend == adapter.torch_backend):
-                continue
-            blocker = adapter.shrink_blocker(torch_internals.default_group())
-            if blocker is not None:
-                shrink = (f"rebuilding in place needs shrink_group, which this job lacks: "
-                          f"{blocker}")
-            else:
-                shrink = ("this torch and NCCL can shrink (shrink_group, supports_shrinking), but "
-                          "shrinking the default group makes the result the new default group, "
-                          "renumbering every rank and destroying every other group, and "
-                          "commgroups keeps no non-default world group to shrink instead; it "
-                          "does not drive shrink_group")
-            raise RebuildError(
-                f"role {name!r}: its {adapter.name} groups come from the bound default group's "
-                f"communicator (ncclCommSplit), which still holds the lost rank; {shrink}. fix: "
-                "restart the job under torchrun elastic (restart mode), or do not bind the "
-                "default group (init_process_group without device_id): then rebuild() aborts "
-                f"the old {adapter.name} groups and creates new ones on the survivors"
-            )
+        self._spine = prepare_spine(self._generation_roles(), self.plan, self._spine,
+                                    CreationContext.detect())
 
     def _generation_roles(self) -> dict[str, CreatedRole]:
         """The roles of the generation being rebuilt from: live, or retired by a failed rebuild."""
@@ -583,6 +564,8 @@ class GroupRegistry:
             adapters[role.name] = adapter
             methods[role.name] = choose_method(mode, info, adapter, context)
         order = creation_order(self.plan)
+        if self._spine is not None:  # device roles split from the shrunk spine, after the others
+            order, methods = self._spine.arrange(order, methods, adapters)
         store: AttemptStore | None = None
         if default_backend != "fake":
             store = self._agreement_store(self._rank)
@@ -1005,6 +988,9 @@ class GroupRegistry:
         for attempt in self._attempts:
             attempt.wait_created()  # a peer may still be connecting to a group made just now
         self._destroy_groups([*self._created.values(), *self._dim_groups.values()])
+        if self._spine is not None:
+            self._spine.close()
+            self._spine = None
         self._collectives.clear()
         if self._rank >= 0:
             for attempt in self._attempts:

@@ -11,6 +11,7 @@ Checked versions: 2.10.0, 2.13.0 (CPU), 2.14.1 and 2.15.0 (PyPI builds, run on C
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 import types
@@ -31,6 +32,7 @@ from torch.utils._pytree import tree_leaves
 
 __all__ = [
     "CHECKED_VERSIONS",
+    "backend_options_copy",
     "backend_plugin",
     "clear_flatten_mapping",
     "cuda_sync_events_config",
@@ -62,6 +64,7 @@ __all__ = [
     "resolve_group_name",
     "set_group_timeout",
     "set_options_timeout",
+    "shrink_abort_flag",
     "tree_leaves",
     "torchcomms_enabled",
 ]
@@ -136,6 +139,34 @@ def backend_supports_shrinking(group: dist.ProcessGroup, device: torch.device) -
         backend: Any = group._get_backend(device)
         return bool(backend.supports_shrinking)
     except Exception:  # no backend for the device, or a torch without the property: unknown
+        return None
+
+
+def shrink_abort_flag() -> int | None:
+    """The ``shrink_flags`` value that makes ``shrink_group`` abort the parent's work first.
+
+    ``distributed_c10d.SHRINK_ABORT`` (NCCL's ``NCCL_SHRINK_ABORT``, 0x01): a module constant that
+    ``torch.distributed`` does not re-export, present with value 1 on 2.10, 2.13 and 2.15.0 (read
+    in their sources and imported); 2.14.1 NOT CHECKED (no venv of it here). NCCL documents it for
+    error recovery, where the parent may be hung on a dead peer. None where torch lacks it.
+    """
+    flag = getattr(c10d, "SHRINK_ABORT", None)
+    return flag if isinstance(flag, int) else None
+
+
+def backend_options_copy(group: dist.ProcessGroup, device: torch.device) -> Any | None:
+    """A deep copy of the options of ``group``'s backend for ``device`` (ProcessGroupNCCL.Options).
+
+    What torch's own ``split_group`` gives a child when no ``pg_options`` are passed:
+    ``copy.deepcopy(parent_pg._get_backend(device).options)`` (``_get_backend`` is private;
+    the ``options`` property is bound on ProcessGroupNCCL), read in the 2.10, 2.13 and 2.15.0
+    sources; 2.14.1 NOT CHECKED, and never run (it needs an NCCL group: no GPU in CI). None where
+    the group has no backend for ``device`` or it exposes no options.
+    """
+    try:
+        backend: Any = group._get_backend(device)
+        return copy.deepcopy(backend.options)
+    except Exception:  # no backend for the device, no options property: the caller passes None
         return None
 
 

@@ -3,15 +3,18 @@
 - Unbound default group: the registry's NCCL groups carry a collective, ``rebuild(alive=[0])``
   aborts them through torch's real ``_abort_process_group`` (gloo's group is left referenced), the
   new generation carries a collective and the old handle raises StaleGenerationError.
-- Device-bound default group (``device_id``): roles are made by ncclCommSplit, and rebuild() refuses
-  before touching anything, naming the shrink capability; the registry keeps working.
+- Device-bound default group (``device_id``): roles are made by ncclCommSplit; rebuild() takes the
+  first NCCL role spanning the world as the spine (``commgroups/shrink.py``) and splits every NCCL
+  role of the next generation from it (real ncclCommSplit of a non-default group); where the
+  machine cannot shrink, the refusal naming the capability, the registry still working.
 - What this machine's torch and NCCL say about shrinking (``dist.shrink_group``, the NCCL
   backend's ``supports_shrinking``), printed for the GPU check's log.
 
 Not shown (one GPU holds no peer to lose): an abort that frees a collective blocked on a dead
-peer, and any shrink. A one-rank role normally gets commgroups' single-rank backend (no
-communicator), so these tests resolve roles as if their groups were larger: the registry then
-makes real one-rank NCCL groups. Skips without CUDA or NCCL.
+peer, and any shrink: torch's shrink_group refuses an empty exclusion list and a group of one
+rank, so no shrink_group call is possible on one GPU. A one-rank role normally gets commgroups'
+single-rank backend (no communicator), so these tests resolve roles as if their groups were
+larger: the registry then makes real one-rank NCCL groups. Skips without CUDA or NCCL.
 """
 
 from __future__ import annotations
@@ -129,20 +132,65 @@ def test_rebuild_on_a_one_rank_nccl_world(nccl_world: None, real_groups: None,
         registry.close()
 
 
-def test_bound_rebuild_is_refused_naming_shrink(bound_nccl_world: None, real_groups: None,
-                                                aborted: list[Any]) -> None:
+def test_bound_rebuild_splits_every_nccl_role_from_the_spine(
+        bound_nccl_world: None, real_groups: None, aborted: list[Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The half of the shrink path one GPU can run: with the default group bound, rebuild() takes
+    the world role's NCCL group as the spine and splits every NCCL role of the next generation
+    from it (real ncclCommSplit). Nothing is shrunk: a one-rank world loses nobody, and torch's
+    shrink_group refuses an empty exclusion and a group of one rank. Where this machine cannot
+    shrink, the refusal instead, before anything is retired."""
     registry = cg.GroupRegistry(LAYOUT, create_timeout_s=60).create()
     try:
         assert registry.creation_method("tp") == "split"  # ncclCommSplit of the bound default
-        with pytest.raises(RebuildError) as caught:
-            registry.rebuild(alive=[0], timeout=30)
-        print(f"\nbound rebuild refused: {caught.value}")
-        assert "shrink" in str(caught.value) and "without device_id" in str(caught.value)
-        assert aborted == [] and registry.generation == 0  # refused before retiring anything
-        x = torch.ones(4, device="cuda")
-        registry.collectives("tp").all_reduce(x)
+        spine = registry.group("dp_shard")  # the first NCCL role spanning the (one-rank) world
+        blocker = NcclAdapter().shrink_blocker(spine)
+        if blocker is not None:
+            with pytest.raises(RebuildError) as caught:
+                registry.rebuild(alive=[0], timeout=30)
+            print(f"\nbound rebuild refused (this machine cannot shrink): {caught.value}")
+            assert "needs shrink_group, which this job lacks" in str(caught.value)
+            assert aborted == [] and registry.generation == 0  # refused before retiring
+            x = torch.ones(4, device="cuda")
+            registry.collectives("tp").all_reduce(x)
+            torch.cuda.synchronize()
+            assert torch.equal(x.cpu(), torch.ones(4))
+            return
+
+        shrinks: list[Any] = []
+        splits: list[tuple[Any, Any, Any]] = []
+        real_split = dist.split_group
+
+        def split_spy(*args: Any, **kwargs: Any) -> Any:
+            splits.append((kwargs.get("parent_pg"), kwargs.get("split_ranks"),
+                           kwargs.get("group_desc")))
+            return real_split(*args, **kwargs)
+
+        monkeypatch.setattr(dist, "shrink_group", lambda *a, **k: shrinks.append((a, k)))
+        monkeypatch.setattr(dist, "split_group", split_spy)
+        old_tp, old_handle = registry.group("tp"), registry.collectives("tp")
+        report = registry.rebuild(alive=[0], timeout=30)
+        print(f"\nbound rebuild from the spine: generation {report.generation}, splits "
+              f"{[(desc, ranks) for _, ranks, desc in splits]}, seconds "
+              f"{ {k: round(v, 3) for k, v in report.seconds.items()} }")
+        assert report.place == "member" and registry.generation == 1
+        assert shrinks == []
+        assert {desc: (parent is spine, ranks) for parent, ranks, desc in splits} == {
+            "dp_shard": (True, [[0]]), "tp": (True, [[0]])}
+        # tp's old group aborted through torch's real abort; the spine kept (it is shrunk, or
+        # split from, at the next rebuild), never aborted.
+        assert any(g is old_tp for g in aborted) and not any(g is spine for g in aborted)
+        for role in ("tp", "dp_shard"):
+            group = registry.group(role)
+            assert group is not spine and group is not old_tp
+            assert group is not torch_internals.default_group()
+        y = torch.full((8,), 2.0, device="cuda")
+        registry.collectives("tp").all_reduce(y)
+        registry.collectives("dp_shard").all_reduce(y)
         torch.cuda.synchronize()
-        assert torch.equal(x.cpu(), torch.ones(4))
+        assert torch.equal(y.cpu(), torch.full((8,), 2.0))
+        with pytest.raises(StaleGenerationError):
+            old_handle.all_reduce(y)
     finally:
         registry.close()
 

@@ -33,7 +33,8 @@ LOG = "log.txt"
 PYTEST_FILES = ("tests/test_gpu_streams.py", "tests/test_gpu_isolation.py",
                 "tests/test_gpu_rebuild.py")
 """The GPU-only tests: where collectives run (streams), role isolation on CUDA tensors, and
-rebuild() on a one-rank NCCL world (real aborts, the bound refusal, the machine's shrink answer)."""
+rebuild() on a one-rank NCCL world (real aborts, bound: every role split from the spine or
+the refusal, the machine's shrink answer)."""
 SCHEMA = "commgroups.gpu-check/1"
 REPORT_RESERVE_S = 20.0
 MIN_STEP_S = 10.0
