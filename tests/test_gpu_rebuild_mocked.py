@@ -283,7 +283,7 @@ def nccl(monkeypatch: pytest.MonkeyPatch, fake_world: Any, request: pytest.Fixtu
     from commgroups.backends.fake import FakeAdapter
 
     def resolve(requested: str, default_backend: str | None = None,
-                group_size: int | None = None) -> Any:
+                group_size: int | None = None, device_backend: str | None = None) -> Any:
         return _MockedNccl() if requested == "device" else FakeAdapter()  # gloo: plays gloo
 
     monkeypatch.setattr(registry_module, "resolve_backend", resolve)
