@@ -37,9 +37,11 @@ from commgroups.torch_internals import (
     predict_group_names,
     registered_group_names,
 )
+from commgroups.torch_version import torch_version
 
 __all__ = [
     "CREATION_MODES",
+    "nonmember_split_hazard",
     "CreatedRole",
     "CreationContext",
     "choose_method",
@@ -109,16 +111,23 @@ class CreatedRole:
     """Groups this rank must destroy on close."""
 
 
-def creation_order(plan: Plan) -> list[RolePlan]:
+def creation_order(plan: Plan, methods: dict[str, str] | None = None) -> list[RolePlan]:
     """The order roles are created in: regular roles first (layout order), then irregular ones.
 
     Creating a regular role registers exactly one group on every rank, whatever the path; an
     irregular role registers one on its members only. Putting irregular roles last keeps every rank's
     group count equal while regular roles are created, which local creation needs (torch's hashed
-    group name includes that count).
+    group name includes that count). With ``methods``, regular roles made by ``split_group`` come
+    after the other regular ones: torch names split groups on another path, so member-only roles
+    after them could not have their names predicted (and would be made by every rank, which on a
+    device-bound default group before torch 2.15 hangs gloo subgroups: see
+    :func:`nonmember_split_hazard`).
     """
     roles = [plan.role(name) for name in plan.role_names]
-    return [r for r in roles if r.regular] + [r for r in roles if not r.regular]
+    split = set() if methods is None else {n for n, m in methods.items() if m == "split"}
+    return ([r for r in roles if r.regular and r.name not in split]
+            + [r for r in roles if r.regular and r.name in split]
+            + [r for r in roles if not r.regular])
 
 
 def _split_blocker(adapter: BackendAdapter, context: CreationContext) -> str | None:
@@ -154,6 +163,34 @@ def _local_blocker(adapter: BackendAdapter, context: CreationContext) -> str | N
     if context.default_backend == "mpi":
         return "MPI has no member-only synchronization"
     return None
+
+
+# torch sends the non-members of every new subgroup into a no-color split of a bound default
+# group's communicator, whatever the subgroup's backend, so members of a gloo subgroup (which do
+# not split) leave them waiting forever (pytorch#145376). torch 2.15 splits only when the
+# requested backend is the parent's (_get_split_source); checked on 2.10, 2.13 and 2.15.
+_NONMEMBER_SPLIT_FIXED = (2, 15)
+
+
+def nonmember_split_hazard(
+    role: RolePlan, adapter: BackendAdapter, method: str, context: CreationContext
+) -> str | None:
+    """Why creating ``role`` by ``method`` would hang here (None: it would not).
+
+    Every-ranks creation of a group that has non-members, on a backend that does not split from a
+    device-bound default group, on torch < 2.15: the non-members join a comm split the members
+    never make.
+    """
+    if method != "all_ranks" or not context.device_bound or role.spans_world:
+        return None
+    if adapter.supports_split:
+        return None  # members split from the bound communicator too: the non-members' split is matched
+    if torch_version()[:2] >= _NONMEMBER_SPLIT_FIXED:
+        return None
+    return (f"role {role.name!r} ({adapter.name}) would be created by every rank, and torch "
+            f"{torch.__version__} sends the non-members of each of its groups into a split of the "
+            "device-bound default group's communicator that its members never make "
+            "(pytorch#145376, fixed in torch 2.15): a hang")
 
 
 def choose_method(

@@ -37,6 +37,7 @@ from commgroups.creation import (
     creation_order,
     decide_local,
     local_vote,
+    nonmember_split_hazard,
 )
 from commgroups.errors import (
     BackendUnavailableError,
@@ -228,7 +229,7 @@ class GroupRegistry:
             "error": f"{type(local_error).__name__}: {local_error}" if local_error else None,
         }
         # Regular roles first: keeps every rank's group count equal while local roles are created.
-        order = creation_order(self.plan)
+        order = creation_order(self.plan, methods)
         store: AttemptStore | None = None
         if default_backend != "fake":
             # One process simulates the world under the fake backend: there is nobody to disagree.
@@ -265,6 +266,17 @@ class GroupRegistry:
         :class:`GroupCreationError` naming the role or step.
         """
         world = self.layout.world_size
+        context = CreationContext.detect()
+        for info in infos:  # the same inputs on every rank: the same error, before any group
+            hazard = nonmember_split_hazard(info, adapters[info.name], methods[info.name], context)
+            if hazard is not None:
+                raise GroupCreationError(
+                    f"rank {self._rank}: {hazard}; nothing was created. fix: give the role backend "
+                    "'device' (its groups then split like the others), let it be created by its "
+                    "members only (creation_mode 'auto' on a regular role, made in the same order "
+                    "on every rank), do not bind the default group (init_process_group without "
+                    "device_id), or use torch >= 2.15"
+                )
         started = time.monotonic()
         created: dict[str, CreatedRole] = {}
         current: RolePlan | None = None
@@ -563,7 +575,7 @@ class GroupRegistry:
             adapter.check_available()  # also registers backends commgroups provides
             adapters[role.name] = adapter
             methods[role.name] = choose_method(mode, info, adapter, context)
-        order = creation_order(self.plan)
+        order = creation_order(self.plan, methods)
         if self._spine is not None:  # device roles split from the shrunk spine, after the others
             order, methods = self._spine.arrange(order, methods, adapters)
         store: AttemptStore | None = None

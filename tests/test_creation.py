@@ -26,6 +26,7 @@ from commgroups.creation import (
     choose_method,
     create_role_group,
     creation_order,
+    nonmember_split_hazard,
 )
 from commgroups.registry import GroupRegistry
 from commgroups.torch_version import torch_version
@@ -209,6 +210,11 @@ def test_creation_order_puts_irregular_roles_last() -> None:
     """Regular roles first, in layout order; irregular after."""
     assert [role.name for role in creation_order(cg.plan(_irregular(4)))] == [
         "cp", "fsdp", "checkpoint-metadata", "embed", "pairs"]
+    # Split roles (a bound NCCL job) after the member-only ones, whose names torch must predict.
+    methods = {"cp": "split", "fsdp": "split", "checkpoint-metadata": "local",
+               "embed": "all_ranks", "pairs": "all_ranks"}
+    assert [role.name for role in creation_order(cg.plan(_irregular(4)), methods)] == [
+        "checkpoint-metadata", "cp", "fsdp", "embed", "pairs"]
 
 
 def test_gloo_decisions() -> None:
@@ -391,3 +397,24 @@ def test_creation_costs_each_rank_a_fixed_number_of_store_calls() -> None:
     assert min(local) == 9 and sum(local) == 4 * 9 + 1 + 3 + 1, local
     # Without member-only roles there is no name history to read and extend.
     assert min(every_rank) == 7 and sum(every_rank) == 4 * 7 + 1 + 3 + 1, every_rank
+
+
+def test_every_rank_creation_that_would_hang_on_a_bound_default_group_is_named() -> None:
+    """Mock NCCL (a bound default group's context only): before torch 2.15 a gloo subgroup made by
+    every rank sends its non-members into a split its members never make (pytorch#145376)."""
+    plan = cg.plan(_irregular(8))
+    cp, embed = plan.role("cp"), plan.role("embed")
+    old_torch = torch_version()[:2] < (2, 15)
+    hazard = nonmember_split_hazard(cp, GlooAdapter(), "all_ranks", BOUND_NCCL)
+    assert (hazard is not None) == old_torch, hazard
+    if hazard is not None:
+        assert "'cp'" in hazard and "pytorch#145376" in hazard
+    assert (nonmember_split_hazard(embed, GlooAdapter(), "all_ranks", BOUND_NCCL)
+            is not None) == old_torch  # explicit rank groups: every rank makes them
+    # Safe: member-only creation, members that split too, a world-spanning group, an unbound group.
+    assert nonmember_split_hazard(cp, GlooAdapter(), "local", BOUND_NCCL) is None
+    assert nonmember_split_hazard(cp, NcclAdapter(), "all_ranks", BOUND_NCCL) is None
+    assert nonmember_split_hazard(plan.role("checkpoint-metadata"), GlooAdapter(), "all_ranks",
+                                  BOUND_NCCL) is None
+    unbound = CreationContext(**{**BOUND_NCCL.__dict__, "device_bound": False})
+    assert nonmember_split_hazard(cp, GlooAdapter(), "all_ranks", unbound) is None
