@@ -241,7 +241,8 @@ class GroupRegistry:
 
         self._creator = threading.current_thread()
         self._creator_site = call_site(sys._getframe(1))
-        self._created = self._create_groups(order, adapters, methods, store, "the end of create()")
+        self._created = self._create_groups(order, adapters, methods, store, "the end of create()",
+                                            context)
         if store is not None:
             self._attempts.append(store)
             self._registry_id = store.epoch
@@ -255,6 +256,7 @@ class GroupRegistry:
         methods: dict[str, str],
         store: AttemptStore | None,
         what: str,
+        context: CreationContext | None = None,
     ) -> dict[str, CreatedRole]:
         """Create the groups of ``infos`` in order: the one creation path (roles and mesh dims).
 
@@ -266,7 +268,7 @@ class GroupRegistry:
         :class:`GroupCreationError` naming the role or step.
         """
         world = self.layout.world_size
-        context = CreationContext.detect()
+        context = context if context is not None else CreationContext.detect()
         for info in infos:  # the same inputs on every rank: the same error, before any group
             hazard = nonmember_split_hazard(info, adapters[info.name], methods[info.name], context)
             if hazard is not None:
@@ -594,7 +596,8 @@ class GroupRegistry:
             methods = self._agree(store, self._position, self.layout.world_size, payload, order,
                                   methods)
         created = self._create_groups(order, adapters, methods, store,
-                                      f"the end of rebuild() (generation {self._generation + 1})")
+                                      f"the end of rebuild() (generation {self._generation + 1})",
+                                      context)
         if store is not None:
             self._attempts.append(store)
         return created
