@@ -47,9 +47,16 @@ def adapter_for(name: str) -> BackendAdapter:
 
 
 def resolve_backend(
-    requested: str, default_group_backend: str | None = None, group_size: int | None = None
+    requested: str,
+    default_group_backend: str | None = None,
+    group_size: int | None = None,
+    device_backend: str | None = None,
 ) -> BackendAdapter:
     """The adapter for a group asking for ``requested``.
+
+    ``device_backend``: what ``device`` means here, when the caller detected it already
+    (:func:`detect_device_backend` retries a failed torch_npu import each time: a walk of
+    ``sys.path``, slow on shared filesystems).
 
     Under a ``fake`` default group every group is simulated on ``fake`` (torch allows no other
     subgroups there), so a layout written for GPUs can be planned and created at any world size.
@@ -61,5 +68,5 @@ def resolve_backend(
     if group_size == 1:
         return SingleRankAdapter()
     if requested == "device":
-        requested = detect_device_backend()
+        requested = device_backend if device_backend is not None else detect_device_backend()
     return adapter_for(requested)
