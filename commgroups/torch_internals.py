@@ -47,6 +47,7 @@ __all__ = [
     "abort_group",
     "backend_supports_shrinking",
     "default_store",
+    "custom_op_body",
     "defers_to_subclass",
     "op_schema",
     "devicemesh_rows",
@@ -348,6 +349,32 @@ def op_schema(func: Any) -> Any:
     ``OpOverload._schema`` on 2.10, 2.13, 2.14.1, 2.15.0; no public accessor. No fallback.
     """
     return func._schema
+
+
+def custom_op_body(func: Any, args: Sequence[Any]) -> Callable[..., Any] | None:
+    """The Python function a ``torch.library.custom_op`` runs for ``args``, or None.
+
+    A custom op is opaque to a dispatch mode: the mode sees the op, and the op's body then runs
+    with the mode popped, so the collectives inside it are invisible (torch's context parallel
+    all-gathers FlexAttention's K/V inside ``cplib::flex_cp_allgather``). Calling the body from the
+    mode's ``__torch_dispatch__`` instead (below autograd, as the dispatcher would) lets the mode see
+    them. ``torch._library.custom_ops._maybe_get_opdef`` and ``CustomOpDef._backend_fns`` (device
+    type -> function, None for every device): private on 2.10, 2.13 and 2.15 (2.14.1 not checked).
+    None for ops defined another way, or where the attributes are missing.
+    """
+    try:
+        from torch._library.custom_ops import _maybe_get_opdef
+
+        opdef = _maybe_get_opdef(func)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+    backends = getattr(opdef, "_backend_fns", None)
+    if not isinstance(backends, dict) or not backends:
+        return None
+    devices = {t.device.type for t in tree_leaves(list(args)) if isinstance(t, torch.Tensor)}
+    device = devices.pop() if len(devices) == 1 else None
+    body = backends.get(device, backends.get(None))
+    return body if callable(body) else None
 
 
 def defers_to_subclass(types: Sequence[type]) -> bool:

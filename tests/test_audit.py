@@ -118,9 +118,28 @@ def _mismatched(rank: int, directory: str) -> str:
         registry.close()
 
 
+def _inside_custom_ops(rank: int) -> dict[str, Any]:
+    """torch's context parallel all-gathers FlexAttention's K/V inside a custom op
+    (``cplib::flex_cp_allgather``, and reduce-scatters the gradients in its backward op): the
+    collectives in their bodies are recorded, not only counted by gloo."""
+    import torch.distributed.tensor.experimental._context_parallel._cp_custom_ops  # noqa: F401
+
+    registry = cg.GroupRegistry(cg.load_layout(SEED)).create()
+    try:
+        name = registry.group("cp").group_name
+        k, v = (torch.ones(1, 2, 4, 4, requires_grad=True) * rank for _ in range(2))
+        with cg.audit.record(registry) as rec:
+            full_k, full_v = torch.ops.cplib.flex_cp_allgather(k, v, 2, name)
+            torch.ops.cplib.flex_cp_allgather_backward(full_k, full_v, 2, name)
+        return {"ops": [(r.op, r.roles) for r in rec.records],
+                "hazards": [h.kind for h in rec.hazards()], "gathered": full_k.shape[2]}
+    finally:
+        registry.close()
+
+
 def _audit_world(rank: int, world: int, plain: str, mismatch: str) -> dict[str, Any]:
     return {"plain": _plain_device_mesh(rank, plain), "registry": _registry_layout(rank),
-            "mismatch_group": _mismatched(rank, mismatch)}
+            "mismatch_group": _mismatched(rank, mismatch), "custom_ops": _inside_custom_ops(rank)}
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +195,15 @@ def test_registry_layout_has_no_hazard(audit_run: dict[str, Any]) -> None:
     # FSDP2 under async_and_wait trains exactly like plain FSDP2
     assert [r["registry"]["loss"] for r in audit_run["results"]] == [
         r["plain"]["loss"] for r in audit_run["results"]]
+
+
+def test_collectives_inside_custom_ops_are_recorded(audit_run: dict[str, Any]) -> None:
+    for result in audit_run["results"]:
+        custom = result["custom_ops"]
+        assert custom["gathered"] == 4 * 4, custom  # cp spans the seed layout's 4 ranks
+        assert custom["ops"] == [("_c10d_functional.all_gather_into_tensor", ("cp",))] * 2 + [
+            ("_c10d_functional.reduce_scatter_tensor", ("cp",))] * 2, custom
+        assert custom["hazards"] == [], custom
 
 
 def test_sequence_mismatch_is_named(audit_run: dict[str, Any]) -> None:

@@ -29,6 +29,12 @@ from our wrapper, FSDP2, DCP's object collectives, spmd_types or user code; func
 
 Real models run more than plain ops inside the recording, and the mode stays out of their way:
 
+- Custom ops (``torch.library.custom_op``) are opaque to a mode: the dispatcher would run their
+  body with the mode popped, so collectives inside one went unseen (torch's context parallel
+  all-gathers FlexAttention's K/V inside ``cplib::flex_cp_allgather``: the audit of a torchtitan cp
+  run recorded none of them). The mode runs such a body itself, under the mode
+  (:func:`commgroups.torch_internals.custom_op_body`). Ops registered another way
+  (``torch.library.Library.impl`` in C++ or Python) still run opaque: ``uncounted`` says so.
 - Higher-order operators (``flex_attention``, ``cond``, ...) are not collectives: they pass through
   unchanged (``supports_higher_order_operators``, as in ``CommDebugMode``). torch runs a
   higher-order operator's kernel with the mode popped (its dense kernels assert that no mode is
@@ -367,6 +373,10 @@ class Recorder:
         return target
 
 
+# torch's own operator namespaces: their ops are never custom_op bodies worth opening.
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "higher_order", "profiler", "quantized", "inductor"})
+
+
 class _AuditMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Passes every op through unchanged, telling the recorder about collectives."""
 
@@ -396,6 +406,13 @@ class _AuditMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 self.recorder.observe(func, tuple(args), kwargs)
             except Exception:  # the audit must never break the job it watches
                 logger.warning("audit: could not record %s", func, exc_info=True)
+        elif namespace not in _TORCH_NAMESPACES:
+            body = torch_internals.custom_op_body(func, args)
+            if body is not None:
+                # A custom op's body runs with this mode popped: run it here, under the mode, so
+                # the collectives inside it are recorded too.
+                with self:
+                    return body(*args, **kwargs)
         return func(*args, **kwargs)
 
 
