@@ -15,10 +15,12 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not world"
 
-# torchtitan against stock (excluded from `make test`): the isolation matrix and the train/resume/MoE
-# scenarios; -rP prints every loss and grad norm.
+# torchtitan (excluded from `make test`): against stock, the isolation matrix and the train/resume/MoE
+# scenarios; with_registry under torchrun elastic losing a node (tests/test_restart.py, its
+# titan_matrix test); -rP prints every loss and grad norm.
 test-titan: setup
-	$(PY) -m pytest -q -rP -m titan_matrix tests/test_torchtitan_matrix.py tests/test_torchtitan_train.py
+	$(PY) -m pytest -q -rP -m titan_matrix tests/test_torchtitan_matrix.py tests/test_torchtitan_train.py \
+	  tests/test_restart.py
 
 lint: setup
 	.venv/bin/ruff check commgroups backends tests benchmarks tools

@@ -31,7 +31,7 @@ def _all_states(world_size: int, step: int) -> dict[str, torch.Tensor]:
 
 # Survivors that are not the lost rank's direct peers wait this long in DCP's collectives; it also
 # bounds the healthy saves before the loss (milliseconds each here).
-GROUP_TIMEOUT_S = 10
+GROUP_TIMEOUT_S = 6
 
 
 def _save_then_die(rank: int, world_size: int, root: str) -> dict[str, Any]:
@@ -64,7 +64,9 @@ def _save_then_die(rank: int, world_size: int, root: str) -> dict[str, Any]:
     out["seconds"] = time.monotonic() - started
     # The survivors rebuild in place and read the previous checkpoint through the new
     # checkpoint-metadata group (the lost rank's keys are simply not asked for).
-    report = registry.rebuild(alive=[0, 1, 2], timeout=GROUP_TIMEOUT_S)
+    # The window outlasts two group timeouts (a survivor may notice only at the timeout, or after
+    # two, while a direct peer checks in at once); told who is alive, it ends once all are in.
+    report = registry.rebuild(alive=[0, 1, 2], timeout=2 * GROUP_TIMEOUT_S + 5)
     out["rebuilt_members"] = report.members
     mine = {k: torch.zeros_like(v) for k, v in _state(rank, 1).items()}
     dcp.load(mine, checkpoint_id=step1, registry=registry)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import commgroups as cg
 from tests.worlds import run_world
 
-CREATE_TIMEOUT_S = 6.0
+CREATE_TIMEOUT_S = 4.0
 
 
 def _die_before_create(rank: int, world_size: int) -> dict[str, Any]:
@@ -76,7 +76,7 @@ def test_rank_dies_while_groups_are_created() -> None:
         assert result["leftover_groups"] == 0, "a failed create() leaves no groups behind"
 
 
-ROLE_TIMEOUT_S = 4.0
+ROLE_TIMEOUT_S = 3.0
 
 
 def _collective_faults(rank: int, world_size: int, fault: str) -> dict[str, Any]:

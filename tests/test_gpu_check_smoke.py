@@ -22,6 +22,11 @@ from tools.gpu_check.wheels import check_wheels
 
 TORCH = torch_version()
 
+# Repository tooling (tools/gpu_check): its GPU target runs its own torch (2.11), and on a CPU leg
+# every test here checks plumbing (the script, the orchestrator, budgets, wheel checks), so it runs
+# once, on CI's main leg.
+pytestmark = pytest.mark.version_independent
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu-check"
 
@@ -40,7 +45,6 @@ def test_without_cuda_it_says_so_and_exits_0() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.version_independent  # repository tooling; its GPU target runs its own torch (2.11)
 def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     results, device_out = tmp_path / "results", tmp_path / "handed-back"
     out = subprocess.run(["bash", str(SCRIPT), "--cpu-smoke", "--out", str(results),

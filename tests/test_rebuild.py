@@ -21,7 +21,7 @@ from commgroups import GroupRegistry, Layout, RoleSpec, default_roles
 from commgroups.errors import RebuildError, ReplanError, StaleGenerationError
 from tests.worlds import run_world
 
-ROLE_TIMEOUT_S = 4.0
+ROLE_TIMEOUT_S = 3.0
 DIMS = {"dp_replicate": 2, "dp_shard": 2}
 
 
@@ -83,7 +83,7 @@ def _fail_then_rebuild(rank: int, world: int, victim: int, role: str,
 
 
 # A rank dies while the survivors are in a collective of each role (then of the world). One case
-# waits out the check-in window (nobody says who is alive: 14 s here); the others are told (alive=).
+# waits out the check-in window (nobody says who is alive: 12 s here); the others are told (alive=).
 # The window path is also taken by the second-loss and late-rank tests below, the in-place training
 # test (tests/test_rebuild_training.py) and the demo's kill test.
 @pytest.mark.parametrize(("victim", "role", "alive_known"), [

@@ -16,7 +16,7 @@ import pytest
 from commgroups.demo.elastic import ElasticRun, elastic_layout, elastic_rank
 from commgroups.local_world import run_local_world
 
-ROLE_TIMEOUT_S = 4.0
+ROLE_TIMEOUT_S = 3.0
 STEPS = 4
 KILL_STEP = 2
 
