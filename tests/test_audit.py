@@ -122,7 +122,8 @@ def _inside_custom_ops(rank: int) -> dict[str, Any]:
     """torch's context parallel all-gathers FlexAttention's K/V inside a custom op
     (``cplib::flex_cp_allgather``, and reduce-scatters the gradients in its backward op): the
     collectives in their bodies are recorded, not only counted by gloo."""
-    import torch.distributed.tensor.experimental._context_parallel._cp_custom_ops  # noqa: F401
+    # Importing it registers the cplib ops.
+    import torch.distributed.tensor.experimental._context_parallel._cp_custom_ops
 
     registry = cg.GroupRegistry(cg.load_layout(SEED)).create()
     try:
