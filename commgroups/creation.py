@@ -48,6 +48,7 @@ __all__ = [
     "decide_local",
     "local_vote",
     "create_role_group",
+    "split_role_group",
     "creation_order",
 ]
 
@@ -346,6 +347,34 @@ def _new_group(
     return group
 
 
+def split_role_group(
+    split_ranks: list[list[int]],
+    adapter: BackendAdapter,
+    options: RoleOptions,
+    timeout_s: float | None,
+    group_desc: str,
+    parent: dist.ProcessGroup | None = None,
+) -> CreatedRole:
+    """One ``split_group`` (ncclCommSplit) for all of a role's groups; this rank's group.
+
+    ``split_ranks`` are in ``parent``'s group ranks (the default group's: global ranks, when
+    ``parent`` is None). ``split_share`` (from the role's ``options.nccl``) rides in
+    ``pg_options.config``.
+    """
+    args = adapter.group_args(options, timeout_s)
+    split = dist.split_group(
+        parent_pg=parent,
+        split_ranks=split_ranks,
+        timeout=args.timeout,
+        pg_options=args.pg_options,
+        group_desc=group_desc,
+    )
+    # torch >= 2.14 types it ProcessGroup | NON_GROUP_MEMBER; a regular role has every rank.
+    made: dist.ProcessGroup | None = split  # type: ignore[assignment]
+    return CreatedRole(group=made, method="split", adapter=adapter,
+                       owned=[made] if made is not None else [])
+
+
 def create_role_group(
     plan: Plan,
     role: RolePlan,
@@ -366,19 +395,9 @@ def create_role_group(
         group = _new_group(mine, adapter, options, timeout_s, group_desc, local=True)
         return CreatedRole(group=group, method="local", adapter=adapter, owned=[group])
     if method == "split":
-        args = adapter.group_args(options, timeout_s)
-        # One ncclCommSplit per role: the default group is the parent, so its ranks are global
-        # ranks. split_share (from the role's options.nccl) rides in pg_options.config.
-        split = dist.split_group(
-            split_ranks=[list(ranks) for ranks in plan.groups(role)],
-            timeout=args.timeout,
-            pg_options=args.pg_options,
-            group_desc=group_desc,
-        )
-        # torch >= 2.14 types it ProcessGroup | NON_GROUP_MEMBER; a regular role has every rank.
-        made: dist.ProcessGroup | None = split  # type: ignore[assignment]
-        return CreatedRole(group=made, method="split", adapter=adapter,
-                           owned=[made] if made is not None else [])
+        # The default group is the parent, so its ranks are global ranks.
+        return split_role_group([list(ranks) for ranks in plan.groups(role)], adapter, options,
+                                timeout_s, group_desc)
     assert method == "all_ranks", method
     found: dist.ProcessGroup | None = None
     my_index = plan.group_index(role, rank)

@@ -61,7 +61,7 @@ import torch.distributed as dist
 
 from commgroups import torch_internals
 from commgroups.backends import BackendAdapter
-from commgroups.creation import CreatedRole, CreationContext, create_role_group
+from commgroups.creation import CreatedRole, CreationContext, create_role_group, split_role_group
 from commgroups.errors import GroupCreationError, RebuildError
 from commgroups.planning import Plan, RolePlan
 from commgroups.specs import RoleOptions
@@ -230,18 +230,8 @@ class Spine:
             raise GroupCreationError(
                 f"role {role.name!r}: its groups hold {format_ranks(outside)}, which the NCCL "
                 f"spine ({self.source}) does not; fix: {_FIX}")
-        args = adapter.group_args(options, timeout_s)
-        split = dist.split_group(
-            parent_pg=parent,
-            split_ranks=[[position[r] for r in ranks] for ranks in groups],
-            timeout=args.timeout,
-            pg_options=args.pg_options,
-            group_desc=group_desc,
-        )
-        # torch >= 2.14 types it ProcessGroup | NON_GROUP_MEMBER; a regular role has every rank.
-        made: dist.ProcessGroup | None = split  # type: ignore[assignment]
-        return CreatedRole(group=made, method="split", adapter=adapter,
-                           owned=[made] if made is not None else [])
+        return split_role_group([[position[r] for r in ranks] for ranks in groups], adapter,
+                                options, timeout_s, group_desc, parent=parent)
 
     def _guarded(self, plan: Plan, role: RolePlan, adapter: BackendAdapter, options: RoleOptions,
                  timeout_s: float | None, rank: int, method: str, group_desc: str) -> CreatedRole:
