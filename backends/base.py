@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from torch.distributed import constants
 
-from commgroups.specs import RoleOptions
+from commgroups.layout.specs import RoleOptions
 
 __all__ = ["BackendAdapter", "GroupArgs"]
 

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from commgroups import torch_internals
 from commgroups.errors import BackendUnavailableError
-from commgroups.specs import RoleOptions
+from commgroups.layout.specs import RoleOptions
 
 from .base import BackendAdapter
 

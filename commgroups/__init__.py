@@ -10,14 +10,11 @@ checkpoint-metadata, ...), never the default group, each with its own backend, o
 """
 
 from commgroups import audit, errors, integrations
-from commgroups.async_wait import AsyncWaitDist, async_and_wait_scope
-from commgroups.auto_layout import AutoLayout, resolve_layout
-from commgroups.collectives import RoleCollectives
-from commgroups.layout_io import load_layout, parse_layout
-from commgroups.planning import Plan, RolePlan, plan
-from commgroups.registry import GroupRegistry
-from commgroups.replan import Replan, replan
-from commgroups.specs import (
+from commgroups.collectives.async_wait import AsyncWaitDist, async_and_wait_scope
+from commgroups.collectives.role_collectives import RoleCollectives
+from commgroups.layout.auto_layout import AutoLayout, resolve_layout
+from commgroups.layout.layout_io import load_layout, parse_layout
+from commgroups.layout.specs import (
     CHECKPOINT_ROLE,
     ElasticSpec,
     HcclOptions,
@@ -27,6 +24,9 @@ from commgroups.specs import (
     RoleSpec,
     default_roles,
 )
+from commgroups.planning.plan import Plan, RolePlan, plan
+from commgroups.rank_loss.replan import Replan, replan
+from commgroups.registry import GroupRegistry
 
 __all__ = [
     "CHECKPOINT_ROLE",

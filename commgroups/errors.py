@@ -55,7 +55,7 @@ class LayoutError(CommGroupsError, ValueError):
     """A layout, role spec or registry argument is invalid; raised before any communicator exists.
 
     Catch this to catch every problem with the input; the subclasses below name the kind of
-    problem, and ``field`` names where it is. Input beyond the bounds of :mod:`commgroups.limits`
+    problem, and ``field`` names where it is. Input beyond the bounds of :mod:`commgroups.layout.limits`
     (world size, dims, nesting, YAML alias expansion, timeout range) is refused the same way.
     ``LayoutError`` itself is raised for a required field that is missing (a role without
     ``name``), a value of the wrong type or out of range outside dims, ranks and options
@@ -203,7 +203,7 @@ class InvalidAutoDimError(LayoutError):
 class ReplanError(CommGroupsError, ValueError):
     """The surviving ranks cannot form the layout on a smaller world.
 
-    Raised by :func:`commgroups.replan` when a lost rank sits in a group of a dim that may not
+    Raised by :func:`commgroups.rank_loss.replan` when a lost rank sits in a group of a dim that may not
     shrink (``"cp group [4, 5, 6, 7] lost rank 5; cp may not shrink"``), when shrinking would take an
     elastic dim below its minimum, and for survivor lists that name ranks outside the world. The
     message names the dim, the group and the lost ranks.
@@ -260,7 +260,7 @@ class RebuildError(CommGroupsError, RuntimeError):
     lost), when ``alive`` is malformed (not global ranks of the old generation, or missing this
     rank), when a role's backend cannot be rebuilt in place here (an NCCL group split from a bound
     default group that still holds the dead rank, where no world role can be shrunk instead: see
-    :mod:`commgroups.shrink`), and when the registry is not in a state to
+    :mod:`commgroups.rank_loss.shrink`), and when the registry is not in a state to
     rebuild (never created, closed, or this rank was left out as a spare). Rebuilding that fails
     while creating raises :class:`GroupCreationError` instead; calling ``rebuild()`` again on every
     survivor starts a fresh attempt.

@@ -22,13 +22,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from typing_extensions import Self
 
-from commgroups import limits, torch_internals
-from commgroups.agreement import agree, store_calls
-from commgroups.audit.call_sites import call_site
-from commgroups.auto_layout import AutoLayout, job_layout
+from commgroups import torch_internals
 from commgroups.backends import BackendAdapter, resolve_backend
-from commgroups.check_in import check_in
-from commgroups.creation import (
+from commgroups.creation.agreement import agree, store_calls
+from commgroups.creation.meshes import axes_in_order, build_mesh, forget_flattenings, register_flattening
+from commgroups.creation.role_groups import (
     CREATION_MODES,
     CreatedRole,
     CreationContext,
@@ -39,6 +37,7 @@ from commgroups.creation import (
     local_vote,
     nonmember_split_hazard,
 )
+from commgroups.creation.store_keys import AttemptStore, open_attempt
 from commgroups.errors import (
     BackendUnavailableError,
     CommGroupsError,
@@ -53,17 +52,19 @@ from commgroups.errors import (
     UnknownDimError,
     WorldSizeMismatchError,
 )
-from commgroups.meshes import axes_in_order, build_mesh, forget_flattenings, register_flattening
-from commgroups.planning import RolePlan, plan
-from commgroups.rebuild_report import RebuildReport
-from commgroups.replan import as_rank_array, replan_arrays
-from commgroups.shrink import Spine, prepare_spine
-from commgroups.specs import Layout, RoleSpec
-from commgroups.store_keys import AttemptStore, open_attempt
-from commgroups.text_table import format_ranks, format_table
+from commgroups.layout import limits
+from commgroups.layout.auto_layout import AutoLayout, job_layout
+from commgroups.layout.specs import Layout, RoleSpec
+from commgroups.planning.plan import RolePlan, plan
+from commgroups.rank_loss.check_in import check_in
+from commgroups.rank_loss.rebuild_report import RebuildReport
+from commgroups.rank_loss.replan import as_rank_array, replan_arrays
+from commgroups.rank_loss.shrink import Spine, prepare_spine
+from commgroups.util.call_sites import call_site
+from commgroups.util.text_table import format_ranks, format_table
 
 if TYPE_CHECKING:
-    from commgroups.collectives import RoleCollectives
+    from commgroups.collectives.role_collectives import RoleCollectives
 
 __all__ = ["GroupRegistry"]
 
@@ -176,7 +177,7 @@ class GroupRegistry:
         self._registry_id = -1  # the agreement epoch of create(): the same on every rank
         self._retired_roles: dict[str, CreatedRole] = {}  # the last retired generation's roles
         self._mesh_names: list[tuple[str, ...]] = []  # meshes to rebuild, in the order asked
-        self._spine: Spine | None = None  # bound NCCL: what rebuild() shrinks (commgroups.shrink)
+        self._spine: Spine | None = None  # bound NCCL: what rebuild() shrinks (commgroups.rank_loss.shrink)
 
     # --------------------------------------------------------------------------------- creation
     @_serialized
@@ -376,7 +377,7 @@ class GroupRegistry:
 
         Call it on every surviving rank after a role's collective failed (a peer died). The
         survivors check in through the store (a rank that misses the check-in window counts as
-        lost; every survivor gets the same set or the same error), :func:`commgroups.replan` derives
+        lost; every survivor gets the same set or the same error), :func:`commgroups.rank_loss.replan` derives
         the smaller layout from the layout's ``elastic`` section, the old generation's groups are
         retired (aborted where the backend can; never destroyed, since they hold a dead peer), and
         every role, mesh-dim group and mesh asked for before is created again on the survivors
@@ -394,7 +395,7 @@ class GroupRegistry:
                 timeouts to a job that should rebuild quickly, or pass ``alive``).
 
         Returns:
-            A :class:`~commgroups.rebuild_report.RebuildReport`: the new generation, layout, the
+            A :class:`~commgroups.rank_loss.rebuild_report.RebuildReport`: the new generation, layout, the
             lost ranks, spares, this rank's place and the seconds of each phase. A rank the new
             layout has no place for is a spare or dropped: its registry holds no groups.
 
@@ -504,7 +505,7 @@ class GroupRegistry:
         A bound default group (``init_process_group(device_id=...)``) gave the device backend's
         roles by ncclCommSplit of its communicator, which still holds the dead rank. There the
         rebuild shrinks a non-default world group the registry owns instead (never the default
-        group) and splits every device role from it: :func:`commgroups.shrink.prepare_spine`
+        group) and splits every device role from it: :func:`commgroups.rank_loss.shrink.prepare_spine`
         finds that group or raises the refusal naming what is missing (the shrink capability, a
         role spanning the world) and the fix.
         """
@@ -777,7 +778,7 @@ class GroupRegistry:
         :class:`~commgroups.errors.ConcurrentRoleUseError` unless it calls ``adopt()``), and
         refuses to run after :meth:`close`.
         """
-        from commgroups.collectives import RoleCollectives
+        from commgroups.collectives.role_collectives import RoleCollectives
 
         group = self.group(role)
         # One object per role, so its call count (the sequence number errors name) is per role.
@@ -805,7 +806,7 @@ class GroupRegistry:
         ``dims`` or from a view. Meshes are cached: the same names give the same object (torch
         compares meshes by layout, third-party code sometimes by identity). Every run of axes that
         a role spans is pre-registered as that role's flattening (see
-        :func:`commgroups.meshes.register_flattening`).
+        :func:`commgroups.creation.meshes.register_flattening`).
 
         Args:
             dims_or_role: a dim or role name, or a sequence of them (outermost first).
@@ -992,7 +993,7 @@ class GroupRegistry:
         """Destroy every group this registry created and delete its store keys. Idempotent.
 
         The registry is unusable after, and so is every handle it gave out: a
-        :class:`~commgroups.collectives.RoleCollectives` kept past ``close()`` raises
+        :class:`~commgroups.collectives.role_collectives.RoleCollectives` kept past ``close()`` raises
         :class:`~commgroups.errors.RegistryClosedError` instead of issuing on a destroyed group.
         Local: no rank waits for another (the last rank to close deletes the shared keys).
         """

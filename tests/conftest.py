@@ -1,7 +1,7 @@
 """Shared fixtures (fake-backend worlds) and the automatic ``world`` marker.
 
 Every test that starts other processes (a gloo world through :mod:`tests.worlds` or
-:func:`commgroups.local_world.run_local_world`, a subprocess, the demo or the bench) is marked
+:func:`commgroups.util.local_world.run_local_world`, a subprocess, the demo or the bench) is marked
 ``world`` at collection, found by reading the code it runs: the test function, the fixtures it uses
 and, transitively, the test-tree functions they call. ``pytest -m "not world"`` (``make test-fast``)
 is then the pure-logic tier. The detector is kept honest at run time: an unmarked test that starts
@@ -26,7 +26,7 @@ WORLD_MARK = "world"
 _SPAWNING_MODULES = frozenset({"subprocess", "multiprocessing", "torch.multiprocessing"})
 # Package entry points that start processes (tests call them; they are not walked).
 _SPAWNING_CALLABLES = frozenset({
-    "commgroups.local_world.run_local_world",
+    "commgroups.util.local_world.run_local_world",
     "commgroups.bench.world.run_world",
     "commgroups.bench.runner.run_bench",
     "commgroups.demo.launch.launch",

@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 import commgroups as cg
-from commgroups.agreement import describe_differences
+from commgroups.creation.agreement import describe_differences
 from tests.worlds import run_world
 
 BASE = cg.Layout(dims={"dp_shard": 2, "cp": 2})

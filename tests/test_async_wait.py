@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import commgroups as cg
-from commgroups.async_wait import ASYNC_OP_FUNCTIONS, wrap_async_wait
+from commgroups.collectives.async_wait import ASYNC_OP_FUNCTIONS, wrap_async_wait
 from tests.gloo_support import NO_ALL_TO_ALL, all_to_all_or_note
 from tests.worlds import run_world
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from commgroups.audit.call_sites import PLUMBING_MODULES, call_site, is_plumbing
 from commgroups.audit.hazards import (
     aliasing_hazards,
     default_group_hazards,
@@ -38,11 +37,15 @@ from commgroups.audit.records import (
     rank_span,
 )
 from commgroups.cli import main
+from commgroups.util.call_sites import PLUMBING_MODULES, call_site, is_plumbing
 
 REPO = Path(__file__).resolve().parents[1]
 AUDIT_PACKAGE = REPO / "commgroups" / "audit"
 # The analysis: everything in commgroups/audit but the recorder, which observes live collectives.
-ANALYSIS_MODULES = ("records", "hazards", "report", "merge", "call_sites")
+ANALYSIS_MODULES = ("records", "hazards", "report", "merge")
+# The call-site helper the analysis and the registry share (commgroups.util.call_sites): held to
+# the analysis modules' rule too.
+CALL_SITES = REPO / "commgroups" / "util" / "call_sites.py"
 
 
 def _rank_data(rank: int, records: list[dict[str, Any]], *, backend: str = "gloo",
@@ -255,7 +258,8 @@ def test_call_site_is_the_first_frame_outside_the_plumbing() -> None:
              "typing_extensions", "torch.distributed.distributed_c10d", "commgroups.audit.recorder"]
     assert _frame_chain(chain) == "/src/torchtitan/train.py:2 in hop"
     # an application built on commgroups is a caller like any other: no special case for the demo
-    assert _frame_chain(["commgroups.demo.train", "commgroups.collectives", "torch.distributed"]
+    assert _frame_chain(["commgroups.demo.train", "commgroups.collectives.role_collectives",
+                         "torch.distributed"]
                         ).startswith("/src/commgroups/demo/train.py:")
     assert _frame_chain(["spmd_types._collectives", "torch.distributed"]).startswith(
         "/src/spmd_types/_collectives.py:")
@@ -310,6 +314,9 @@ def test_audit_modules_form_no_cycle_and_the_analysis_never_reaches_the_recorder
         imported = _imports(modules[f"commgroups.audit.{name}"])
         assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, name
         assert "commgroups.audit.recorder" not in imported and "commgroups" not in imported, name
+    shared = _imports(CALL_SITES)
+    assert not {m for m in shared if m == "torch" or m.startswith("torch.")}
+    assert not {m for m in shared if m == "commgroups" or m.startswith("commgroups.")}
     assert "commgroups.audit.recorder" in edges["commgroups.audit"]  # lazily, for record()
     # depth-first search for a cycle
     state: dict[str, int] = {}

@@ -192,14 +192,14 @@ def test_cli_plan_sizes_an_auto_layout(capsys: Any) -> None:
 def test_docstring_examples_hold() -> None:
     import doctest
 
-    from commgroups import auto_layout
+    from commgroups.layout import auto_layout
 
     result = doctest.testmod(auto_layout, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
 
 
 def test_shared_store_risk_names_the_fix() -> None:
-    from commgroups.auto_layout import shared_store_risk
+    from commgroups.layout.auto_layout import shared_store_risk
 
     risky = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3"}
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in (shared_store_risk(risky) or "")

@@ -15,8 +15,8 @@ import pytest
 from commgroups.bench import smoke_config
 from commgroups.bench.stats import Summary, interleaved, paired_ratios, summarize
 from commgroups.cli import main
-from commgroups.memory import SPLIT_PARENT, estimate_memory
-from commgroups.specs import HcclOptions, Layout, RoleOptions, RoleSpec
+from commgroups.layout.specs import HcclOptions, Layout, RoleOptions, RoleSpec
+from commgroups.planning.memory import SPLIT_PARENT, estimate_memory
 
 TABLES = ("creation", "rebuild", "planning", "async_and_wait", "checkpoint_dcp",
           "checkpoint_exchange", "memory")

@@ -21,7 +21,7 @@ from commgroups.backends.gloo import GlooAdapter
 from commgroups.backends.hccl import HcclAdapter
 from commgroups.backends.nccl import NcclAdapter
 from commgroups.backends.rccl import RcclAdapter
-from commgroups.creation import (
+from commgroups.creation.role_groups import (
     CreationContext,
     choose_method,
     create_role_group,
@@ -29,7 +29,7 @@ from commgroups.creation import (
     nonmember_split_hazard,
 )
 from commgroups.registry import GroupRegistry
-from commgroups.torch_version import torch_version
+from commgroups.torch_internals.version import torch_version
 from tests.worlds import run_world
 
 PATHS = ("all_ranks", "local", "auto")
@@ -240,7 +240,7 @@ def test_hccl_is_always_all_ranks_and_says_why(caplog: pytest.LogCaptureFixture)
     plan = cg.plan(_regular(4))
     ctx = CreationContext(default_backend="hccl", device_bound=True,
                           accelerator=True)
-    with caplog.at_level(logging.INFO, logger="commgroups.creation"):
+    with caplog.at_level(logging.INFO, logger="commgroups.creation.role_groups"):
         for mode in ("auto", "local", "split"):
             assert choose_method(mode, plan.role("cp"), HcclAdapter(), ctx) == "all_ranks"
     assert any("hccl" in r.getMessage() and "hangs" in r.getMessage() and r.levelno == logging.INFO
@@ -370,7 +370,7 @@ class _CountingStore(dist.Store):  # type: ignore[misc]  # torch's stubs re-expo
 
 
 def store_calls_worker(rank: int, world: int) -> list[int]:
-    import commgroups.creation as creation
+    import commgroups.creation.role_groups as creation
     from commgroups import torch_internals
 
     counting = _CountingStore(torch_internals.default_store())

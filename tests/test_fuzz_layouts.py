@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import commgroups as cg
-from commgroups import errors, limits
+from commgroups import errors
 from commgroups.cli import main
+from commgroups.layout import limits
 from tests.strategies import layouts
 
 # Layout validation is pydantic alone: CI runs it on the main torch leg only.

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from commgroups.memory import load_measured
+from commgroups.planning.memory import load_measured
 from tools.gpu_check.analysis import (
     NOT_WAITED,
     ON_CALLER,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from commgroups.torch_version import torch_version
+from commgroups.torch_internals.version import torch_version
 from tools.gpu_check.orchestrate import _run, plan_steps, run_check
 from tools.gpu_check.wheels import check_wheels
 

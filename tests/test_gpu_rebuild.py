@@ -4,7 +4,7 @@
   aborts them through torch's real ``_abort_process_group`` (gloo's group is left referenced), the
   new generation carries a collective and the old handle raises StaleGenerationError.
 - Device-bound default group (``device_id``): roles are made by ncclCommSplit; rebuild() takes the
-  first NCCL role spanning the world as the spine (``commgroups/shrink.py``) and splits every NCCL
+  first NCCL role spanning the world as the spine (``commgroups/rank_loss/shrink.py``) and splits every NCCL
   role of the next generation from it (real ncclCommSplit of a non-default group); where the
   machine cannot shrink, the refusal naming the capability, the registry still working.
 - What this machine's torch and NCCL say about shrinking (``dist.shrink_group``, the NCCL

@@ -27,9 +27,9 @@ from commgroups.backends.gloo import GlooAdapter
 from commgroups.backends.hccl import HcclAdapter
 from commgroups.backends.nccl import NcclAdapter
 from commgroups.backends.rccl import RcclAdapter
-from commgroups.creation import CreatedRole, CreationContext, create_role_group
+from commgroups.creation.role_groups import CreatedRole, CreationContext, create_role_group
 from commgroups.errors import GroupCreationError, RebuildError, StaleGenerationError
-from commgroups.shrink import Spine
+from commgroups.rank_loss.shrink import Spine
 
 BOUND_NCCL = CreationContext(default_backend="nccl", device_bound=True, accelerator=True)
 

@@ -28,7 +28,7 @@ def _spmd_world(rank: int, world: int) -> dict[str, Any]:
     import spmd_types as spmd
     from torch.distributed.device_mesh import init_device_mesh
 
-    from commgroups.async_wait import AsyncWaitDist
+    from commgroups.collectives.async_wait import AsyncWaitDist
     from commgroups.demo.model import ModelConfig, TinyTransformer
     from commgroups.demo.train import spmd_seq_gather
     from commgroups.integrations.spmd import activate, current_dist

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from commgroups.local_world import Post, run_local_world
+from commgroups.util.local_world import Post, run_local_world
 
 
 def _behave(rank: int, world_size: int, post: Post, how: str) -> Any:
@@ -59,7 +59,7 @@ def test_a_world_that_cannot_join_is_started_again_then_reported(
 ) -> None:
     """Rendezvous failures restart the whole world (bounded); the function runs on no rank."""
     messages: list[Any] = []
-    with caplog.at_level(logging.WARNING, logger="commgroups.local_world"):
+    with caplog.at_level(logging.WARNING, logger="commgroups.util.local_world"):
         reports = run_local_world(_behave, 2, "ok", backend="no-such-backend", timeout_s=60,
                                   init_attempts=2, on_message=messages.append)
     assert messages == []  # nobody ran _behave

@@ -1,4 +1,4 @@
-"""commgroups.memory with measured per-communicator figures (a GPU check's memory.json).
+"""commgroups.planning.memory with measured per-communicator figures (a GPU check's memory.json).
 
 The figures come from the recorded sample (tests/data/gpu) through the real analysis, so this also
 checks that what the GPU check writes is what ``commgroups plan --measured`` reads.
@@ -14,7 +14,7 @@ import pytest
 
 import commgroups as cg
 from commgroups.cli import main
-from commgroups.memory import (
+from commgroups.planning.memory import (
     MEASURED_SCHEMA,
     NCCL_SINGLE_RANK_MB,
     SINGLE_RANK,

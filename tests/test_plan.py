@@ -126,7 +126,7 @@ def test_plan_imports_nothing_from_torch_distributed() -> None:
     code = ("import importlib.util, sys, types;"
             "pkg = types.ModuleType('commgroups'); pkg.__path__ = ['commgroups']; "
             "sys.modules['commgroups'] = pkg;"
-            "import commgroups.planning, commgroups.layout_io;"
+            "import commgroups.planning.plan, commgroups.layout.layout_io;"
             "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith('torch')}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -140,11 +140,11 @@ def test_rank_out_of_range(rank: int) -> None:
 
 
 def test_cg_plan_is_the_function_and_shadows_no_module() -> None:
-    # `cg.plan(layout)` is the public function; the module is commgroups.planning, so importing a
+    # `cg.plan(layout)` is the public function; the module is commgroups.planning.plan, so importing a
     # submodule never rebinds the name (a module named plan would, depending on import order).
     import importlib
 
-    import commgroups.planning
+    import commgroups.planning.plan
 
-    assert callable(cg.plan) and cg.plan is commgroups.planning.plan
+    assert callable(cg.plan) and cg.plan is commgroups.planning.plan.plan
     assert importlib.util.find_spec("commgroups.plan") is None

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from commgroups.demo.elastic import ElasticRun, elastic_layout, elastic_rank
-from commgroups.local_world import run_local_world
+from commgroups.util.local_world import run_local_world
 
 ROLE_TIMEOUT_S = 3.0
 STEPS = 4

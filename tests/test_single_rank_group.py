@@ -63,7 +63,7 @@ def new_single_rank_group(
             an older such group while a newer one lives can repeat a name; the message says so).
 
     The registry creates its single-rank groups on its own member-only path
-    (``commgroups.creation``); this is the same call, made directly, for these tests.
+    (``commgroups.creation.role_groups``); this is the same call, made directly, for these tests.
     """
     backend = ensure_registered()
     rank = dist.get_rank()

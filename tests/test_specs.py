@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 import commgroups as cg
-from commgroups import errors, layout_io, specs
+from commgroups import errors
+from commgroups.layout import layout_io, specs
 
 
 def test_default_roles_follow_torchtitan() -> None:

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from commgroups.store_keys import open_attempt
+from commgroups.creation.store_keys import open_attempt
 
 
 def _store() -> dist.Store:

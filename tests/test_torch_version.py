@@ -1,4 +1,4 @@
-"""The supported torch range is one fact: pyproject, README and commgroups.torch_version agree."""
+"""The supported torch range is one fact: pyproject, README and commgroups.torch_internals.version agree."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from commgroups.errors import TorchVersionError
-from commgroups.torch_version import SUPPORTED_FROM, parse_version, require_torch, torch_version
+from commgroups.torch_internals.version import SUPPORTED_FROM, parse_version, require_torch, torch_version
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

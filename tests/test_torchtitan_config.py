@@ -157,7 +157,7 @@ def seed_rank(rank: int, world_size: int, post: Any) -> tuple[list[int], int, in
 
 
 def test_seed_agreed_through_the_store_without_a_collective() -> None:
-    from commgroups.local_world import run_local_world
+    from commgroups.util.local_world import run_local_world
 
     reports = run_local_world(seed_rank, 3, timeout_s=300)
     assert all(rep.ok for rep in reports.values()), [rep.traceback for rep in reports.values()]

@@ -13,7 +13,7 @@ import commgroups as cg
 from commgroups.errors import InvalidSizeError, UnknownDimError
 from commgroups.integrations.torchtitan import TitanDegrees, resolve_layout, titan_layout
 from commgroups.integrations.torchtitan.layout import derived_roles
-from commgroups.specs import checkpoint_role, default_roles, dim_roles
+from commgroups.layout.specs import checkpoint_role, default_roles, dim_roles
 
 CP4 = TitanDegrees(pp=1, dp_replicate=1, dp_shard=1, cp=4, tp=1, ep=1)
 

@@ -1,6 +1,6 @@
 """Run a test function on a real multi-process gloo world and collect every rank's result.
 
-A thin layer over :func:`commgroups.local_world.run_local_world` (forkserver ranks, parent-owned
+A thin layer over :func:`commgroups.util.local_world.run_local_world` (forkserver ranks, parent-owned
 TCPStore, a deadline): a hang becomes a test failure naming the ranks that did not finish.
 """
 
@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from commgroups.local_world import Post, run_local_world
+from commgroups.util.local_world import Post, run_local_world
 
 
 class RankFailed(AssertionError):

@@ -36,7 +36,7 @@ from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
 from commgroups.bench.world import run_world
-from commgroups.torch_version import torch_version
+from commgroups.torch_internals.version import torch_version
 
 __all__ = ["FAKE_LAYOUTS", "TitanConfig", "TitanScenario", "available", "measure_meshes",
            "measure_steps", "tables", "titan_config"]
@@ -88,7 +88,7 @@ def _spmd_backend() -> str:
 def measure_steps(rank: int, world_size: int, progress: Progress, config: TitanConfig,
                   directory: str) -> dict[str, Any] | None:
     """Interleaved trainings on this gloo world; rank 0 returns step times per variant."""
-    from commgroups.agreement import store_barrier
+    from commgroups.creation.agreement import store_barrier
     from tests.titan.assets import make_assets
     from tests.titan.run import TitanRun, train_rank
 
@@ -166,8 +166,8 @@ def measure_meshes(rank: int, world_size: int, progress: Progress,
     from commgroups.integrations.torchtitan import TitanDegrees, titan_layout
     from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
     from commgroups.integrations.torchtitan.titan_internals import ParallelDims, single_axis_meshes
+    from commgroups.layout.specs import CHECKPOINT_ROLE
     from commgroups.registry import GroupRegistry
-    from commgroups.specs import CHECKPOINT_ROLE
 
     backend = _spmd_backend()
     out: dict[str, Any] = {}

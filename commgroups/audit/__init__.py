@@ -14,7 +14,7 @@ Two halves, and only the first imports torch:
 
 - :mod:`~commgroups.audit.recorder` observes live collectives (:func:`record`, :func:`from_env`,
   :class:`Recorder`); what it sees and misses is documented there. It uses
-  :mod:`~commgroups.audit.call_sites` to name the frame that issued each call.
+  :mod:`~commgroups.util.call_sites` to name the frame that issued each call.
 - The analysis reads only the recordings: :mod:`~commgroups.audit.records` (the schema),
   :mod:`~commgroups.audit.hazards` (the rules), :mod:`~commgroups.audit.merge` (per-rank files into
   one :class:`AuditReport`, :mod:`~commgroups.audit.report`). None of it imports torch, so it runs

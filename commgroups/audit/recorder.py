@@ -66,7 +66,6 @@ import torch
 import torch.distributed as dist
 
 from commgroups import torch_internals
-from commgroups.audit.call_sites import call_site, inside
 from commgroups.audit.hazards import Hazard, find_hazards
 from commgroups.audit.records import (
     AUDIT_DIR_ENV,
@@ -79,6 +78,7 @@ from commgroups.audit.records import (
 )
 from commgroups.registry import GroupRegistry
 from commgroups.torch_internals import TorchDispatchMode, tree_leaves
+from commgroups.util.call_sites import call_site, inside
 
 __all__ = ["Recorder", "from_env", "record"]
 

@@ -77,7 +77,7 @@ class CollectiveRecord:
         shapes: the shape of every tensor argument, in argument order.
         dtypes: their dtypes without the ``torch.`` prefix.
         caller: ``path:line in function`` of the first frame outside the plumbing
-            (see :mod:`commgroups.audit.call_sites`).
+            (see :mod:`commgroups.util.call_sites`).
         in_checkpoint: DCP issued it (a :data:`CHECKPOINT_MODULES` frame was on the stack).
 
     Example::

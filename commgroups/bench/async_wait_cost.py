@@ -18,8 +18,8 @@ import torch.distributed as dist
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
+from commgroups.layout.specs import Layout
 from commgroups.registry import GroupRegistry
-from commgroups.specs import Layout
 
 __all__ = ["RATIO_MIN_BYTES", "VARIANTS", "measure", "tables"]
 

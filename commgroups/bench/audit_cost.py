@@ -22,8 +22,8 @@ from commgroups.audit.recorder import record
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
+from commgroups.layout.specs import Layout
 from commgroups.registry import GroupRegistry
-from commgroups.specs import Layout
 
 __all__ = ["VARIANTS", "WORKLOADS", "measure", "tables"]
 

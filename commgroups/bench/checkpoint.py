@@ -22,8 +22,8 @@ import torch.distributed as dist
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
+from commgroups.layout.specs import CHECKPOINT_ROLE
 from commgroups.registry import GroupRegistry
-from commgroups.specs import CHECKPOINT_ROLE
 
 __all__ = ["VARIANTS", "measure_dcp", "measure_exchange", "save_plan", "tables"]
 

@@ -22,9 +22,9 @@ import torch.distributed as dist
 from commgroups import torch_internals
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
-from commgroups.planning import Plan
+from commgroups.layout.specs import CHECKPOINT_ROLE, Layout
+from commgroups.planning.plan import Plan
 from commgroups.registry import GroupRegistry
-from commgroups.specs import CHECKPOINT_ROLE, Layout
 
 __all__ = [
     "VARIANTS",

@@ -1,4 +1,4 @@
-"""Memory: estimated communicator memory per rank for typical layouts (:mod:`commgroups.memory`).
+"""Memory: estimated communicator memory per rank for typical layouts (:mod:`commgroups.planning.memory`).
 
 Not a measurement (there is no accelerator here): the published per-communicator figures applied to
 each layout, to compare how many device communicators a layout costs, what ``split_share`` saves and
@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from commgroups.bench.progress import Progress
-from commgroups.memory import estimate_memory
-from commgroups.specs import CHECKPOINT_ROLE, HcclOptions, Layout, RoleOptions, RoleSpec
+from commgroups.layout.specs import CHECKPOINT_ROLE, HcclOptions, Layout, RoleOptions, RoleSpec
+from commgroups.planning.memory import estimate_memory
 
 __all__ = ["layouts", "run"]
 

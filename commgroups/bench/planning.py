@@ -18,8 +18,8 @@ from commgroups.bench.config import BenchConfig
 from commgroups.bench.creation import bench_layout
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
-from commgroups.planning import Plan
-from commgroups.specs import Layout
+from commgroups.layout.specs import Layout
+from commgroups.planning.plan import Plan
 
 __all__ = ["devicemesh_rows", "run"]
 

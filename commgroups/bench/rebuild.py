@@ -23,9 +23,9 @@ import torch.distributed as dist
 from commgroups import torch_internals
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, paired_ratios, summarize
-from commgroups.rebuild_report import PHASES
+from commgroups.layout.specs import ElasticSpec, Layout
+from commgroups.rank_loss.rebuild_report import PHASES
 from commgroups.registry import GroupRegistry
-from commgroups.specs import ElasticSpec, Layout
 
 __all__ = ["hsdp_layout", "measure_fake", "measure_gloo", "merge", "tables"]
 

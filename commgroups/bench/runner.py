@@ -32,8 +32,8 @@ from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import NullProgress, Progress
 from commgroups.bench.stats import Table
 from commgroups.bench.world import run_world
+from commgroups.layout.specs import Layout
 from commgroups.registry import GroupRegistry
-from commgroups.specs import Layout
 
 __all__ = ["BenchResult", "Scenario", "expected_units", "gloo_job", "machine_info", "run_bench"]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from commgroups.text_table import format_table, markdown_table
+from commgroups.util.text_table import format_table, markdown_table
 
 __all__ = ["Summary", "Table", "interleaved", "number", "paired_ratios", "summarize"]
 

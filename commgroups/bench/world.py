@@ -1,6 +1,6 @@
 """Run one benchmark function on a real multi-process gloo world, or on a one-process fake world.
 
-Built on :func:`commgroups.local_world.run_local_world` (forkserver ranks, parent-owned TCPStore, a
+Built on :func:`commgroups.util.local_world.run_local_world` (forkserver ranks, parent-owned TCPStore, a
 deadline); this module adds rank 0's progress messages, relayed to the CLI's progress bar.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from commgroups.bench.progress import NullProgress, Progress, QueueProgress, apply_message
-from commgroups.local_world import Post, run_local_world
+from commgroups.util.local_world import Post, run_local_world
 
 __all__ = ["WorldFailed", "run_world"]
 

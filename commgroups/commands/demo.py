@@ -8,7 +8,7 @@ from typing import Any
 
 from commgroups.demo.config import BASELINES, DemoConfig
 from commgroups.errors import LayoutError
-from commgroups.limits import check_timeout
+from commgroups.layout.limits import check_timeout
 
 __all__ = ["register", "run"]
 
@@ -67,8 +67,8 @@ def _world_size(args: argparse.Namespace) -> int:
     import os
 
     from commgroups.demo.launch import under_torchrun
-    from commgroups.layout_io import load_layout
-    from commgroups.specs import Layout
+    from commgroups.layout.layout_io import load_layout
+    from commgroups.layout.specs import Layout
 
     loaded = load_layout(args.layout) if args.layout else None
     # An auto layout (restart mode) fits any world its fixed dims divide: demo_layout resolves it.
@@ -97,7 +97,7 @@ def _run_rank_loss(args: argparse.Namespace, timeout_s: float) -> int:
     """``--kill-rank``: the in-place rebuild demo (commgroups.demo.elastic)."""
     from commgroups.demo.elastic import elastic_layout, run_elastic_demo
     from commgroups.demo.launch import under_torchrun
-    from commgroups.layout_io import load_layout
+    from commgroups.layout.layout_io import load_layout
 
     if under_torchrun() or args.baseline:
         raise SystemExit("commgroups demo: --kill-rank spawns its own processes (the launcher hosts "

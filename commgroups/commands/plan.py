@@ -6,12 +6,12 @@ import argparse
 import json
 from typing import Any
 
-from commgroups.auto_layout import AutoLayout, resolve_layout
 from commgroups.errors import LayoutError
-from commgroups.layout_io import load_layout
-from commgroups.memory import DEVICE_BACKENDS, MeasuredMemory, estimate_memory, load_measured
-from commgroups.planning import Plan
-from commgroups.text_table import format_ranks, format_table
+from commgroups.layout.auto_layout import AutoLayout, resolve_layout
+from commgroups.layout.layout_io import load_layout
+from commgroups.planning.memory import DEVICE_BACKENDS, MeasuredMemory, estimate_memory, load_measured
+from commgroups.planning.plan import Plan
+from commgroups.util.text_table import format_ranks, format_table
 
 MAX_GROUPS_LISTED = 4096
 """The most groups per role ``--max-groups`` may ask to list."""

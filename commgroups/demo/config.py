@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commgroups.specs import CHECKPOINT_ROLE, Layout, RoleSpec
+from commgroups.layout.specs import CHECKPOINT_ROLE, Layout, RoleSpec
 
 __all__ = ["BASELINES", "DemoConfig", "seed_layout"]
 

@@ -27,8 +27,8 @@ from torch import nn
 from commgroups.demo.model import ModelConfig, TinyTransformer
 from commgroups.demo.train import batch_tokens
 from commgroups.integrations.fsdp import fully_shard_on_role
+from commgroups.layout.specs import CHECKPOINT_ROLE, ElasticSpec, Layout, RoleSpec, default_roles
 from commgroups.registry import GroupRegistry
-from commgroups.specs import CHECKPOINT_ROLE, ElasticSpec, Layout, RoleSpec, default_roles
 
 __all__ = ["ElasticRun", "elastic_layout", "elastic_rank", "run_elastic_demo"]
 
@@ -194,7 +194,7 @@ def run_elastic_demo(layout: Layout, steps: int, kill_rank: int, kill_step: int,
     """``commgroups demo --kill-rank R``: spawn the world, lose rank R at ``kill_step``, print what
     was lost, what was rebuilt and how long each phase took. Returns the exit status (0: every
     member of the rebuilt world trained every step)."""
-    from commgroups.local_world import run_local_world
+    from commgroups.util.local_world import run_local_world
 
     world = layout.world_size
     if not quiet:

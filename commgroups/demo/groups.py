@@ -16,11 +16,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from commgroups import torch_internals
-from commgroups.auto_layout import AutoLayout, resolve_layout
 from commgroups.errors import LayoutError
-from commgroups.layout_io import load_layout
+from commgroups.layout.auto_layout import AutoLayout, resolve_layout
+from commgroups.layout.layout_io import load_layout
+from commgroups.layout.specs import CHECKPOINT_ROLE, Layout
 from commgroups.registry import GroupRegistry
-from commgroups.specs import CHECKPOINT_ROLE, Layout
 
 from .config import DemoConfig, seed_layout
 

@@ -1,7 +1,7 @@
 """Start the demo: in this process's world, under torchrun, or on processes it spawns itself.
 
 Without torchrun the launcher starts ``world_size`` CPU processes on gloo through
-:func:`commgroups.local_world.run_local_world` (forkserver ranks, parent-owned TCPStore, a deadline),
+:func:`commgroups.util.local_world.run_local_world` (forkserver ranks, parent-owned TCPStore, a deadline),
 printing the lines rank 0 says: a rank that fails or hangs ends the run with an error, never a hang.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from commgroups.local_world import Post, run_local_world
+from commgroups.util.local_world import Post, run_local_world
 
 from .config import DemoConfig
 from .report import render, write_json

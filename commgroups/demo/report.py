@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from commgroups.text_table import format_table
+from commgroups.util.text_table import format_table
 
 __all__ = ["json_summary", "render", "write_json"]
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from commgroups import torch_internals
-from commgroups.async_wait import issue_and_wait
+from commgroups.collectives.async_wait import issue_and_wait
 
 from .audit_hook import start_audit
 from .config import DemoConfig

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from commgroups.errors import CommGroupsError, RoleCollectiveError, RoleTimeoutError
 from commgroups.integrations.common import role_group
-from commgroups.specs import CHECKPOINT_ROLE
+from commgroups.layout.specs import CHECKPOINT_ROLE
 
 if TYPE_CHECKING:
 

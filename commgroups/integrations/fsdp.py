@@ -26,7 +26,7 @@ import logging
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from commgroups import torch_internals
-from commgroups.async_wait import issue_and_wait
+from commgroups.collectives.async_wait import issue_and_wait
 from commgroups.integrations.common import role_group
 
 if TYPE_CHECKING:

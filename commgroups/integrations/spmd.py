@@ -11,7 +11,8 @@ group's stream: on a shared communicator the two race. :func:`activate` closes b
         k_full = spmd_types.all_gather(k, "cp", src=V, dst=R)   # on registry.group("cp"), async+wait
 
 Inside the scope spmd_types' current mesh is ``registry.device_mesh(mesh_dims)`` and its dist module
-is ``commgroups.async_wait.AsyncWaitDist()``; on exit both are restored (also on error). Functional
+is ``commgroups.collectives.async_wait.AsyncWaitDist()``; on exit both are restored (also on
+error). Functional
 collectives (``torch.ops._c10d_functional``) do not go through the dist module; they are async by
 construction. Works with spmd-types 0.2.3 and 0.3.x, which share ``set_current_mesh`` (a thread-local
 stack) and ``set_dist`` (a module-level reference, ``spmd_types._dist.dist``).
@@ -28,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from commgroups.torch_version import require_torch
+from commgroups.torch_internals.version import require_torch
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -99,7 +100,7 @@ def activate(
         mesh = registry.device_mesh(dims[0] if len(dims) == 1 else dims)
     replacement: Any = None
     if async_and_wait:
-        from commgroups.async_wait import AsyncWaitDist
+        from commgroups.collectives.async_wait import AsyncWaitDist
 
         replacement = AsyncWaitDist()
     previous = current_dist()

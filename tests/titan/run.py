@@ -1,6 +1,6 @@
 """Train torchtitan on a local CPU gloo world, stock or through commgroups, and report what happened.
 
-``train_rank`` runs on every rank of a :func:`commgroups.local_world.run_local_world` world (the
+``train_rank`` runs on every rank of a :func:`commgroups.util.local_world.run_local_world` world (the
 default group is already a gloo group; torchtitan's init_distributed then skips its own). It parses
 the configuration exactly as ``python -m torchtitan.train`` does (``ConfigManager.parse_args``), so a
 ``with_registry`` config goes through tyro like a user's, builds the trainer, trains, and reports the

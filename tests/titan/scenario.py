@@ -36,7 +36,7 @@ RUN_NAMES = ("registry", "stock", "registry_resume", "stock_resume")
 
 
 def _store_barrier(name: str, rank: int, world_size: int) -> None:
-    from commgroups.agreement import store_barrier
+    from commgroups.creation.agreement import store_barrier
 
     store = dist.distributed_c10d._get_default_store()
     store_barrier(store, f"tests/titan/{name}", rank, world_size, timedelta(seconds=300), name)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from commgroups.local_world import run_local_world
+from commgroups.util.local_world import run_local_world
 from tests.titan.matrix import Job, world_rank
 from tests.titan.run import RankResult
 

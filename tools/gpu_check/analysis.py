@@ -9,7 +9,7 @@ committed results (``python -m tools.gpu_check analyze DIR``). Four findings:
   kernel after it). A collective on the caller's own stream is flagged: that is the unfenced path
   that races the group's own stream when both drive one communicator.
 - memory: device memory per communicator (``mem_get_info``, less what torch's allocator reserved,
-  and ``nvidia-smi``), per trial, against :func:`commgroups.memory.communicator_cost_mb`.
+  and ``nvidia-smi``), per trial, against :func:`commgroups.planning.memory.communicator_cost_mb`.
 - async_wait_cost: per op and size, raw vs async-and-wait per-call time and their paired ratio.
 - creation: per method, time to create the four roles' groups, as a ratio to new_group all_ranks.
 """
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from commgroups.bench.stats import number, paired_ratios, summarize
-from commgroups.memory import communicator_cost_mb
+from commgroups.planning.memory import communicator_cost_mb
 from tools.gpu_check.trace import ParsedTrace, parse_trace
 
 __all__ = [

@@ -85,7 +85,7 @@ def _measure(method: str, reps: int, smoke: bool, keep: list[Any]) -> dict[str, 
         row["first_collective_s"].append(_first_collective(groups, smoke))
         if method == "new_group local":
             # Never destroyed here: torch would hand the next member-only group the same hashed
-            # name, whose stale rendezvous keys hang creation (see commgroups.creation).
+            # name, whose stale rendezvous keys hang creation (see commgroups.creation.role_groups).
             keep.extend(groups)
         else:
             for group in groups:

@@ -3,7 +3,7 @@
 Measured (written by the orchestrator): ``measurements.json`` and ``traces.json``. Derived (pure,
 rebuilt by :func:`write_derived` or ``python -m tools.gpu_check analyze DIR``):
 ``analysis.json``, ``report.md``, ``report.png`` and ``memory.json``, the measured per-communicator
-figures that ``commgroups plan --measured`` reads (schema in :mod:`commgroups.memory`). No torch.
+figures that ``commgroups plan --measured`` reads (schema in :mod:`commgroups.planning.memory`). No torch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from commgroups.memory import MEASURED_SCHEMA
+from commgroups.planning.memory import MEASURED_SCHEMA
 from tools.gpu_check.analysis import Analysis, analyze
 from tools.gpu_check.report import markdown, write_png
 
@@ -38,7 +38,7 @@ MEMORY = "memory.json"
 
 
 def measured_memory(analysis: Analysis) -> dict[str, Any] | None:
-    """The ``memory.json`` document for :func:`commgroups.memory.load_measured`; None when the
+    """The ``memory.json`` document for :func:`commgroups.planning.memory.load_measured`; None when the
     check measured no communicator (a smoke run, or the memory part failed)."""
     if analysis.smoke or not analysis.memory_figures:
         return None

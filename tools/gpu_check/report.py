@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from commgroups.text_table import markdown_table
+from commgroups.util.text_table import markdown_table
 from tools.gpu_check.analysis import Analysis, fmt, summary_text
 from tools.gpu_check.trace import parse_trace
 
@@ -82,7 +82,7 @@ def _memory(analysis: Analysis) -> list[str]:
               "- cases: fresh = new_group on an unbound world (ncclCommInitRank); split = child of "
               "the bound default group (new_group or split_group, ncclCommSplit); split_share = the "
               "same with split_share=1",
-              "- estimates: commgroups.memory (1 MB = 10^6 bytes)"]
+              "- estimates: commgroups.planning.memory (1 MB = 10^6 bytes)"]
     if analysis.memory_figures:
         lines += ["", "Measured per-communicator figures (`memory.json`, read by "
                   "`commgroups plan --measured`):", ""]

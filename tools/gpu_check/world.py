@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from commgroups.specs import Layout
+    from commgroups.layout.specs import Layout
 
 __all__ = ["FOUR_ROLES", "WORLD_MODES", "dedicated_group", "device", "four_role_layout", "init_world",
            "sync"]
@@ -76,7 +76,7 @@ def four_role_layout() -> Layout:
 
     Every dim has size 1, so every role has one group, [0]; each is still a dedicated communicator.
     """
-    from commgroups.specs import Layout, RoleSpec
+    from commgroups.layout.specs import Layout, RoleSpec
 
     return Layout(
         dims={"dp_shard": 1, "cp": 1, "tp": 1},

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from commgroups.errors import InvalidSizeError, InvalidViewError, UnknownDimError
-from commgroups.layout_io import load_layout_data
-from commgroups.specs import Layout, RoleSpec, checkpoint_role, dim_roles
+from commgroups.layout.layout_io import load_layout_data
+from commgroups.layout.specs import Layout, RoleSpec, checkpoint_role, dim_roles
 
 __all__ = [
     "DENSE_DIMS",
@@ -101,8 +101,8 @@ class TitanDegrees:
 def derived_roles(degrees: TitanDegrees) -> list[RoleSpec]:
     """The roles torchtitan's mesh names need, in creation order (see the module docs).
 
-    Built from the same definitions as the built-in roles (:func:`commgroups.specs.dim_roles` first,
-    :func:`commgroups.specs.checkpoint_role` last), with torchtitan's composite names between.
+    Built from the same definitions as the built-in roles (:func:`commgroups.layout.specs.dim_roles` first,
+    :func:`commgroups.layout.specs.checkpoint_role` last), with torchtitan's composite names between.
     """
     roles = dim_roles(degrees.dense)
     roles += [RoleSpec(name=name, dims=list(dims)) for name, dims in _COMPOSITE_ROLES.items()]

@@ -31,9 +31,9 @@ from typing import Annotated, Any, cast
 import torch
 import torch.distributed as dist
 
-from commgroups.agreement import store_barrier
-from commgroups.async_wait import AsyncWaitDist
 from commgroups.audit.records import AUDIT_DIR_ENV
+from commgroups.collectives.async_wait import AsyncWaitDist
+from commgroups.creation.agreement import store_barrier
 from commgroups.integrations.fsdp import async_and_wait_comms, install_async_and_wait_comms
 from commgroups.integrations.spmd import current_dist
 from commgroups.integrations.torchtitan.checkpoint import RegistryCheckpointManager
@@ -46,8 +46,8 @@ from commgroups.integrations.torchtitan.titan_internals import (
     Trainer,
     replaced_set_pg_timeouts,
 )
+from commgroups.layout.specs import Layout
 from commgroups.registry import GroupRegistry
-from commgroups.specs import Layout
 from commgroups.torch_internals import default_group, default_store, set_group_timeout
 
 __all__ = ["DEFAULT_AUDIT_FOLDER", "RegistryTrainer", "agree_on_seed", "audit_directory",
@@ -263,7 +263,7 @@ def _layout_value(layout: LayoutArg) -> dict[str, Any] | str | None:
     if isinstance(layout, Mapping):
         return copy.deepcopy(dict(layout))
     if isinstance(layout, (str, Path)):
-        from commgroups.layout_io import load_layout_data
+        from commgroups.layout.layout_io import load_layout_data
 
         # An unreadable file or bad syntax is an error now, not on every rank at launch; the
         # layout itself is checked against the degrees (size-1 dims added) by the trainer.

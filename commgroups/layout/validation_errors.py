@@ -13,7 +13,8 @@ from typing import Annotated, Any, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
-from commgroups import errors, limits
+from commgroups import errors
+from commgroups.layout import limits
 
 __all__ = ["Problem", "layout_error_from", "problem"]
 

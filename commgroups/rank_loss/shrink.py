@@ -33,7 +33,7 @@ The decision (where this module shrinks, and why there):
 - The spine is shrunk lazily, at the first device role of generation g+1 (after the survivors'
   agreement, like any creation); roles made locally (gloo) are created before it, so torch's
   naming of member-only groups is not disturbed by the splits (see
-  :func:`commgroups.creation.local_vote`). Any other creation of a group with non-members while
+  :func:`commgroups.creation.role_groups.local_vote`). Any other creation of a group with non-members while
   the spine is in use would send torch's no-color split to the dead default communicator: it is
   refused instead (a role with explicit rank groups, before anything is retired; a local role
   that fell back to every-ranks creation, at its creation).
@@ -61,18 +61,18 @@ import torch.distributed as dist
 
 from commgroups import torch_internals
 from commgroups.backends import BackendAdapter
-from commgroups.creation import CreatedRole, CreationContext, create_role_group, split_role_group
+from commgroups.creation.role_groups import CreatedRole, CreationContext, create_role_group, split_role_group
 from commgroups.errors import GroupCreationError, RebuildError
-from commgroups.planning import Plan, RolePlan
-from commgroups.specs import RoleOptions
-from commgroups.text_table import format_ranks
+from commgroups.layout.specs import RoleOptions
+from commgroups.planning.plan import Plan, RolePlan
+from commgroups.util.text_table import format_ranks
 
 __all__ = ["Spine", "prepare_spine", "splits_from_default"]
 
 logger = logging.getLogger(__name__)
 
 RoleCreator = Callable[..., CreatedRole]
-"""The signature of :func:`commgroups.creation.create_role_group`."""
+"""The signature of :func:`commgroups.creation.role_groups.create_role_group`."""
 
 _FIX = ("restart the job under torchrun elastic (restart mode), or do not bind the default group "
         "(init_process_group without device_id): then rebuild() aborts the old groups and "
@@ -208,7 +208,7 @@ class Spine:
 
     def creator(self, adapter: BackendAdapter) -> RoleCreator:
         """How a group of ``adapter`` is made while this spine is in use (same signature as
-        :func:`~commgroups.creation.create_role_group`)."""
+        :func:`~commgroups.creation.role_groups.create_role_group`)."""
         if not self.active:
             return create_role_group
         return self.split if self.serves(adapter) else self._guarded

@@ -21,7 +21,8 @@ Measured figures replace the published ones where a GPU check measured them
 measurement changes only one-rank groups and split_share children; everything else stays the
 estimate above.
 
-Nothing here touches torch.distributed: like :mod:`commgroups.planning`, it is arithmetic over the layout.
+Nothing here touches torch.distributed: like :mod:`commgroups.planning.plan`, it is arithmetic over
+the layout.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commgroups.planning import Plan
-from commgroups.specs import Layout
+from commgroups.layout.specs import Layout
+from commgroups.planning.plan import Plan
 
 __all__ = [
     "DEVICE_BACKENDS",

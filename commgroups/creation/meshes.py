@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from commgroups import torch_internals
-from commgroups.planning import Plan
+from commgroups.planning.plan import Plan
 
 __all__ = [
     "axes_in_order",

@@ -10,7 +10,8 @@ it costs nothing. On gloo ``wait()`` blocks the calling thread: async-and-wait e
 
 Three ways to apply the rule:
 
-- :class:`commgroups.collectives.RoleCollectives` (``registry.collectives(role)``) for our own calls;
+- :class:`commgroups.collectives.role_collectives.RoleCollectives` (``registry.collectives(role)``)
+for our own calls;
 - :class:`AsyncWaitDist`, a module-like stand-in for ``torch.distributed`` for libraries that accept a
   dist module (``spmd_types.set_dist(cg.AsyncWaitDist())``);
 - :func:`async_and_wait_scope`, a scope that patches ``torch.distributed``'s collective entry points for

@@ -3,9 +3,11 @@
 Every method has torch.distributed's signature without ``group=``. With the role's ``async_and_wait`` on
 (the default) each call is issued ``async_op=True`` and waited at once, so on NCCL/RCCL it runs on the
 group's own stream behind a fence instead of unfenced on the caller's stream (see
-:mod:`commgroups.async_wait`); a caller that asks for ``async_op=True`` gets the Work back unwaited.
+:mod:`commgroups.collectives.async_wait`); a caller that asks for ``async_op=True`` gets the Work
+back unwaited.
 Object collectives (``all_gather_object`` ...) pass through to torch, run inside
-:func:`~commgroups.async_wait.async_and_wait_scope` so that the tensor collectives torch issues for them
+:func:`~commgroups.collectives.async_wait.async_and_wait_scope` so that the tensor collectives
+torch issues for them
 follow the same rule. With ``async_and_wait=False`` every call goes to torch exactly as given.
 """
 
@@ -23,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from commgroups import torch_internals
-from commgroups.async_wait import async_and_wait_scope, issue_and_wait, p2p_issuer, source_rank
+from commgroups.collectives.async_wait import async_and_wait_scope, issue_and_wait, p2p_issuer, source_rank
 from commgroups.errors import (
     ConcurrentRoleUseError,
     RegistryClosedError,
@@ -37,7 +39,7 @@ __all__ = ["RoleCollectives"]
 
 def _caller_site(frame: Any) -> str:
     """``file:line`` of the first frame outside commgroups and torch, from ``frame`` outwards."""
-    from commgroups.audit.call_sites import call_site  # the slow paths only
+    from commgroups.util.call_sites import call_site  # the slow paths only
 
     return call_site(frame)
 

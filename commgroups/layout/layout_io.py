@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any, overload
 
-from commgroups import limits
-from commgroups.auto_layout import AutoLayout, has_auto_dim, resolve_layout
 from commgroups.errors import LayoutError, LayoutFileError
-from commgroups.specs import Layout
+from commgroups.layout import limits
+from commgroups.layout.auto_layout import AutoLayout, has_auto_dim, resolve_layout
+from commgroups.layout.specs import Layout
 
 if sys.version_info >= (3, 11):
     import tomllib

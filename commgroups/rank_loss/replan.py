@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from commgroups.errors import ReplanError
-from commgroups.shapes import dim_shapes
-from commgroups.specs import Layout
+from commgroups.layout.specs import Layout
+from commgroups.planning.shapes import dim_shapes
 
 __all__ = ["Replan", "ReplanArrays", "as_rank_array", "replan", "replan_arrays"]
 
@@ -132,7 +132,7 @@ def replan(layout: Layout, alive: Iterable[int]) -> Replan:
 
     Example::
 
-        >>> from commgroups.specs import Layout
+        >>> from commgroups.layout.specs import Layout
         >>> layout = Layout(dims={"dp_replicate": 2, "dp_shard": 2},
         ...                 elastic={"dims": {"dp_replicate": 1}, "spares": True})
         >>> result = replan(layout, alive=[0, 1, 2])

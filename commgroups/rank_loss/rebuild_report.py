@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from commgroups.specs import Layout
+from commgroups.layout.specs import Layout
 
 __all__ = ["PHASES", "RebuildReport"]
 
 PHASES: tuple[str, ...] = ("check_in", "replan", "retire", "create", "meshes")
 """The phases of a rebuild, in order: agree on the survivors through the store, derive the smaller
-layout and its rank map (:func:`commgroups.replan`), retire the old generation's groups, create
+layout and its rank map (:func:`commgroups.rank_loss.replan`), retire the old generation's groups, create
 every role's group on the survivors, rebuild the meshes asked for."""
 
 

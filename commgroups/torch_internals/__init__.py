@@ -448,7 +448,7 @@ def devicemesh_rows(sizes: Sequence[int]) -> list[list[int]] | None:
         from torch.distributed import _mesh_layout
     except ImportError:
         return None
-    from commgroups.shapes import row_major_strides
+    from commgroups.planning.shapes import row_major_strides
 
     mesh_layout: Any = _mesh_layout._MeshLayout
     strides = row_major_strides(sizes)

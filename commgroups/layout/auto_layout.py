@@ -20,10 +20,11 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from typing_extensions import Self
 
-from commgroups import errors, limits
+from commgroups import errors
 from commgroups.errors import LayoutError, RegistryStateError, WorldSizeMismatchError
-from commgroups.specs import ElasticSpec, Layout, RoleSpec, SpecModel, StrictSize, ordered_key
-from commgroups.validation_errors import problem
+from commgroups.layout import limits
+from commgroups.layout.specs import ElasticSpec, Layout, RoleSpec, SpecModel, StrictSize, ordered_key
+from commgroups.layout.validation_errors import problem
 
 __all__ = ["AUTO", "AutoLayout", "has_auto_dim", "job_layout", "resolve_layout", "shared_store_risk"]
 

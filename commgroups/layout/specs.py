@@ -27,9 +27,10 @@ from pydantic import (
 )
 from typing_extensions import Self
 
-from commgroups import errors, limits
-from commgroups.shapes import dim_shapes
-from commgroups.validation_errors import layout_error_from, problem
+from commgroups import errors
+from commgroups.layout import limits
+from commgroups.layout.validation_errors import layout_error_from, problem
+from commgroups.planning.shapes import dim_shapes
 
 __all__ = [
     "CHECKPOINT_ROLE",
@@ -485,7 +486,7 @@ def checkpoint_role() -> RoleSpec:
 class ElasticSpec(SpecModel):
     """Which dims may shrink when ranks are lost, how far, and what becomes of leftover ranks.
 
-    Losing a rank removes its whole slice along one elastic dim (:func:`commgroups.replan`): with
+    Losing a rank removes its whole slice along one elastic dim (:func:`commgroups.rank_loss.replan`): with
     ``dp_replicate`` elastic, a lost rank takes its replica with it and the other replicas carry on
     from memory. In a torchrun restart a sharded dim (``dp_shard``) may shrink too, since the job
     reloads its checkpoint resharded. ``pp``, ``cp``, ``tp`` and ``ep`` never shrink.
@@ -533,7 +534,7 @@ class Layout(SpecModel):
             ranks (view name -> dims, outermost first), e.g. torchtitan's MoE view
             ``{pp, dp_replicate, efsdp, ep}``; a role takes its dims from ``dims`` or one view.
         elastic (ElasticSpec, optional): which dims may shrink after a rank loss (see
-            :func:`commgroups.replan`); omitted: none.
+            :func:`commgroups.rank_loss.replan`); omitted: none.
 
     Raises:
         EmptyDimsError: ``dims`` or a view is empty (or a role's ``dims`` is).
@@ -555,7 +556,7 @@ class Layout(SpecModel):
         >>> layout = Layout(dims={"dp_shard": 2, "cp": 2})
         >>> layout.role_names
         ('dp_shard', 'cp', 'fsdp', 'checkpoint-metadata')
-        >>> from commgroups.planning import plan
+        >>> from commgroups.planning.plan import plan
         >>> p = plan(layout)
         >>> for rank in range(layout.world_size):
         ...     print(rank, {role: p.group_of(role, rank) for role in ("dp_shard", "cp", "fsdp")})

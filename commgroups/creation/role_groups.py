@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 
 from commgroups import torch_internals
-from commgroups.agreement import Ballot, Verdict
 from commgroups.backends import BackendAdapter, detect_device_backend
-from commgroups.planning import Plan, RolePlan
-from commgroups.specs import RoleOptions
+from commgroups.creation.agreement import Ballot, Verdict
+from commgroups.layout.specs import RoleOptions
+from commgroups.planning.plan import Plan, RolePlan
 from commgroups.torch_internals import (
     GroupCall,
     default_store,
@@ -37,7 +37,7 @@ from commgroups.torch_internals import (
     predict_group_names,
     registered_group_names,
 )
-from commgroups.torch_version import torch_version
+from commgroups.torch_internals.version import torch_version
 
 __all__ = [
     "CREATION_MODES",
@@ -282,7 +282,7 @@ def local_vote(
     predecessor's stale rendezvous keys in the store: a hang on gloo) nor holds a live group by that
     name; (2) and (3) are this rank's ``veto``. Where torch's names never repeat (2.14+: the counter
     grows with every group), a layout re-created after ``close()`` therefore stays local. The
-    ballot travels in the agreement's one store round (:func:`commgroups.agreement.agree`);
+    ballot travels in the agreement's one store round (:func:`commgroups.creation.agreement.agree`);
     :func:`decide_local` reads its verdict.
     """
     if "local" not in methods.values():

@@ -24,14 +24,14 @@ PLUMBING_MODULES: tuple[str, ...] = (
     "contextlib",
     "functools",
     # commgroups' modules that issue or forward collectives on a caller's behalf
-    "commgroups.agreement",
-    "commgroups.async_wait",
+    "commgroups.creation.agreement",
+    "commgroups.collectives.async_wait",
     "commgroups.audit",
     "commgroups.backends",
-    "commgroups.collectives",
-    "commgroups.creation",
+    "commgroups.collectives.role_collectives",
+    "commgroups.creation.role_groups",
     "commgroups.integrations",
-    "commgroups.meshes",
+    "commgroups.creation.meshes",
     "commgroups.registry",
 )
 """Module prefixes whose frames are never a call site (a prefix covers its submodules)."""

@@ -1,6 +1,6 @@
 """The store namespaces of agreement attempts: a fresh one per attempt, and no keys left behind.
 
-Ranks meet in the default group's store before any group exists (:mod:`commgroups.agreement`). Each
+Ranks meet in the default group's store before any group exists (:mod:`commgroups.creation.agreement`). Each
 ``create()`` (and each mesh-dim creation) is an *attempt* in its own namespace,
 ``commgroups/agree/<epoch>/``, where ``epoch`` is one shared counter: it moves on exactly once per
 attempt, when the attempt completes or is given up. So after a rank skipped a ``create()`` (the

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported
 
-from commgroups.agreement import store_calls
+from commgroups.creation.agreement import store_calls
 from commgroups.errors import RebuildError
 
 __all__ = ["check_in"]

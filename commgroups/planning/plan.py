@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from commgroups.shapes import dim_shapes, row_major_strides
-from commgroups.specs import WORLD, Layout, RoleSpec
+from commgroups.layout.specs import WORLD, Layout, RoleSpec
+from commgroups.planning.shapes import dim_shapes, row_major_strides
 
 __all__ = ["DIMS", "Plan", "RolePlan", "plan"]
 
@@ -72,7 +72,7 @@ class Plan:
     and ``(2, 3)``: rank 0 and 1 get ``(0, 1)``, rank 2 and 3 get ``(2, 3)``.
 
     After a rank loss the layout's positions are held by surviving global ranks (``members``, from
-    :func:`commgroups.replan`): every method then takes and returns global ranks, and the arithmetic
+    :func:`commgroups.rank_loss.replan`): every method then takes and returns global ranks, and the arithmetic
     runs on positions. Example: dims ``{"dp_shard": 2}``, members ``(1, 3)``: role ``dp_shard`` is
     the one group ``(1, 3)``.
     """
