@@ -30,6 +30,8 @@ __all__ = [
     "LayoutError",
     "LayoutFileError",
     "LayoutMismatchError",
+    "MeshNotPlannedError",
+    "MeshRequestError",
     "NotAMemberError",
     "RebuildError",
     "RegistryClosedError",
@@ -311,4 +313,20 @@ class StoreUnreachableError(CommGroupsError, ConnectionError):
     Raised during agreement and creation instead of a timeout when the store itself fails, which
     happens at once rather than after ``create_timeout_s``: the rank hosting a TCPStore (rank 0 under
     ``init_process_group``'s env:// rendezvous) died or its network went away.
+    """
+
+
+class MeshRequestError(LayoutError):
+    """``registry.device_mesh`` was asked for a mesh its generation cannot give.
+
+    A name that is not a dim or role list, a checkpoint (non-compute) role as an axis, a role
+    with explicit rank groups, or axes on different device types.
+    """
+
+
+class MeshNotPlannedError(MeshRequestError):
+    """A mesh axis is a dim that no role covers and no declared mesh planned a group for.
+
+    Lookups never create groups (the guide, 'Creation happens in create() and rebuild()'):
+    declare the mesh, ``GroupRegistry(layout, meshes=[[...]])``, or add a role over the dim.
     """

@@ -108,10 +108,12 @@ def paths_worker(rank: int, world: int, runs: list[tuple[str, str, str, bool]]) 
 
 
 def mesh_worker(rank: int, world: int) -> dict[str, Any]:
-    """A mesh dim without a role of its own gets a dedicated group (via the checked local path)."""
+    """A mesh dim without a role of its own gets a dedicated group (via the checked local path),
+    planned at creation: the mesh is declared."""
     layout = cg.Layout(dims={"dp_shard": 2, "cp": 2},
                        roles=[cg.RoleSpec(name="fsdp", dims=["dp_shard", "cp"])])
-    with GroupRegistry(layout, creation_mode="auto", create_timeout_s=60) as registry:
+    with GroupRegistry(layout, creation_mode="auto", create_timeout_s=60,
+                       meshes=[["dp_shard", "cp"]]) as registry:
         mesh = registry.device_mesh(["dp_shard", "cp"])
         groups = [mesh.get_group(dim) for dim in ("dp_shard", "cp")]
         sums = []
@@ -123,7 +125,7 @@ def mesh_worker(rank: int, world: int) -> dict[str, Any]:
             "ranks": [tuple(dist.get_process_group_ranks(g)) for g in groups],
             "sums": sums,
             "default": [g is dist.group.WORLD for g in groups],
-            "methods": {dim: c.method for dim, c in registry._dim_groups.items()},
+            "methods": {dim: c.method for dim, c in registry._current.dim_groups.items()},
         }
 
 

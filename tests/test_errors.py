@@ -189,6 +189,12 @@ def _ranked(rank: int, world_size: int) -> dict[str, str]:
         attempt("not_member", lambda: registry.group("edge"))
         attempt("mesh_order", lambda: registry.device_mesh(["a", "a"]))  # a dim twice
         attempt("mesh_type", lambda: registry.device_mesh(3))  # type: ignore[arg-type]
+    # A dim no role covers has a group only when a declared mesh planned one: lookups never create.
+    bare = cg.Layout(dims={"a": 2}, roles=[cg.RoleSpec(name="w", dims="world", backend="gloo")])
+    with cg.GroupRegistry(bare) as registry:
+        attempt("mesh_not_planned", lambda: registry.device_mesh("a"))
+    with cg.GroupRegistry(bare, meshes=[["a"]]) as registry:
+        attempt("mesh_planned", lambda: registry.device_mesh("a"))
     return out
 
 
@@ -202,10 +208,13 @@ def test_rank_dependent_errors_on_a_real_world() -> None:
         assert out["auto_world"].startswith("WorldSizeMismatchError|dims|"), out["auto_world"]
         assert "multiple of 4" in out["auto_world"]
         assert out["mesh_unknown"].startswith("UnknownDimError|dims|"), out["mesh_unknown"]
-        assert out["mesh_ranks"].startswith("LayoutError|dims|"), out["mesh_ranks"]
+        assert out["mesh_ranks"].startswith("MeshRequestError|dims|"), out["mesh_ranks"]
         assert "fix" in out["mesh_ranks"]
         assert out["mesh_order"].startswith("DimOrderError|dims|"), out["mesh_order"]
-        assert out["mesh_type"].startswith("LayoutError|dims|"), out["mesh_type"]
+        assert out["mesh_type"].startswith("MeshRequestError|dims|"), out["mesh_type"]
+        assert out["mesh_not_planned"].startswith("MeshNotPlannedError|meshes|"), out
+        assert "fix: declare the mesh" in out["mesh_not_planned"]
+        assert out["mesh_planned"] == "no error", out["mesh_planned"]
         expected = "no error" if rank == 0 else "NotAMemberError|None|"
         assert out["not_member"].startswith(expected), out["not_member"]
 
@@ -213,7 +222,8 @@ def test_rank_dependent_errors_on_a_real_world() -> None:
 def test_every_layout_error_class_has_a_case() -> None:
     shown = {error for error, _, _, _ in CASES}
     # raised where ranks compare layouts or meet the registry: test_rank_dependent_errors_on_a_real_world
-    shown |= {errors.LayoutMismatchError, errors.WorldSizeMismatchError}
+    shown |= {errors.LayoutMismatchError, errors.WorldSizeMismatchError, errors.MeshRequestError,
+              errors.MeshNotPlannedError}
     layout_errors = {
         cls for _, cls in inspect.getmembers(errors, inspect.isclass)
         if issubclass(cls, errors.LayoutError)

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import commgroups as cg
-from commgroups import registry as registry_module
+from commgroups import generation as generation_module
 from commgroups import torch_internals
 from commgroups.backends.nccl import NcclAdapter, _nccl_version
 from commgroups.errors import RebuildError, StaleGenerationError
@@ -72,13 +72,13 @@ def bound_nccl_world() -> Iterator[None]:
 @pytest.fixture
 def real_groups(monkeypatch: pytest.MonkeyPatch) -> None:
     """Resolve every role as if its groups had several ranks: real one-rank NCCL/gloo groups."""
-    resolve = registry_module.resolve_backend
+    resolve = generation_module.resolve_backend
 
     def larger(requested: str, default_group_backend: str | None = None,
                group_size: int | None = None) -> Any:
         return resolve(requested, default_group_backend, None)
 
-    monkeypatch.setattr(registry_module, "resolve_backend", larger)
+    monkeypatch.setattr(generation_module, "resolve_backend", larger)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import commgroups as cg
+from commgroups import generation as generation_module
 from commgroups import registry as registry_module
 from commgroups import torch_internals
 from commgroups.backends.gloo import GlooAdapter
@@ -29,7 +30,9 @@ from commgroups.backends.nccl import NcclAdapter
 from commgroups.backends.rccl import RcclAdapter
 from commgroups.creation.role_groups import CreatedRole, CreationContext, create_role_group
 from commgroups.errors import GroupCreationError, RebuildError, StaleGenerationError
+from commgroups.generation import Generation, GenerationRequest
 from commgroups.rank_loss.shrink import Spine
+from commgroups.registry import RegistryState
 
 BOUND_NCCL = CreationContext(default_backend="nccl", device_bound=True, accelerator=True)
 
@@ -133,12 +136,15 @@ def test_a_failing_abort_is_logged_not_raised_mocked_nccl(
     assert "aborting" in caplog.text and "aborted already" in caplog.text
 
 
-def _registry(roles: dict[str, CreatedRole]) -> cg.GroupRegistry:
+def _registry(roles: dict[str, CreatedRole], layout: cg.Layout | None = None) -> cg.GroupRegistry:
     """A registry in the state create() leaves on rank 0 of 2, holding ``roles`` (no torch world)."""
-    registry = cg.GroupRegistry(cg.Layout(dims={"tp": 2}))
+    registry = cg.GroupRegistry(layout or cg.Layout(dims={"tp": 2}))
     registry._rank = 0
-    registry._created = roles
-    registry._state = "created"
+    request = GenerationRequest(number=0, layout=registry.layout, plan=registry.plan, rank=0,
+                                mode="auto", create_timeout_s=300.0,
+                                context=CreationContext(default_backend="gloo", device_bound=False))
+    registry._current = Generation(request=request, roles=roles)
+    registry._state = RegistryState.CREATED
     return registry
 
 
@@ -154,7 +160,7 @@ def test_retire_aborts_nccl_and_hccl_groups_and_leaves_gloo_mocked_nccl_hccl(
     registry._retire()
     assert calls == [nccl, hccl]  # gloo: kept referenced, never aborted nor destroyed
     assert registry._state == "retired"
-    assert [r.group for r in registry._retired] == [nccl, hccl, gloo]
+    assert [r.group for r in registry._retired[-1].roles.values()] == [nccl, hccl, gloo]
 
 
 # ------------------------------------------------------------------------ bound default group
@@ -197,15 +203,13 @@ def test_bound_rebuild_without_a_world_role_names_the_fix_mocked_nccl(
     shrunk: list[Any] = []
     monkeypatch.setattr(dist, "shrink_group", lambda *a, **k: shrunk.append((a, k)))
     cp, dpr = object(), object()
-    registry = cg.GroupRegistry(cg.Layout(
+    registry = _registry({
+        "cp": CreatedRole(cp, "split", NcclAdapter(), [cp]),  # type: ignore[arg-type]
+        "dp_replicate": CreatedRole(dpr, "split", NcclAdapter(), [dpr]),  # type: ignore[arg-type]
+    }, cg.Layout(
         dims={"dp_replicate": 2, "cp": 2}, elastic={"dims": {"dp_replicate": 1}},
         roles=[cg.RoleSpec(name="cp", dims=["cp"]),
                cg.RoleSpec(name="dp_replicate", dims=["dp_replicate"])]))
-    registry._rank, registry._state = 0, "created"
-    registry._created = {
-        "cp": CreatedRole(cp, "split", NcclAdapter(), [cp]),  # type: ignore[arg-type]
-        "dp_replicate": CreatedRole(dpr, "split", NcclAdapter(), [dpr]),  # type: ignore[arg-type]
-    }
     with pytest.raises(RebuildError) as caught:
         registry.rebuild(alive=[0, 1])
     message = str(caught.value)
@@ -286,7 +290,7 @@ def nccl(monkeypatch: pytest.MonkeyPatch, fake_world: Any, request: pytest.Fixtu
                 group_size: int | None = None, device_backend: str | None = None) -> Any:
         return _MockedNccl() if requested == "device" else FakeAdapter()  # gloo: plays gloo
 
-    monkeypatch.setattr(registry_module, "resolve_backend", resolve)
+    monkeypatch.setattr(generation_module, "resolve_backend", resolve)
     _backend_answers(monkeypatch, True)
 
     def new_group(ranks: Any = None, **kwargs: Any) -> Any:
@@ -387,8 +391,8 @@ def test_rebuild_shrinks_the_world_role_and_splits_every_device_role_mocked_nccl
         assert "cp" in str(caught.value)
         registry.collectives("cp").all_reduce(torch.ones(2))
 
-        # A mesh-dim group made now comes from the spine too, not from the default group.
-        registry._group_for_dim("dp_replicate")
+        # A mesh over the rebuilt groups: its dim group comes from the spine too.
+        registry.device_mesh("dp_replicate")
         assert nccl.splits[-1]["parent"] is spine.group
 
         # A second loss (rank 5: replica (4, 5) leaves) shrinks the spine itself.

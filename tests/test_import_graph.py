@@ -136,3 +136,28 @@ def test_the_package_imports_no_repository_tooling() -> None:
         offenders += [f"{name} names {t}" for t in ('"tests.', "'tests.", '"tools.', "'tools.")
                       if t in text]
     assert offenders == []
+
+
+# The concepts below the registry never import the registry, a generation or their clients: the
+# import graph runs one way, from the clients down (design.md, "Data flow").
+CORE = ("commgroups.layout", "commgroups.planning", "commgroups.creation", "commgroups.rank_loss",
+        "commgroups.collectives", "commgroups.torch_internals", "commgroups.util",
+        "commgroups.backends")
+ABOVE = ("commgroups.registry", "commgroups.generation", "commgroups.audit",
+         "commgroups.integrations", "commgroups.demo", "commgroups.bench", "commgroups.commands",
+         "commgroups.cli")
+
+
+def _within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_no_import_runs_back_up() -> None:
+    modules = _modules()
+    known = set(modules)
+    upward = sorted(f"{name} -> {target}" for name, path in modules.items() if _within(name, CORE)
+                    for target in _imports(name, path, known) if _within(target, ABOVE))
+    assert upward == []
+    # the package root holds at most 8 modules: the concepts live in sub-packages
+    root = sorted(p.name for p in (ROOT / "commgroups").glob("*.py"))
+    assert len(root) <= 8, root

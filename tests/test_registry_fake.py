@@ -74,7 +74,8 @@ def test_torch_finds_only_compute_roles_on_registry_meshes(layout: cg.Layout,
     rank = data.draw(st.integers(0, layout.world_size - 1))
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
     try:
-        with cg.GroupRegistry(layout) as registry:
+        # dims without a role get groups only when their mesh is declared: declare it
+        with cg.GroupRegistry(layout, meshes=[list(layout.dims)]) as registry:
             compute = {registry.group(r).group_name: r for r in registry.role_names
                        if r not in marked}
             meshes = [registry.device_mesh(list(layout.dims))]

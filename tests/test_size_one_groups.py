@@ -25,7 +25,7 @@ LAYOUT = cg.Layout(
 def _size_one(rank: int, world_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     before = set(dist.distributed_c10d._world.pg_names.values())
-    with cg.GroupRegistry(LAYOUT) as registry:
+    with cg.GroupRegistry(LAYOUT, meshes=[["pp", "dp_shard", "cp", "tp"]]) as registry:
         out["backend"] = {r: registry.backend(r) for r in registry.role_names}
         out["method"] = registry.creation_method("tp")
         mesh = registry.device_mesh(["pp", "dp_shard", "cp", "tp"])

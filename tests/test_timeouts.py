@@ -23,7 +23,7 @@ def _timeouts(rank: int, world_size: int) -> dict[str, Any]:
         cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo"),
     ])
     out: dict[str, Any] = {}
-    with cg.GroupRegistry(layout) as registry:
+    with cg.GroupRegistry(layout, meshes=[["dp_shard", "cp"]]) as registry:
         out["created"] = {r: _backend_timeout(registry.group(r)).total_seconds() for r in registry.role_names}
         out["reported"] = {r: registry.timeout(r).total_seconds() for r in registry.role_names}
         registry.set_timeout(3, role="cp")

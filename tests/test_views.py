@@ -97,7 +97,7 @@ def test_a_role_takes_its_dims_from_one_factorization() -> None:
 
 def _moe_world(rank: int, world_size: int) -> dict[str, Any]:
     default = dist.distributed_c10d._get_default_group()
-    with cg.GroupRegistry(MOE) as registry:
+    with cg.GroupRegistry(MOE, meshes=[["dp_shard", "cp"]]) as registry:
         sparse = registry.device_mesh(["efsdp", "ep"])
         dense = registry.device_mesh(["dp_shard", "cp"])
         groups = {

@@ -17,13 +17,18 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from commgroups import torch_internals
+from commgroups.errors import DimOrderError, MeshRequestError, UnknownDimError
+from commgroups.layout import limits
+from commgroups.layout.specs import Layout
 from commgroups.planning.plan import Plan
 
 __all__ = [
     "axes_in_order",
     "build_mesh",
+    "check_mesh_request",
     "forget_flattenings",
     "mesh_block",
+    "mesh_names",
     "register_flattening",
 ]
 
@@ -109,3 +114,39 @@ def forget_flattenings(mesh: DeviceMesh) -> None:
     The mapping is private torch, reached through :mod:`commgroups.torch_internals`.
     """
     torch_internals.clear_flatten_mapping(mesh)
+
+
+def mesh_names(request: object) -> tuple[str, ...]:
+    """``request`` (a name or a list of names) as a tuple of names, else a MeshRequestError."""
+    names = (request,) if isinstance(request, str) else (
+        tuple(request) if isinstance(request, (list, tuple)) else ())
+    if not names or not all(isinstance(name, str) for name in names):
+        raise MeshRequestError(
+            f"device_mesh: {limits.short_repr(request)} is not a dim or role name, nor a list of "
+            "them; fix: e.g. registry.device_mesh(['dp_shard', 'cp']) or device_mesh('fsdp')",
+            field="dims",
+        )
+    return names
+
+
+def check_mesh_request(layout: Layout, the_plan: Plan, names: tuple[str, ...]) -> None:
+    """A declared mesh's names exist and are in layout order: checked before any group exists."""
+    spans: list[tuple[str, ...]] = []
+    for name in names:
+        if name in layout.role_names:
+            dims = the_plan.role(name).dim_names
+            spans.append(dims if dims is not None else ())
+        elif name in the_plan.all_dim_names:
+            spans.append((name,))
+        else:
+            raise UnknownDimError(
+                f"meshes: {name!r} is neither a dim nor a role; dims: "
+                f"{', '.join(the_plan.all_dim_names)}; roles: {', '.join(layout.role_names)}",
+                field="meshes",
+            )
+    if not all(spans) or not axes_in_order(the_plan, spans):
+        raise DimOrderError(
+            f"meshes: {list(names)} must name distinct dims or roles over dims, in layout order "
+            f"({', '.join(layout.dims)}); fix: reorder or drop overlapping names",
+            field="meshes",
+        )

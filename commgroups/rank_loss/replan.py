@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from commgroups.errors import ReplanError
+from commgroups.errors import RebuildError, ReplanError
+from commgroups.layout import limits
 from commgroups.layout.specs import Layout
+from commgroups.planning.plan import Plan
 from commgroups.planning.shapes import dim_shapes
+from commgroups.util.text_table import format_ranks
 
-__all__ = ["Replan", "ReplanArrays", "as_rank_array", "replan", "replan_arrays"]
+__all__ = ["Replan", "ReplanArrays", "alive_ranks", "as_rank_array", "replan", "replan_arrays"]
 
 
 @dataclass(frozen=True)
@@ -211,3 +214,26 @@ def replan_arrays(layout: Layout, alive: Iterable[int]) -> ReplanArrays:
         dropped=none if spare else leftover,
         removed={name: removed},
     )
+
+
+def alive_ranks(alive: Iterable[int], plan: Plan, rank: int) -> np.ndarray:
+    """``alive`` as a sorted int64 array of distinct ranks of ``plan``'s generation, ``rank``
+    included; else a :class:`~commgroups.errors.RebuildError` naming what is wrong."""
+    try:
+        given = as_rank_array(alive)
+    except (TypeError, ValueError):
+        raise RebuildError(f"alive: {limits.short_repr(alive)} is not a list of global "
+                           "ranks; fix: pass e.g. alive=[0, 1, 3]") from None
+    ranks = np.sort(given)
+    if ranks.size:  # duplicates ignored (masks, not np.unique: see replan)
+        ranks = ranks[np.concatenate(([True], ranks[1:] != ranks[:-1]))]
+    outside = ranks[~plan.holds(ranks)].tolist()
+    index = int(np.searchsorted(ranks, rank))
+    if outside or index >= ranks.size or int(ranks[index]) != rank:
+        raise RebuildError(
+            f"alive: {format_ranks(ranks.tolist())} must be global ranks of the current "
+            f"generation and include this rank ({rank}); "
+            f"{'outside: ' + format_ranks(outside) if outside else 'this rank is missing'}; "
+            "fix: pass the survivors' global ranks, or alive=None"
+        )
+    return ranks

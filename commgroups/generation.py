@@ -1,0 +1,544 @@
+"""A generation: one set of communicators made by one ``create()`` or ``rebuild()``.
+
+A :class:`Generation` holds its roles' groups, the dedicated groups of mesh dims no role covers,
+the meshes built over them and the store namespaces its creation met in. Its verbs, and only
+these, touch communicators: :meth:`Generation.create` (agree, then create: collective over the
+generation's members), :meth:`Generation.retire` (after a rank loss: handles go stale, groups are
+aborted and kept referenced) and :meth:`Generation.destroy` (``close()``: groups destroyed, store
+keys released); both teardowns are one routine. Lookups (:meth:`role`, :meth:`dim_group`,
+:meth:`mesh`, :meth:`collectives`) are local: they never run a collective nor make a group.
+
+Example: ``Layout(dims={"dp": 2, "cp": 2})`` on 4 ranks; generation 0 holds the groups of the
+roles ``dp``, ``cp``, ``fsdp`` and ``checkpoint-metadata``; ``mesh(("dp", "cp"))`` is built from
+the ``dp`` and ``cp`` role groups, creating nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from commgroups import torch_internals
+from commgroups.backends import BackendAdapter, resolve_backend
+from commgroups.creation.agreement import agree, store_calls
+from commgroups.creation.meshes import (
+    axes_in_order,
+    build_mesh,
+    forget_flattenings,
+    register_flattening,
+)
+from commgroups.creation.role_groups import (
+    CreatedRole,
+    CreationContext,
+    choose_method,
+    create_role_group,
+    creation_order,
+    decide_local,
+    local_vote,
+    nonmember_split_hazard,
+)
+from commgroups.creation.store_keys import AttemptStore, open_attempt
+from commgroups.errors import (
+    BackendUnavailableError,
+    CommGroupsError,
+    DimOrderError,
+    GroupCreationError,
+    MeshNotPlannedError,
+    MeshRequestError,
+    UnknownDimError,
+)
+from commgroups.layout.specs import Layout
+from commgroups.planning.plan import Plan, RolePlan
+from commgroups.rank_loss.shrink import Spine
+
+if TYPE_CHECKING:
+    from commgroups.collectives.role_collectives import RoleCollectives
+
+__all__ = ["Generation", "GenerationRequest", "MeshAxis", "dims_needing_groups"]
+
+logger = logging.getLogger(__name__)
+
+STORE_PREFIX = "commgroups"
+
+MeshAxis = tuple[tuple[str, ...], BackendAdapter, dist.ProcessGroup]
+"""One mesh axis: the dims it spans, its group's backend and the group."""
+
+
+def same_device(a: BackendAdapter, b: BackendAdapter) -> bool:
+    """Whether groups of ``a`` and ``b`` can serve one DeviceMesh (one device type)."""
+    return a.serves_every_device or b.serves_every_device or a.device_type == b.device_type
+
+
+def dims_needing_groups(layout: Layout, plan: Plan, meshes: Iterable[Sequence[str]],
+                        context: CreationContext) -> tuple[str, ...]:
+    """The dims that get their own group at creation, in first-use order.
+
+    A dim of one of ``meshes`` that no role on the device covers (a communicator each on NCCL:
+    only when a mesh needs it), and every size-1 dim no role covers (a single-rank group costs no
+    communicator). Pure: the same answer on every rank.
+    """
+    default_backend = str(dist.get_backend())
+    covered: set[str] = set()
+    for spec in layout.roles:
+        if isinstance(spec.dims, list) and len(spec.dims) == 1:
+            dim = spec.dims[0]
+            adapter = resolve_backend(spec.backend, default_backend,
+                                      plan.role(spec.name).group_size, context.device_backend)
+            device = resolve_backend("device", default_backend, plan.dim_group(dim).group_size,
+                                     context.device_backend)
+            if same_device(adapter, device):
+                covered.add(dim)
+    wanted = [name for names in meshes for name in names if name not in layout.role_names]
+    wanted += [dim for dim in plan.all_dim_names if plan.dim_group(dim).group_size == 1]
+    return tuple(dict.fromkeys(dim for dim in wanted if dim not in covered))
+
+
+def set_group_timeout(created: CreatedRole, timeout: timedelta) -> None:
+    """Give ``created``'s group (if this rank has one) a new collective timeout, in place."""
+    if created.group is not None and created.adapter.has_timeout:
+        torch_internals.set_group_timeout(created.group, timeout)
+
+
+def agreement_store(rank: int) -> AttemptStore:
+    """A fresh store namespace for one creation attempt, shared by every rank.
+
+    One shared attempt counter, not one per rank: after a rank skipped an attempt (the others
+    gave it up), every rank's next creation meets in the same fresh namespace.
+    """
+    root = torch_internals.default_store()
+    with store_calls(root, rank, time.monotonic(), "the start of GroupRegistry.create()"):
+        return open_attempt(root, STORE_PREFIX)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What one generation is made of, settled before any communicator exists."""
+
+    number: int
+    """0 for ``create()``, one more per ``rebuild()``."""
+    layout: Layout
+    plan: Plan
+    rank: int
+    """This process's global rank."""
+    mode: str
+    """The creation mode (``auto``, ``all_ranks``, ``local``, ``split``)."""
+    create_timeout_s: float
+    context: CreationContext
+    mesh_dims: tuple[str, ...] = ()
+    """Dims that get a dedicated group (no role covers them): declared meshes, size-1 dims."""
+    spine: Spine | None = None
+    """After a shrink rebuild: the group every device role is split from."""
+    lost: int = 0
+    """How many ranks the previous generation lost (agreed on by the survivors)."""
+
+    @property
+    def position(self) -> int:
+        """This rank's position in the generation's layout (its global rank in generation 0)."""
+        return self.plan.position(self.rank)
+
+
+@dataclass
+class Generation:
+    """One generation's groups, meshes and store namespaces, and the verbs that make and end them.
+
+    Made by :meth:`create` only; the registry owns the current one and delegates to it.
+    """
+
+    request: GenerationRequest
+    roles: dict[str, CreatedRole]
+    dim_groups: dict[str, CreatedRole] = field(default_factory=dict)
+    meshes: dict[tuple[str, ...], DeviceMesh] = field(default_factory=dict)
+    attempts: list[AttemptStore] = field(default_factory=list)
+    handles: dict[str, RoleCollectives] = field(default_factory=dict)
+    epoch: int = -1
+    """The agreement epoch of the creation (the same on every rank; -1 under the fake backend)."""
+    ended: str = ""
+    """Empty while live; ``retired`` or ``destroyed`` after :meth:`retire` / :meth:`destroy`."""
+
+    @property
+    def layout(self) -> Layout:
+        """The layout this generation was made from."""
+        return self.request.layout
+
+    @property
+    def plan(self) -> Plan:
+        """The plan this generation was made from."""
+        return self.request.plan
+
+    @property
+    def number(self) -> int:
+        """0 for the generation ``create()`` made, one more per ``rebuild()``."""
+        return self.request.number
+
+    # ------------------------------------------------------------------------------- creation
+    @classmethod
+    def create(cls, request: GenerationRequest, local_error: CommGroupsError | None = None,
+               ) -> Generation:
+        """Agree on the request with every member, then create every group. Collective.
+
+        ``local_error``: an input error this rank found (world size, backend); it is voted with
+        so every member raises the same error before any group exists. On failure nothing of this
+        generation is left: what was made is destroyed and :class:`GroupCreationError` names the
+        role or step.
+        """
+        plan, default_backend = request.plan, str(dist.get_backend())
+        adapters: dict[str, BackendAdapter] = {}
+        methods: dict[str, str] = {}
+        infos: dict[str, RolePlan] = {}
+        # split_group needs every rank of its parent (the default group, which holds the lost
+        # ranks after a rank loss): a rebuild creates member-only where safe, else all_ranks.
+        mode = request.mode if request.number == 0 else (
+            "all_ranks" if request.mode == "all_ranks" else "local")
+        if local_error is None:
+            try:
+                for role in request.layout.roles:
+                    info = infos[role.name] = plan.role(role.name)
+                    adapter = resolve_backend(role.backend, default_backend,
+                                              info.group_size if info.regular else None,
+                                              request.context.device_backend)
+                    adapter.check_available()  # also registers backends commgroups provides
+                    adapters[role.name] = adapter
+                    methods[role.name] = choose_method(mode, info, adapter, request.context)
+                for dim in request.mesh_dims:
+                    info = infos[dim] = plan.dim_group(dim)
+                    adapter = resolve_backend("device", default_backend, info.group_size,
+                                              request.context.device_backend)
+                    adapter.check_available()
+                    adapters[dim] = adapter
+                    methods[dim] = choose_method(mode, info, adapter)
+            except BackendUnavailableError as error:
+                if request.number > 0:
+                    raise
+                local_error = error
+        order = cls._order(plan, request.mesh_dims, infos, methods)
+        if request.spine is not None:  # device roles split from the shrunk spine, after the others
+            order, methods = request.spine.arrange(order, methods, adapters)
+        store: AttemptStore | None = None
+        if default_backend != "fake":  # one process simulates the world: nobody to disagree
+            store = agreement_store(request.rank)
+            payload: dict[str, Any] = {
+                "layout": plan.canonical(),
+                "generation": request.number,
+                "backends": {name: adapter.name for name, adapter in adapters.items()},
+                "creation": methods,
+                "mesh_dims": list(request.mesh_dims),
+                "world_size": request.layout.world_size,
+                "error": f"{type(local_error).__name__}: {local_error}" if local_error else None,
+            }
+            if request.number > 0:
+                payload.update(members=list(plan.members or ()), lost=request.lost)
+            methods = cls._agree(request, store, payload, order, methods,
+                                 vote=local_error is None)
+        if local_error is not None:
+            raise local_error
+        what = ("the end of create()" if request.number == 0
+                else f"the end of rebuild() (generation {request.number})")
+        made = cls._create_groups(request, order, adapters, methods, store, what)
+        generation = cls(request=request,
+                         roles={n: made[n] for n in request.layout.role_names},
+                         dim_groups={d: made[d] for d in request.mesh_dims},
+                         attempts=[store] if store is not None else [],
+                         epoch=store.epoch if store is not None else -1)
+        return generation
+
+    @staticmethod
+    def _order(plan: Plan, mesh_dims: Sequence[str], infos: dict[str, RolePlan],
+               methods: dict[str, str]) -> list[RolePlan]:
+        """Creation order: regular roles, then dim groups, by the rules of ``creation_order``.
+
+        Dim groups are regular; they go after the regular roles of their own creation path so
+        every rank's group count stays equal while member-only groups are made.
+        """
+        roles = creation_order(plan, {n: m for n, m in methods.items() if n in plan.role_names})
+        dims = [infos[d] for d in mesh_dims if d in infos]
+        plain = [d for d in dims if methods.get(d.name) != "split"]
+        split = [d for d in dims if methods.get(d.name) == "split"]
+        regular_plain = [r for r in roles if r.regular and methods.get(r.name) != "split"]
+        regular_split = [r for r in roles if r.regular and methods.get(r.name) == "split"]
+        irregular = [r for r in roles if not r.regular]
+        return [*regular_plain, *plain, *regular_split, *split, *irregular]
+
+    @staticmethod
+    def _agree(request: GenerationRequest, store: AttemptStore, payload: dict[str, Any],
+               order: list[RolePlan], methods: dict[str, str], vote: bool) -> dict[str, str]:
+        """Agree on ``payload`` and, in the same store round, on whether local creation is safe;
+        returns the methods to create with. ``vote=False``: this rank holds an error the
+        agreement reports, so it casts no local vote."""
+        # The ranks that meet: the job's world in generation 0 (whatever the layout claims: a
+        # wrong world size is reported through this vote), the survivors after that.
+        world = dist.get_world_size() if request.number == 0 else request.layout.world_size
+        position = request.position
+        ballot = local_vote(request.plan, order, methods, request.rank, world) if vote else None
+        verdict = agree(store, position, world, payload,
+                        timedelta(seconds=request.create_timeout_s), finish=store.finish,
+                        ballot=ballot, counter=torch_internals.next_counter_name() or "")
+        decided = decide_local(methods, ballot, verdict, request.rank)
+        every_rank = sorted(role for role, method in decided.items() if method != "local")
+        if vote and verdict.counter_split and every_rank:
+            # torch names a group every rank makes by a per-process counter: with counters apart,
+            # each rank would wait for the others under its own name until create_timeout_s.
+            raise GroupCreationError(
+                f"rank {request.rank}: {verdict.counter_split} rank(s) created a different number of "
+                f"process groups before this call, so torch would name {every_rank} differently "
+                "per rank; nothing was created. fix: create the same groups in the same order on "
+                "every rank first"
+            )
+        return decided
+
+    @staticmethod
+    def _create_groups(request: GenerationRequest, infos: list[RolePlan],
+                       adapters: dict[str, BackendAdapter], methods: dict[str, str],
+                       store: AttemptStore | None, what: str) -> dict[str, CreatedRole]:
+        """Create the groups of ``infos`` in order, after agreement; all or nothing.
+
+        Where a backend connects on creation, this rank then notes in the attempt's store that it
+        is done (no wait: ``destroy()`` waits for the others). ``what`` names that point in errors.
+        """
+        for info in infos:  # the same inputs on every rank: the same error, before any group
+            hazard = nonmember_split_hazard(info, adapters[info.name], methods[info.name],
+                                            request.context)
+            if hazard is not None:
+                raise GroupCreationError(
+                    f"rank {request.rank}: {hazard}; nothing was created. fix: give the role "
+                    "backend 'device' or let its members create it (see the guide, 'Bound "
+                    "default group')"
+                )
+        started = time.monotonic()
+        created: dict[str, CreatedRole] = {}
+        current: RolePlan | None = None
+        try:
+            for current in infos:
+                created[current.name] = Generation._create_one(
+                    request, current, adapters[current.name], methods[current.name])
+            current = None
+            # Only where a backend connects on creation (gloo; NCCL eager init): single-rank and
+            # fake groups have no peer that could still be connecting.
+            if store is not None and any(adapters[info.name].connects_on_create for info in infos):
+                with store_calls(store, request.position, started, what):
+                    store.note_created(request.layout.world_size,
+                                       started + request.create_timeout_s)
+        except Exception as error:
+            _destroy_groups(created.values())  # leave nothing half-made
+            step = (f"creating role {current.name!r} ({methods[current.name]})"
+                    if current is not None else f"noting the end of creation at {what}")
+            raise GroupCreationError(
+                f"rank {request.rank}: {step} failed: {error}; fix: check that every rank is "
+                "alive and makes the same registry calls in the same order (creation waits "
+                f"create_timeout_s={request.create_timeout_s:g}s)"
+            ) from error
+        return created
+
+    @staticmethod
+    def _create_one(request: GenerationRequest, info: RolePlan, adapter: BackendAdapter,
+                    method: str) -> CreatedRole:
+        spec = info.spec
+        timeout = (adapter.default_timeout() if spec.timeout_s is None
+                   else timedelta(seconds=spec.timeout_s))
+        # Groups that rendezvous on creation do it under the group's own timeout (30 minutes by
+        # default): a peer that died during creation would hang the others that long. Create
+        # under create_timeout_s, then give the group its role timeout.
+        bounded = adapter.connects_on_create and timeout.total_seconds() > request.create_timeout_s
+        make = create_role_group if request.spine is None else request.spine.creator(adapter)
+        is_role = info.name in request.layout.role_names
+        created = make(
+            request.plan, info, adapter, spec.options,
+            request.create_timeout_s if bounded else timeout.total_seconds(),
+            request.rank, method, group_desc=info.name if is_role else f"mesh-{info.name}",
+        )
+        if bounded:
+            set_group_timeout(created, timeout)
+        logger.debug("rank %d: created %s via %s", request.rank, info.name, method)
+        return created
+
+    # -------------------------------------------------------------------------------- lookups
+    def role(self, name: str) -> CreatedRole:
+        """What creating role ``name`` left on this rank (its group may be None: not a member)."""
+        return self.roles[name]
+
+    def dim_group(self, dim: str) -> MeshAxis:
+        """The axis of dim ``dim``: the group of the role over exactly ``[dim]``, else the dim's
+        own group made at creation; :class:`MeshNotPlannedError` when neither exists."""
+        info = self.plan.dim_group(dim)
+        wanted = resolve_backend("device", str(dist.get_backend()), info.group_size)
+        for spec in self.layout.roles:
+            created = self.roles[spec.name]
+            if spec.dims == [dim] and created.group is not None and same_device(
+                    created.adapter, wanted):
+                return (dim,), created.adapter, created.group
+        if dim in self.dim_groups and self.dim_groups[dim].group is not None:
+            made = self.dim_groups[dim]
+            assert made.group is not None
+            return (dim,), made.adapter, made.group
+        raise MeshNotPlannedError(
+            f"device_mesh: dim {dim!r} has no group (no role covers exactly [{dim!r}]); fix: "
+            f"declare the mesh, GroupRegistry(layout, meshes=[[..., {dim!r}, ...]]), or add a "
+            f"role over [{dim!r}]",
+            field="meshes",
+        )
+
+    def axis(self, name: str) -> MeshAxis:
+        """The dims, backend and group of the mesh axis ``name`` (a role, else a dim)."""
+        if name in self.layout.role_names:
+            spec = self.layout.role(name)
+            if spec.purpose != "compute":
+                raise MeshRequestError(
+                    f"device_mesh: role {name!r} has purpose {spec.purpose!r} and is never a mesh "
+                    f"axis; fix: pass registry.group({name!r}) to DCP, and mesh compute roles",
+                    field="dims",
+                )
+            dims = self.plan.role(name).dim_names
+            created = self.roles[name]
+            if dims is None or created.group is None:
+                raise MeshRequestError(
+                    f"device_mesh: role {name!r} has explicit rank groups, which are not a mesh "
+                    f"axis; fix: use registry.group({name!r}) directly",
+                    field="dims",
+                )
+            return dims, created.adapter, created.group
+        if name in self.plan.all_dim_names:
+            return self.dim_group(name)
+        raise UnknownDimError(
+            f"device_mesh: {name!r} is neither a dim nor a role; dims: "
+            f"{', '.join(self.plan.all_dim_names)}; roles: {', '.join(self.layout.role_names)}",
+            field="dims",
+        )
+
+    def mesh(self, names: tuple[str, ...]) -> DeviceMesh:
+        """The DeviceMesh over ``names`` (roles or dims), built once from existing groups.
+
+        Local: :meth:`~torch.distributed.device_mesh.DeviceMesh.from_group` runs no collective,
+        and a dim without a group is refused (:meth:`dim_group`), never created.
+        """
+        if names in self.meshes:
+            return self.meshes[names]
+        axes = [self.axis(name) for name in names]
+        spans = [dims for dims, _, _ in axes]
+        if not axes_in_order(self.plan, spans):
+            raise DimOrderError(
+                f"device_mesh: {list(names)} span dims {[list(a) for a in spans]}; fix: name "
+                f"distinct dims in layout order ({', '.join(self.layout.dims)})",
+                field="dims",
+            )
+        device_types = {adapter.device_type for _, adapter, _ in axes
+                        if not adapter.serves_every_device}
+        if not device_types:  # every axis is a single-rank group: the job's device type
+            device_types = {resolve_backend("device", str(dist.get_backend())).device_type}
+        if len(device_types) != 1:
+            raise MeshRequestError(
+                f"device_mesh: {list(names)} use groups on device types {sorted(device_types)}; "
+                "fix: give those roles the same backend",
+                field="dims",
+            )
+        mesh = build_mesh(self.plan, self.request.rank, spans,
+                          [group for _, _, group in axes], device_types.pop(), names)
+        self._register_flattenings(mesh, names, spans)
+        self.meshes[names] = mesh
+        return mesh
+
+    def _register_flattenings(self, mesh: DeviceMesh, names: tuple[str, ...],
+                              spans: list[tuple[str, ...]]) -> None:
+        """Pre-register every run of axes a compute role spans as that role's flattening.
+
+        Under torch's default name (``"_".join(run)``) and the role's name, so code that flattens
+        the mesh it was handed (FSDP2's ``dp_mesh_dims``) gets the role's group, never a new one.
+        Compute roles on the mesh's device only: DTensor looks flattenings up by layout, and would
+        send model traffic over a gloo checkpoint group (the guide, 'DTensor and flattenings').
+        """
+        by_dims = {
+            self.plan.role(r).dim_names: r for r in self.layout.role_names
+            if self.layout.role(r).purpose == "compute" and self.roles[r].group is not None
+            and (self.roles[r].adapter.serves_every_device
+                 or self.roles[r].adapter.device_type == mesh.device_type)
+        }
+        for start in range(len(names)):
+            for stop in range(start + 2, len(names) + 1):
+                role = by_dims.get(tuple(d for axis in spans[start:stop] for d in axis))
+                if role is None:
+                    continue
+                group = self.roles[role].group
+                assert group is not None
+                for key in sorted({"_".join(names[start:stop]), role} - set(names)):
+                    if not register_flattening(mesh, names[start:stop], key, group):
+                        logger.info("this torch's DeviceMesh has no flatten mapping to fill: "
+                                    "mesh[%s]._flatten() will create a new group",
+                                    list(names[start:stop]))
+                        return
+
+    def owned_groups(self) -> dict[str, CreatedRole]:
+        """Every group this generation made: roles by name, dim groups as ``mesh-<dim>``."""
+        return {**self.roles, **{f"mesh-{dim}": made for dim, made in self.dim_groups.items()}}
+
+    def set_timeout(self, names: Iterable[str], timeout: timedelta, dims_too: bool) -> None:
+        """Give the groups of roles ``names`` (and every dim group if ``dims_too``) ``timeout``."""
+        targets = [self.roles[name] for name in names]
+        if dims_too:
+            targets += self.dim_groups.values()
+        for created in targets:
+            set_group_timeout(created, timeout)
+
+    # ------------------------------------------------------------------------------ teardown
+    def retire(self) -> None:
+        """After a rank loss: every handle goes stale, meshes are forgotten, groups aborted where
+        the backend can and kept referenced (destroying one with a dead peer may block on it).
+
+        The store namespaces are dropped unreleased: the lost ranks never release their part.
+        """
+        number = self.number
+        self._teardown("retired", lambda handle: handle.retire(number), _abort_groups)
+        self.attempts.clear()
+
+    def destroy(self) -> None:
+        """``close()``: every handle refuses later calls, groups are destroyed, store keys released.
+
+        Waits first for a peer still connecting to one of the gloo groups (at most until its
+        creation would have timed out). Local: no rank waits for another to destroy.
+        """
+        for attempt in self.attempts:
+            attempt.wait_created()
+        self._teardown("destroyed", lambda handle: handle.close("the registry was closed"),
+                       _destroy_groups)
+        if self.request.rank >= 0:
+            for attempt in self.attempts:
+                attempt.release(self.request.position, self.layout.world_size)
+        self.attempts.clear()
+
+    def _teardown(self, how: str, end_handle: Callable[[RoleCollectives], None],
+                  end_groups: Callable[[Iterable[CreatedRole]], None]) -> None:
+        """The one teardown: handles, groups, then meshes (and DTensor's caches of them)."""
+        if self.ended:
+            return
+        for handle in self.handles.values():
+            end_handle(handle)
+        self.handles.clear()
+        end_groups([*self.roles.values(), *self.dim_groups.values()])
+        for mesh in self.meshes.values():
+            forget_flattenings(mesh)
+        if self.meshes:
+            # DTensor caches its decisions by mesh and compares meshes by layout and names: a
+            # later mesh named like ours would get ours back, with ended groups.
+            torch_internals.clear_dtensor_caches()
+        self.ended = how
+
+
+def _abort_groups(created: Iterable[CreatedRole]) -> None:
+    for role in created:
+        for group in role.owned:
+            role.adapter.abort(group)
+
+
+def _destroy_groups(created: Iterable[CreatedRole]) -> None:
+    owned = [group for role in created for group in role.owned]
+    if not (dist.is_available() and dist.is_initialized()):
+        return  # the whole world was torn down already, our groups with it
+    for group in owned:
+        try:
+            dist.destroy_process_group(group)
+        except (RuntimeError, ValueError) as error:  # already destroyed elsewhere
+            logger.debug("destroying %s: %s", group, error)
