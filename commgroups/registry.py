@@ -443,11 +443,14 @@ class GroupRegistry:
         return {name: made.group for name, made in self._live().owned_groups().items()
                 if made.group is not None}
 
-    def backend(self, role: str) -> str:
+    def resolved_backend(self, role: str) -> str:
         """The backend ``role`` resolved to on this machine (nccl, rccl, hccl, gloo, single or
-        fake); the role's spec holds the requested one."""
+        fake); ``spec(role).backend`` is the one requested (``device``, ``gloo``, ...)."""
         self.spec(role)
         return self._live().role(role).adapter.name
+
+    backend = resolved_backend
+    """Alias of :meth:`resolved_backend` (the name before 0.2)."""
 
     def creation_method(self, role: str) -> str:
         """How ``role``'s groups were created here (all_ranks, local or split)."""

@@ -31,7 +31,7 @@ def _every_getter(registry: cg.GroupRegistry, meshes: list[list[str] | str]) -> 
     seen: list[Any] = []
     for _ in range(2):
         for role in registry.role_names:
-            seen += [registry.group(role), registry.ranks(role), registry.backend(role),
+            seen += [registry.group(role), registry.ranks(role), registry.resolved_backend(role),
                      registry.creation_method(role), registry.timeout(role), registry.spec(role)]
             if registry.spec(role).purpose == "compute":
                 seen.append(registry.device_mesh(role))
@@ -57,6 +57,9 @@ def test_no_getter_makes_a_group_fake_backend(fake_world: Callable[..., None]) -
         _every_getter(registry, [["dp_replicate", "fsdp"], ["pp", "dp_shard", "cp", "tp"],
                                  ["pp", "dp_replicate", "dp_shard", "cp", "tp"], "pp"])
         assert _group_count() == before
+        # one word per idea: the requested backend is the spec's, the resolved one the registry's
+        assert registry.spec("cp").backend == "device"
+        assert registry.resolved_backend("cp") == registry.backend("cp") == "fake"
 
 
 def test_a_dim_no_role_covers_is_refused_unless_declared_fake_backend(

@@ -117,7 +117,7 @@ def _registry_groups(layout: Layout) -> JobGroups:
         return activate(registry, ["cp"])
 
     roles = {
-        name: _role_info(registry.group(name), registry.backend(name), "GroupRegistry")
+        name: _role_info(registry.group(name), registry.resolved_backend(name), "GroupRegistry")
         for name in registry.role_names
     }
     return JobGroups(

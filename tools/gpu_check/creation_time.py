@@ -71,7 +71,7 @@ def _measure(method: str, reps: int, smoke: bool, keep: list[Any]) -> dict[str, 
             sync(smoke)
             row["create_s"].append(time.perf_counter() - start)
             groups = [registry.group(role) for role in FOUR_ROLES]
-            row["paths"] = sorted({f"{registry.backend(role)}/{registry.creation_method(role)}"
+            row["paths"] = sorted({f"{registry.resolved_backend(role)}/{registry.creation_method(role)}"
                                    for role in FOUR_ROLES})
             row["first_collective_s"].append(_first_collective(groups, smoke))
             registry.close()
