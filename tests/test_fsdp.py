@@ -19,7 +19,7 @@ from commgroups.integrations.fsdp import (
     fully_shard_on_role,
     install_async_and_wait_comms,
 )
-from tests.test_integration_dcp import C10dRecorder
+from tests.test_dcp import C10dRecorder
 from tests.worlds import run_world
 
 WORLD = 4
