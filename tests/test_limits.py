@@ -11,6 +11,7 @@ import math
 import time
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,8 @@ import commgroups as cg
 from commgroups import errors
 from commgroups.layout import limits
 from tests.test_fuzz_layouts import FAST_S, _refused_fast
+
+pytestmark = pytest.mark.version_independent
 
 
 def _nested(depth: int, leaf: Any, kind: str) -> Any:
