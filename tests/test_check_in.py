@@ -9,10 +9,14 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from commgroups import GroupRegistry
 from commgroups.errors import RebuildError
 from tests.test_rebuild import hsdp_layout
 from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
 
 
 def _late_rank(rank: int, world: int) -> str:

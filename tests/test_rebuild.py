@@ -21,6 +21,8 @@ from commgroups import GroupRegistry, Layout, RoleSpec, default_roles
 from commgroups.errors import RebuildError, ReplanError, StaleGenerationError
 from tests.worlds import run_world
 
+pytestmark = pytest.mark.world
+
 ROLE_TIMEOUT_S = 3.0
 DIMS = {"dp_replicate": 2, "dp_shard": 2}
 
