@@ -37,7 +37,7 @@ def detect_device_backend() -> str:
 
 
 def adapter_for(name: str) -> BackendAdapter:
-    """The adapter of a concrete backend name (gloo, nccl, rccl, hccl, fake)."""
+    """The adapter of a concrete backend name (gloo, nccl, rccl, hccl, fake, single)."""
     try:
         return _ADAPTERS[name]()
     except KeyError:

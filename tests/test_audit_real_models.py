@@ -17,6 +17,8 @@ import torch.distributed as dist
 import commgroups as cg
 from tests.worlds import run_world
 
+pytestmark = pytest.mark.world
+
 WORLD = 2
 SEQ = 128  # flex attention's block size: one block per sequence
 

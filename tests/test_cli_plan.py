@@ -1,10 +1,11 @@
-"""`commgroups plan` and `python -m commgroups plan` from the repository root."""
+"""`commgroups plan` and `python -m commgroups plan` from the repository root.
+
+Its tests that start processes are in ``tests/test_cli_plan_world.py`` (marked ``world``).
+"""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from commgroups.cli import main
 
@@ -34,11 +35,3 @@ def test_plan_bad_layout_exits_2(tmp_path: object, capsys: object) -> None:
     path.write_text("[dims]\ncp = 0\n")
     assert main(["plan", str(path)]) == 2
     assert "dims.cp" in capsys.readouterr().err  # type: ignore[attr-defined]
-
-
-def test_python_dash_m_from_root() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "commgroups", "plan", "examples/layouts/hsdp_2x2.yaml"],
-        capture_output=True, text=True, check=True,
-    )
-    assert "dp_replicate" in out.stdout and "fingerprint" in out.stdout

@@ -16,6 +16,8 @@ import commgroups as cg
 from commgroups.integrations import dcp
 from tests.worlds import run_world
 
+pytestmark = pytest.mark.world
+
 
 def _state(rank: int, step: int) -> dict[str, torch.Tensor]:
     return {f"w{rank}": torch.arange(12.0).reshape(3, 4) * step + rank,

@@ -10,10 +10,13 @@ import os
 import time
 from typing import Any
 
+import pytest
 import torch.distributed as dist
 
 import commgroups as cg
 from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
 
 CREATE_TIMEOUT_S = 4.0
 

@@ -1,7 +1,7 @@
 """commgroups.generation: one generation's groups; only create() and rebuild() make communicators.
 
 Every getter after ``create()`` is counted against torch's own table of process groups: zero new
-ones, on the fake backend at scale (fast tier) and on a real 4-rank gloo world.
+ones, on the fake backend at scale (here) and on a real 4-rank gloo world (test_generation_world.py).
 """
 
 from __future__ import annotations
@@ -10,14 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 
 import commgroups as cg
 from commgroups import torch_internals
 from commgroups.errors import MeshNotPlannedError
 from commgroups.generation import dims_needing_groups
 from commgroups.registry import RegistryState
-from tests.worlds import run_world
 
 
 def _group_count() -> int:
@@ -120,26 +118,3 @@ def test_state_is_an_enum_and_layout_is_read_only(fake_world: Callable[..., None
         registry.layout = cg.Layout(dims={"cp": 4})  # type: ignore[misc]
     registry.close()
     assert registry.state is RegistryState.CLOSED
-
-
-def _gloo_getters(rank: int, world: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    with cg.GroupRegistry(_fsdp_only(), create_timeout_s=60) as registry:
-        before = _group_count()
-        _every_getter(registry, [])
-        try:
-            registry.device_mesh(["dp_shard", "cp"])
-        except MeshNotPlannedError as error:
-            out["refused"] = str(error)
-        out["new_groups"] = _group_count() - before
-        total = torch.ones(1)
-        registry.collectives("fsdp").all_reduce(total)  # the groups still work, nobody hung
-        out["sum"] = float(total.item())
-    return out
-
-
-def test_no_getter_makes_a_group_on_gloo() -> None:
-    for result in run_world(_gloo_getters, 4, timeout=120):
-        assert result["new_groups"] == 0
-        assert "fix: declare the mesh" in result["refused"]
-        assert result["sum"] == 4.0

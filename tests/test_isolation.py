@@ -33,6 +33,8 @@ import commgroups as cg
 from commgroups import torch_internals
 from tests.worlds import run_world
 
+pytestmark = pytest.mark.world
+
 WORLD = 4
 LAYOUT = {"dp_shard": 2, "tp": 2}
 

@@ -12,6 +12,8 @@ import torch.distributed as dist
 
 from commgroups.util.local_world import Post, run_local_world
 
+pytestmark = pytest.mark.world
+
 
 def _behave(rank: int, world_size: int, post: Post, how: str) -> Any:
     post(f"hello from {rank}")

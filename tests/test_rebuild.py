@@ -22,6 +22,8 @@ from commgroups.errors import RebuildError, ReplanError, StaleGenerationError
 from commgroups.generation import Generation
 from tests.worlds import run_world
 
+pytestmark = pytest.mark.world
+
 ROLE_TIMEOUT_S = 3.0
 DIMS = {"dp_replicate": 2, "dp_shard": 2}
 
@@ -144,26 +146,6 @@ def test_a_loss_no_dim_may_absorb_is_the_same_error_everywhere() -> None:
     assert len(messages) == 1, messages
     (message,) = messages
     assert isinstance(message, str) and "cp" in message and "1" in message, message
-
-
-def _late_rank(rank: int, world: int) -> str:
-    registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
-    if rank == 3:
-        os._exit(0)
-    if rank == 2:
-        time.sleep(4)  # noticed the loss much later than the window allows
-    try:
-        report = registry.rebuild(timeout=1.5)
-    except RebuildError as error:
-        return f"excluded: {error}"
-    return report.place
-
-
-def test_a_rank_that_misses_the_window_is_told_and_left_out() -> None:
-    results = run_world(_late_rank, 4, timeout=60, expect_errors=True)
-    assert results[0] == results[1] == "member"
-    assert isinstance(results[2], str) and results[2].startswith("excluded"), results[2]
-    assert "timeout" in results[2]
 
 
 def _bad_alive(rank: int, world: int) -> list[str]:

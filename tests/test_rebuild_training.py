@@ -16,6 +16,8 @@ import pytest
 from commgroups.demo.elastic import ElasticRun, elastic_layout, elastic_rank
 from commgroups.util.local_world import run_local_world
 
+pytestmark = pytest.mark.world
+
 ROLE_TIMEOUT_S = 3.0
 STEPS = 4
 KILL_STEP = 2

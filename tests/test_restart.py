@@ -40,6 +40,8 @@ import pytest
 
 from tests.restart_job import _die_with_parent
 
+pytestmark = pytest.mark.world
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "restart_job.py"
 TITAN_JOB = ROOT / "tests" / "titan_restart_job.py"

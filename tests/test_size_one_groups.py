@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
 import commgroups as cg
 from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
 
 # torchtitan-like: pp and tp are 1 here, but a trainer still asks for their meshes.
 LAYOUT = cg.Layout(

@@ -6,11 +6,14 @@ import os
 import threading
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
 import commgroups as cg
 from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
 
 CYCLES = 100
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
 import commgroups as cg
 from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
 
 
 def _backend_timeout(group: dist.ProcessGroup) -> timedelta:

@@ -1,6 +1,8 @@
 """The layout commgroups derives for torchtitan, and a given layout checked against the degrees.
 
 Pure planning: needs neither torchtitan nor torch.distributed.
+
+Its tests that start processes are in ``tests/test_torchtitan_layout_world.py`` (marked ``world``).
 """
 
 from __future__ import annotations
@@ -146,14 +148,3 @@ def test_layout_role_or_dim_unlike_torchtitans() -> None:
         resolve_layout(cg.Layout(dims={"cp": 2, "sp": 2}), CP4)
     with pytest.raises(TypeError, match="a dict or a layout file path"):
         resolve_layout(42, CP4)  # type: ignore[arg-type]
-
-
-def test_importing_commgroups_never_imports_torchtitan() -> None:
-    import subprocess
-    import sys
-
-    code = ("import sys, commgroups, commgroups.integrations.torchtitan as t; "
-            "t.titan_layout(t.TitanDegrees(pp=1, dp_replicate=1, dp_shard=2, cp=2, tp=1, ep=1)); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torchtitan', 'tyro')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"

@@ -73,7 +73,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CHECKED_VERSIONS: tuple[str, ...] = ("2.10.0", "2.13.0", "2.14.1", "2.15.0")
-"""The torch releases every function here was run on (the CI legs)."""
+"""The torch releases every function here was run on: the CI legs (2.10.0, 2.13.0, 2.15.0) and 2.14.1."""
 
 
 # ----------------------------------------------------------------------------- default group

@@ -6,6 +6,8 @@ ProcessGroup it runs on and its ``async_op`` (verified on torch 2.13: ``dist.gat
 friends reach ``c10d.gather_``/``scatter_``/``broadcast_``/``allgather_`` with a ScriptObject that
 ``ProcessGroup.unbox`` turns back into the group). async_save runs its exchange on a worker thread that
 a dispatch mode cannot see, so it is observed through the groups' c10d sequence numbers instead.
+
+The tests that start processes (marked ``world``); the pure ones are in ``tests/test_dcp.py``.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from commgroups import CHECKPOINT_ROLE, GroupRegistry, Layout, RoleSpec
+from commgroups import CHECKPOINT_ROLE, GroupRegistry
 from commgroups.demo.config import seed_layout
-from commgroups.integrations import MissingRoleError
 from commgroups.integrations import dcp as cg_dcp
 from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
+
 
 WORLD = 4
 
@@ -193,25 +197,3 @@ def test_fallback_switch_uses_the_default_group(dcp_results: list[dict[str, Any]
 def test_registry_and_process_group_together_is_an_error(dcp_results: list[dict[str, Any]]) -> None:
     for out in dcp_results:
         assert out["both"] is not None and "only registry=" in out["both"]
-
-
-def test_registry_without_checkpoint_role_names_the_fix() -> None:
-    registry = GroupRegistry(Layout(dims={"cp": 4}, roles=[RoleSpec(name="cp", dims=["cp"])]))
-    with pytest.raises(MissingRoleError) as info:
-        cg_dcp.save({}, checkpoint_id="unused", registry=registry)
-    message = str(info.value)
-    assert CHECKPOINT_ROLE in message and "fix:" in message and 'backend = "gloo"' in message
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [("", False), ("0", False), ("off", False), ("1", True), ("true", True), (" YES ", True)],
-)
-def test_switch_values(value: str, expected: bool) -> None:
-    assert cg_dcp.use_default_group({cg_dcp.DEFAULT_GROUP_ENV: value}) is expected
-    assert cg_dcp.use_default_group({}) is False
-
-
-def test_switch_rejects_unknown_values() -> None:
-    with pytest.raises(ValueError, match="not understood"):
-        cg_dcp.use_default_group({cg_dcp.DEFAULT_GROUP_ENV: "2"})

@@ -3,6 +3,8 @@
 Every check runs on real multi-process gloo worlds: each rank makes its own single-rank group and a
 real 1-rank gloo group, runs the same collective on the same input on both, and compares outputs,
 futures and Work behaviour side by side.
+
+The tests that start processes (marked ``world``); the pure ones are in ``tests/test_single_rank.py``.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ import torch.distributed as dist
 
 from commgroups.backends.single_rank import (
     TORCH_BACKEND,
-    SingleRankAdapter,
     SingleRankProcessGroup,
     ensure_registered,
 )
 from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -648,10 +652,3 @@ def _wrong_size(rank: int, world: int) -> str:
 def test_a_group_of_more_than_one_rank_is_refused_with_the_fix() -> None:
     for message in run_world(_wrong_size, 2):
         assert "exactly one rank" in message and "[0, 1]" in message and "fix:" in message
-
-
-def test_adapter_describes_the_backend() -> None:
-    adapter = SingleRankAdapter()
-    assert (adapter.name, adapter.torch_backend, adapter.supports_split) == ("single", TORCH_BACKEND,
-                                                                            False)
-    assert adapter.default_timeout().total_seconds() > 0

@@ -1,5 +1,8 @@
 """registry.collectives(role): every method matches the raw torch.distributed call (real gloo, 4 ranks),
-and every call it makes reaches c10d as async_op=True (unless the role turns async_and_wait off)."""
+and every call it makes reaches c10d as async_op=True (unless the role turns async_and_wait off).
+
+The tests that start processes (marked ``world``); the pure ones are in ``tests/test_role_collectives.py``.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +17,9 @@ import torch.distributed as dist
 import commgroups as cg
 from tests.gloo_support import NO_ALL_TO_ALL, all_to_all_or_note
 from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
+
 
 SEED = "examples/layouts/seed_cp4.toml"
 
@@ -239,8 +245,3 @@ def test_misuse_is_named(world_results: list[dict[str, Any]]) -> None:
     assert "default group" in result["batch_error"] and "p2p_op" in result["batch_error"]
     assert "role='fsdp'" in result["repr"] and "async_and_wait=True" in result["repr"]
     assert result["size_rank"] == (4, 0)
-
-
-def test_needs_a_process_group() -> None:
-    with pytest.raises(TypeError, match=r"registry.group\('cp'\)"):
-        cg.RoleCollectives(None, role="cp", async_and_wait=True)  # type: ignore[arg-type]

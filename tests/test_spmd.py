@@ -1,7 +1,7 @@
 """spmd_types under ``activate``: axis names resolve to the registry's groups, nothing is blocking,
 and spmd_types is left exactly as it was. One 4-rank gloo world runs every check.
 
-Observed at the c10d op level with :class:`tests.test_integration_dcp.C10dRecorder`; a negative
+Observed at the c10d op level with :class:`tests.test_dcp_world.C10dRecorder`; a negative
 control (plain ``set_current_mesh`` on an ``init_device_mesh`` mesh) shows the recorder does see
 blocking calls on the default group, so "none is blocking" is not a blind spot.
 """
@@ -16,8 +16,10 @@ import torch.distributed as dist
 
 from commgroups import GroupRegistry
 from commgroups.demo.config import seed_layout
-from tests.test_integration_dcp import C10dRecorder
+from tests.test_dcp_world import C10dRecorder
 from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
 
 spmd = pytest.importorskip("spmd_types")
 

@@ -1,4 +1,7 @@
-"""FSDP2 on the registry's fsdp role: same training as on a plain mesh (losses equal), on its own group."""
+"""FSDP2 on the registry's fsdp role: same training as on a plain mesh (losses equal), on its own group.
+
+The tests that start processes (marked ``world``); the pure ones are in ``tests/test_fsdp.py``.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +14,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from commgroups import GroupRegistry, Layout, RoleSpec
+from commgroups import GroupRegistry
 from commgroups.demo.config import seed_layout
-from commgroups.integrations import MissingRoleError
 from commgroups.integrations.fsdp import (
     fsdp_mesh,
     fully_shard_on_role,
     install_async_and_wait_comms,
 )
-from tests.test_integration_dcp import C10dRecorder
+from tests.test_dcp_world import C10dRecorder
 from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
+
 
 WORLD = 4
 STEPS = 3
@@ -118,9 +123,3 @@ def test_comms_installed_after_someone_else_sharded(fsdp_results: list[dict[str,
 def test_mesh_argument_is_refused(fsdp_results: list[dict[str, Any]]) -> None:
     for out in fsdp_results:
         assert out["mesh_error"] is not None and "mesh=" in out["mesh_error"]
-
-
-def test_missing_fsdp_role_names_the_fix() -> None:
-    registry = GroupRegistry(Layout(dims={"cp": 4}, roles=[RoleSpec(name="cp", dims=["cp"])]))
-    with pytest.raises(MissingRoleError, match=r"'fsdp'.*fix:"):
-        fully_shard_on_role(nn.Linear(2, 2), registry)

@@ -1,0 +1,101 @@
+"""Smoke test of ``commgroups bench``: the smallest run of every scenario, keys and sane numbers.
+
+No timing assertions: the numbers of a smoke run are meaningless; only their shape is checked.
+
+The tests that start processes (marked ``world``); the pure ones are in ``tests/test_bench_smoke.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from commgroups.bench import smoke_config
+from commgroups.cli import main
+
+pytestmark = pytest.mark.world
+
+
+TABLES = ("creation", "rebuild", "planning", "async_and_wait", "checkpoint_dcp",
+          "checkpoint_exchange", "memory")
+
+
+def _numbers(cell: Any) -> list[float]:
+    if isinstance(cell, dict) and "median" in cell:
+        return [cell["median"], cell["p25"], cell["p75"]]
+    if isinstance(cell, (int, float)) and not isinstance(cell, bool):
+        return [float(cell)]
+    return []
+
+
+def test_bench_smoke_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    plots = tmp_path / "plots"
+    assert main(["bench", "--smoke", "--no-progress", "--json", str(out), "--plot", str(plots),
+                 "--markdown", str(tmp_path / "bench.md")]) == 0
+    data = json.loads(out.read_text())
+    for key in ("async_and_wait_overhead_ratio", "creation_ratio_vs_devicemesh"):
+        assert isinstance(data[key], float) and math.isfinite(data[key]) and data[key] > 0, key
+    assert set(TABLES) <= set(data["tables"])
+    assert data["machine"]["nproc"] >= 1 and data["machine"]["torch"]
+    assert data["config"]["name"] == "smoke"
+    for name in TABLES:
+        table = data["tables"][name]
+        assert table["rows"], name
+        for row in table["rows"]:
+            assert len(row) == len(table["columns"])
+            for cell in row:
+                for value in _numbers(cell):
+                    assert math.isfinite(value) and value >= 0, (name, row)
+    # Timing cells are strictly positive; a zero would mean nothing was timed.
+    for name, column in (("creation", "time ms"), ("planning", "time ms"),
+                         ("async_and_wait", "raw us"), ("async_and_wait", "async-and-wait us"),
+                         ("checkpoint_dcp", "time ms"), ("checkpoint_exchange", "time ms")):
+        index = data["tables"][name]["columns"].index(column)
+        assert all(row[index]["median"] > 0 for row in data["tables"][name]["rows"]), name
+    # The registry gives every role its own group; DeviceMesh aliases the world-spanning fsdp dim.
+    creation = data["tables"]["creation"]
+    cols = creation["columns"]
+    for row in creation["rows"]:
+        cells = dict(zip(cols, row))
+        if cells["variant"].startswith("registry"):
+            assert cells["roles aliasing default group"] == 0
+        if cells["variant"] == "devicemesh":
+            assert cells["roles aliasing default group"] >= 1
+    # Rebuild: every phase measured on the gloo world and the simulated one, as a ratio too.
+    rebuild = data["tables"]["rebuild"]
+    whats = {(row[0], row[2]) for row in rebuild["rows"]}
+    for world in (4, 64):
+        assert {(world, w) for w in ("create", "rebuild", "phase check_in", "phase retire",
+                                     "phase create", "phase meshes")} <= whats
+    assert data["summary"]["rebuild_ratio_vs_create_gloo4"] > 0
+    assert sorted(p.name for p in plots.glob("*.png")) == [
+        "async_and_wait.png", "checkpoint.png", "creation.png", "memory.png", "planning.png"]
+    assert "async_and_wait_overhead_ratio" in capsys.readouterr().out
+
+
+class _Counting:
+    def __init__(self) -> None:
+        self.total = 0
+        self.done = 0
+
+    def add_total(self, units: int) -> None:
+        self.total += units
+
+    def advance(self, units: int = 1) -> None:
+        self.done += units
+
+    def describe(self, text: str) -> None:
+        pass
+
+
+def test_progress_total_matches_the_work() -> None:
+    from commgroups.bench import run_bench
+
+    progress = _Counting()
+    run_bench(smoke_config(), progress)
+    assert progress.total == progress.done > 0

@@ -1,0 +1,241 @@
+"""Creation paths on real gloo worlds (4 and 8 ranks) and the split decision with a mocked NCCL.
+
+One spawned world runs every check of its size (worlds cost about a second of CPU per rank); the
+workers return plain data and the assertions run in the parent against the pure plan.
+
+The tests that start processes (marked ``world``); the pure ones are in ``tests/test_creation.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import commgroups as cg
+from commgroups.registry import GroupRegistry
+from commgroups.torch_internals.version import torch_version
+from tests.test_creation import _irregular, _regular
+from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
+
+TORCH = torch_version()
+
+
+# ------------------------------------------------------------------------------------ workers
+
+
+def _exercise(registry: GroupRegistry, rank: int) -> dict[str, Any]:
+    """Per role: method, ranks, an all_reduce of the global ranks, and default-group aliasing."""
+    roles: dict[str, Any] = {}
+    for role in registry.role_names:
+        if registry.plan.group_of(role, rank) is None:
+            roles[role] = {"method": registry.creation_method(role), "member": False}
+            continue
+        group = registry.group(role)
+        tensor = torch.tensor([float(rank)])
+        dist.all_reduce(tensor, group=group)
+        roles[role] = {
+            "method": registry.creation_method(role),
+            "member": True,
+            "ranks": tuple(dist.get_process_group_ranks(group)),
+            "registry_ranks": registry.ranks(role),
+            "sum": tensor.item(),
+            "is_default": group is dist.group.WORLD,
+        }
+    return roles
+
+
+def paths_worker(rank: int, world: int, runs: list[tuple[str, str, str, bool]]) -> dict[str, Any]:
+    """Per (label, layout kind, mode, keep): create, time and exercise a registry.
+
+    Kept registries stay alive until every run is done (so later ones start at other group counts);
+    the others are closed at once.
+    """
+    out: dict[str, Any] = {}
+    kept: list[GroupRegistry] = []
+    for label, kind, mode, keep in runs:
+        if label == "close-kept":
+            for registry in reversed(kept):
+                registry.close()
+            kept.clear()
+            continue
+        layout = _regular(world) if kind == "regular" else _irregular(world)
+        registry = GroupRegistry(layout, creation_mode=mode, create_timeout_s=60).create()
+        out[label] = {"roles": _exercise(registry, rank), "describe": registry.describe()}
+        if keep:
+            kept.append(registry)
+        else:
+            registry.close()
+    for registry in kept:
+        registry.close()
+    return out
+
+
+def mesh_worker(rank: int, world: int) -> dict[str, Any]:
+    """A mesh dim without a role of its own gets a dedicated group (via the checked local path)."""
+    layout = cg.Layout(dims={"dp_shard": 2, "cp": 2},
+                       roles=[cg.RoleSpec(name="fsdp", dims=["dp_shard", "cp"])])
+    with GroupRegistry(layout, creation_mode="auto", create_timeout_s=60,
+                       meshes=[["dp_shard", "cp"]]) as registry:
+        mesh = registry.device_mesh(["dp_shard", "cp"])
+        groups = [mesh.get_group(dim) for dim in ("dp_shard", "cp")]
+        sums = []
+        for group in groups:
+            tensor = torch.tensor([float(rank)])
+            dist.all_reduce(tensor, group=group)
+            sums.append(tensor.item())
+        return {
+            "ranks": [tuple(dist.get_process_group_ranks(g)) for g in groups],
+            "sums": sums,
+            "default": [g is dist.group.WORLD for g in groups],
+            "methods": {dim: c.method for dim, c in registry._current.dim_groups.items()},
+        }
+
+
+# ------------------------------------------------------------------------------------ checks
+
+
+def _check(layout: cg.Layout, rank: int, roles: dict[str, Any]) -> None:
+    plan = cg.plan(layout)
+    for role in plan.role_names:
+        expected = plan.group_of(role, rank)
+        got = roles[role]
+        if expected is None:
+            assert not got["member"], (role, rank)
+            continue
+        assert got["ranks"] == expected == got["registry_ranks"], (role, rank)
+        assert got["sum"] == float(sum(expected)), (role, rank)
+        assert not got["is_default"], (role, rank)
+
+
+def _methods(roles: dict[str, Any]) -> dict[str, str]:
+    return {role: info["method"] for role, info in roles.items()}
+
+
+RUNS: list[tuple[str, str, str, bool]] = [
+    ("warm-up", "regular", "all_ranks", False),  # first connections cost extra: keep them out
+    ("all_ranks", "regular", "all_ranks", True),
+    ("local", "regular", "local", True),
+    ("auto", "regular", "auto", True),
+    # Explicit-ranks roles leave group counts uneven across ranks: they fall back and go last.
+    ("irregular-local", "irregular", "local", True),
+    # Before torch 2.14 the name salt (groups registered) now differs between ranks (members of the
+    # irregular groups have more): local would hang. From 2.14 the salt counts every new_group call,
+    # the same on every rank, so local is safe (torch's own naming code says so, see local_vote).
+    ("after-irregular", "regular", "local", True),
+    ("close-kept", "", "", False),
+    ("local-fresh", "regular", "local", False),
+    # The same groups again right after destroying them: before torch 2.14 local would reuse their
+    # hashed names (stale rendezvous keys: a hang); from 2.14 names never repeat, so local is safe.
+    ("local-again", "regular", "local", False),
+]
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_every_path_creates_correct_groups(world: int) -> None:
+    """all_ranks, local and auto give the planned groups; unsafe local falls back, never hangs."""
+    results = run_world(paths_worker, world, RUNS, timeout=180)
+    # torch >= 2.14 salts hashed names with a counter of every new_group call (never repeats).
+    repeat = "local" if TORCH >= (2, 14, 0) else "all_ranks"
+    regular, irregular = _regular(world), _irregular(world)
+    labels = [label for label, _, _, _ in RUNS if label != "close-kept"]
+    for rank, result in enumerate(results):
+        for label, kind, _, _ in RUNS:
+            if label in labels:
+                _check(regular if kind == "regular" else irregular, rank, result[label]["roles"])
+        assert set(_methods(result["all_ranks"]["roles"]).values()) == {"all_ranks"}
+        assert set(_methods(result["local"]["roles"]).values()) == {"local"}
+        assert set(_methods(result["auto"]["roles"]).values()) == {"local"}  # gloo: no split
+        assert _methods(result["irregular-local"]["roles"]) == {
+            "embed": "all_ranks", "cp": "local", "pairs": "all_ranks", "fsdp": "local",
+            "checkpoint-metadata": "local",
+        }
+        assert set(_methods(result["after-irregular"]["roles"]).values()) == {repeat}
+        assert set(_methods(result["local-fresh"]["roles"]).values()) == {"local"}
+        assert set(_methods(result["local-again"]["roles"]).values()) == {repeat}
+    assert "local" in results[0]["local"]["describe"]
+
+
+def test_mesh_dim_groups_are_dedicated() -> None:
+    """device_mesh over dims without roles: dedicated groups, made member-only after the check."""
+    results = run_world(mesh_worker, 4, timeout=120)
+    plan = cg.plan(cg.Layout(dims={"dp_shard": 2, "cp": 2}))
+    for rank, result in enumerate(results):
+        expected = [plan.group_of(dim, rank) for dim in ("dp_shard", "cp")]
+        assert result["ranks"] == expected
+        assert result["sums"] == [float(sum(g or ())) for g in expected]
+        assert result["default"] == [False, False]
+        assert set(result["methods"].values()) == {"local"}
+
+
+class _CountingStore(dist.Store):  # type: ignore[misc]  # torch's stubs re-export Store loosely
+    """The job's store, forwarding every call and counting them (commgroups' own calls only:
+    torch's group rendezvous reads the store it was given at init, not this one)."""
+
+    def __init__(self, inner: dist.Store) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+
+    def _forward(self, name: str, *args: Any) -> Any:
+        self.calls += 1
+        return getattr(self.inner, name)(*args)
+
+    def set(self, key: str, value: Any) -> None:
+        self._forward("set", key, value)
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._forward("get", key))
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._forward("add", key, amount))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        return bytes(self._forward("compare_set", key, expected, desired))
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._forward("wait", keys, *([] if timeout is None else [timeout]))
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self._forward("check", keys))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return list(self._forward("multi_get", keys))
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self._forward("delete_key", key))
+
+
+def store_calls_worker(rank: int, world: int) -> list[int]:
+    import commgroups.creation.role_groups as creation
+    from commgroups import torch_internals
+
+    counting = _CountingStore(torch_internals.default_store())
+    creation.default_store = lambda: counting  # type: ignore[assignment]
+    torch_internals.default_store = lambda: counting  # type: ignore[assignment]
+    calls = []
+    for mode in ("auto", "all_ranks"):
+        counting.calls = 0
+        registry = GroupRegistry(_regular(world), creation_mode=mode, create_timeout_s=60).create()
+        calls.append(counting.calls)
+        dist.barrier()  # every rank created: closing waits for nobody
+        registry.close()
+    return calls
+
+
+def test_creation_costs_each_rank_a_fixed_number_of_store_calls() -> None:
+    """The registry's own round trips on the success path, O(1) per rank whatever the world: open
+    the attempt (1), local creation's name history (2), the agreement (5: compare with the first
+    rank in, record presence, count in, wait, read the verdict) and the note that this rank is done
+    (1). The first rank in also publishes its payload (1); the last decides, ends the attempt and
+    publishes the verdict (3) and says every rank is done (1)."""
+    calls = run_world(store_calls_worker, 4)
+    local, every_rank = [c[0] for c in calls], [c[1] for c in calls]
+    assert min(local) == 9 and sum(local) == 4 * 9 + 1 + 3 + 1, local
+    # Without member-only roles there is no name history to read and extend.
+    assert min(every_rank) == 7 and sum(every_rank) == 4 * 7 + 1 + 3 + 1, every_rank
