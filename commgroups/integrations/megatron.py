@@ -330,7 +330,7 @@ def megatron_layout(
     expert_sizes = {"tp": expert_tp, "ep": sizes["ep"], "dp": world // expert_model,
                     "pp": sizes["pp"]}
     expert = _outermost_first(tokens, _EXPERT_NAMES, expert_sizes, "ep", "expt_gtp_remat")
-    if sizes["pp"] > 1 and tokens[-1] != "pp":
+    if sizes["pp"] > 1 and not order.lower().endswith("pp"):  # Megatron's own test
         if expert_sizes["dp"] != sizes["dp"]:
             raise DimOrderError(
                 f"megatron_layout: order={order!r} does not end in pp, and the expert layers' "
