@@ -175,7 +175,7 @@ def test_plain_device_mesh_seed_layout_is_flagged(audit_run: dict[str, Any]) -> 
     # all-gathers and reduce-scatters async_op=False, from its own streams on CUDA)
     callers = streams.details["blocking_callers"]
     assert any("spmd_types/_collectives.py" in c for c in callers), callers
-    assert any(c.split(":")[0].endswith("tests/test_audit.py") for c in callers), callers
+    assert any(c.split(":")[0].endswith("tests/test_audit_world.py") for c in callers), callers
     # every rank saw the same hazards locally, before any merge
     assert all(set(r["plain"]["local"]) == {"aliasing", "mixed_streams"}
                for r in audit_run["results"])
@@ -246,7 +246,7 @@ def test_record_fields(audit_run: dict[str, Any]) -> None:
     assert ours and ours[0]["stream"] == "cpu" and ours[0]["dtypes"] == ["float32", "float32"]
     # the same all-gather from our wrapper and from spmd_types, told apart by caller
     assert {r["caller"].split(":")[0].rsplit("/", 1)[-1] for r in ours} == {
-        "test_audit.py", "_collectives.py"}
+        "test_audit_world.py", "_collectives.py"}
     by_group: dict[str, list[int]] = {}
     for r in records:
         by_group.setdefault(r["group"], []).append(r["group_seq"])
