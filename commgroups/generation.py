@@ -76,6 +76,21 @@ def same_device(a: BackendAdapter, b: BackendAdapter) -> bool:
     return a.serves_every_device or b.serves_every_device or a.device_type == b.device_type
 
 
+def covering_role(layout: Layout, plan: Plan, dim: str, context: CreationContext) -> str | None:
+    """The role whose dims are exactly ``[dim]`` and whose groups can serve a mesh axis on the
+    device (its backend resolves to the device's type), else None. Pure: the same on every rank."""
+    default_backend = str(dist.get_backend())
+    for spec in layout.roles:
+        if spec.dims == [dim]:
+            adapter = resolve_backend(spec.backend, default_backend,
+                                      plan.role(spec.name).group_size, context.device_backend)
+            device = resolve_backend("device", default_backend, plan.dim_group(dim).group_size,
+                                     context.device_backend)
+            if same_device(adapter, device):
+                return spec.name
+    return None
+
+
 def dims_needing_groups(layout: Layout, plan: Plan, meshes: Iterable[Sequence[str]],
                         context: CreationContext) -> tuple[str, ...]:
     """The dims that get their own group at creation, in first-use order.
@@ -84,20 +99,10 @@ def dims_needing_groups(layout: Layout, plan: Plan, meshes: Iterable[Sequence[st
     only when a mesh needs it), and every size-1 dim no role covers (a single-rank group costs no
     communicator). Pure: the same answer on every rank.
     """
-    default_backend = str(dist.get_backend())
-    covered: set[str] = set()
-    for spec in layout.roles:
-        if isinstance(spec.dims, list) and len(spec.dims) == 1:
-            dim = spec.dims[0]
-            adapter = resolve_backend(spec.backend, default_backend,
-                                      plan.role(spec.name).group_size, context.device_backend)
-            device = resolve_backend("device", default_backend, plan.dim_group(dim).group_size,
-                                     context.device_backend)
-            if same_device(adapter, device):
-                covered.add(dim)
     wanted = [name for names in meshes for name in names if name not in layout.role_names]
     wanted += [dim for dim in plan.all_dim_names if plan.dim_group(dim).group_size == 1]
-    return tuple(dict.fromkeys(dim for dim in wanted if dim not in covered))
+    return tuple(dim for dim in dict.fromkeys(wanted)
+                 if covering_role(layout, plan, dim, context) is None)
 
 
 def set_group_timeout(created: CreatedRole, timeout: timedelta) -> None:
@@ -365,17 +370,10 @@ class Generation:
     def dim_group(self, dim: str) -> MeshAxis:
         """The axis of dim ``dim``: the group of the role over exactly ``[dim]``, else the dim's
         own group made at creation; :class:`MeshNotPlannedError` when neither exists."""
-        info = self.plan.dim_group(dim)
-        wanted = resolve_backend("device", str(dist.get_backend()), info.group_size)
-        for spec in self.layout.roles:
-            created = self.roles[spec.name]
-            if spec.dims == [dim] and created.group is not None and same_device(
-                    created.adapter, wanted):
-                return (dim,), created.adapter, created.group
-        if dim in self.dim_groups and self.dim_groups[dim].group is not None:
-            made = self.dim_groups[dim]
-            assert made.group is not None
-            return (dim,), made.adapter, made.group
+        role = covering_role(self.layout, self.plan, dim, self.request.context)
+        created = self.roles[role] if role is not None else self.dim_groups.get(dim)
+        if created is not None and created.group is not None:
+            return (dim,), created.adapter, created.group
         raise MeshNotPlannedError(
             f"device_mesh: dim {dim!r} has no group (no role covers exactly [{dim!r}]); fix: "
             f"declare the mesh, GroupRegistry(layout, meshes=[[..., {dim!r}, ...]]), or add a "
