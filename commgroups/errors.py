@@ -28,6 +28,7 @@ __all__ = [
     "InvalidSizeError",
     "InvalidViewError",
     "LayoutError",
+    "LeftOutError",
     "LayoutFileError",
     "LayoutMismatchError",
     "MeshNotPlannedError",
@@ -268,6 +269,12 @@ class RebuildError(CommGroupsError, RuntimeError):
     survivor starts a fresh attempt.
     """
 
+
+
+class LeftOutError(RebuildError):
+    """This rank reached :meth:`~commgroups.GroupRegistry.rebuild`'s check-in after the survivors
+    were decided without it. It is out of the job for good: its registry is ``dropped`` and a
+    retry raises again, so it can never form a world of its own beside the survivors'."""
 
 class NotAMemberError(CommGroupsError, LookupError):
     """This rank belongs to no group of the role (only roles with explicit rank groups allow that)."""

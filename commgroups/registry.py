@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import gc
 import logging
 import sys
 import threading
@@ -34,6 +35,7 @@ from commgroups.creation.role_groups import CREATION_MODES, CreationContext
 from commgroups.errors import (
     CommGroupsError,
     LayoutError,
+    LeftOutError,
     NotAMemberError,
     RebuildError,
     RegistryClosedError,
@@ -51,7 +53,13 @@ from commgroups.layout import limits
 from commgroups.layout.auto_layout import AutoLayout, job_layout
 from commgroups.layout.specs import Layout, RoleSpec
 from commgroups.planning.plan import Plan, plan
-from commgroups.rank_loss.check_in import check_in
+from commgroups.rank_loss.check_in import (
+    check_in,
+    check_in_window,
+    forget_check_ins,
+    record_made,
+)
+from commgroups.rank_loss.liveness import Liveness, own_connection
 from commgroups.rank_loss.rebuild_report import RebuildReport
 from commgroups.rank_loss.replan import alive_ranks, replan_arrays
 from commgroups.rank_loss.shrink import Spine, prepare_spine
@@ -66,6 +74,8 @@ __all__ = ["GroupRegistry", "RegistryState"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_CREATE_TIMEOUT_S = 300.0
+DEFAULT_HEARTBEAT_S = 0.1
+DEFAULT_DEAD_AFTER_S = 1.5
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -132,6 +142,10 @@ class GroupRegistry:
             raises :class:`~commgroups.errors.AgreementTimeoutError`.
         meshes: meshes to plan at creation, each a list of dim or role names. A dim that no role
             covers gets its own group only here; :meth:`device_mesh` never creates one.
+        heartbeat_s: seconds between this rank's heartbeats in the store, which tell the others it
+            is alive after a rank loss (:mod:`commgroups.rank_loss.liveness`); None: no heartbeat
+            (a rebuild then waits its whole window for absent ranks).
+        dead_after_s: a rank whose heartbeat stopped this long counts as dead.
     """
 
     def __init__(
@@ -141,6 +155,8 @@ class GroupRegistry:
         creation_mode: str = "auto",
         create_timeout_s: float = DEFAULT_CREATE_TIMEOUT_S,
         meshes: Iterable[str | Sequence[str]] = (),
+        heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
+        dead_after_s: float = DEFAULT_DEAD_AFTER_S,
     ) -> None:
         if isinstance(layout, AutoLayout):  # restart mode: the "auto" dim's size is the world's
             layout = job_layout(layout)
@@ -152,6 +168,13 @@ class GroupRegistry:
                               f"{', '.join(CREATION_MODES)}", field="creation_mode")
         # A bool, nan or inf here would validate and then fail inside create() with a raw error.
         self.create_timeout_s = limits.check_timeout(create_timeout_s, "create_timeout_s")
+        self.heartbeat_s = (None if heartbeat_s is None
+                            else limits.check_timeout(heartbeat_s, "heartbeat_s"))
+        self.dead_after_s = limits.check_timeout(dead_after_s, "dead_after_s")
+        if self.heartbeat_s is not None and self.dead_after_s < 3 * self.heartbeat_s:
+            raise LayoutError(f"dead_after_s: {dead_after_s:g}s is under 3 heartbeats of "
+                                f"{heartbeat_s:g}s; fix: raise it (default "
+                                f"{DEFAULT_DEAD_AFTER_S:g}s)", field="dead_after_s")
         self.creation_mode = creation_mode
         self._layout, self._plan = layout, plan(layout)
         self._mesh_requests: list[MeshNames] = []  # declared, then asked for: rebuilt in order
@@ -164,10 +187,13 @@ class GroupRegistry:
         self._rank = -1
         self._state = RegistryState.NEW
         self._current: Generation | None = None
-        self._retired: list[Generation] = []  # kept referenced, never destroyed (dead peers)
+        self._retired: list[Generation] = []  # retired, not yet released (see _release_retired)
         self._number = 0  # the current generation's number (spares count rebuilds too)
         self._registry_id = -1  # the agreement epoch of create(): the same on every rank
-        self._rebuild_attempts = 0  # failed rebuild attempts toward the next generation
+        self._rebuild_attempts = 0  # decided rebuilds toward the next generation that failed
+        self._rebuild_attempts_made = 0  # how many the last successful rebuild took
+        self._previous_check_ins: tuple[str, int] | None = None  # the last rebuild's, to delete
+        self._liveness: Liveness | None = None
         self._timeout_overrides: dict[str, timedelta] = {}
         self._spine: Spine | None = None  # bound NCCL: what rebuild() shrinks (rank_loss.shrink)
         self._lock = threading.RLock()
@@ -204,7 +230,39 @@ class GroupRegistry:
         generation = Generation.create(self._request(0, self._layout, self._plan), local_error)
         self._registry_id = generation.epoch
         self._start(generation)
+        self._liveness = self._start_liveness()
         return self
+
+    def _start_liveness(self) -> Liveness | None:
+        """This rank's heartbeat thread, watching generation 0; None where there is nobody to
+        watch (one rank, the fake backend, a store that is not a TCPStore, heartbeats off)."""
+        if (self.heartbeat_s is None or self._layout.world_size == 1
+                or str(dist.get_backend()) == "fake"):
+            return None
+        client = own_connection(torch_internals.default_store(),
+                                timedelta(seconds=self.create_timeout_s))
+        if client is None:
+            logger.debug("rank %d: the job's store is not a TCPStore: no heartbeats", self._rank)
+            return None
+        liveness = Liveness(client, f"{STORE_PREFIX}/live/{self._registry_id}/", self._rank,
+                            interval_s=self.heartbeat_s, dead_after_s=self.dead_after_s,
+                            on_loss=self._on_loss)
+        liveness.start()
+        liveness.watch(self._number, self.members)
+        return liveness
+
+    def _on_loss(self, number: int) -> None:
+        """From the heartbeat thread: a rank reported a loss in generation ``number``. Free every
+        collective blocked on it (no lock: the main thread may be inside one)."""
+        current = self._current
+        if current is not None and current.number == number:
+            logger.info("rank %d: a loss was reported in generation %d: interrupting its groups",
+                        self._rank, number)
+            keep = self._spine_groups()
+            if current.request.context.device_bound:  # a shrink rebuild may need a world role's
+                keep += [group for made in current.roles.values() if made.adapter.aborts
+                         for group in made.owned]  # device groups: rebuild() aborts them
+            current.interrupt(keep)
 
     def _request(self, number: int, layout: Layout, the_plan: Plan, *, lost: int = 0,
                  ) -> GenerationRequest:
@@ -242,49 +300,61 @@ class GroupRegistry:
                 timeout: float | timedelta | None = None) -> RebuildReport:
         """After a rank loss: make generation g+1 on the survivors. Collective over the survivors.
 
-        The survivors check in through the store (a rank missing the window counts as lost), the
-        layout shrinks by its ``elastic`` rules, generation g is retired (its handles go stale)
-        and every role and mesh of g is made again on the survivors. How the window, the shrink
-        spine and spares work: the guide, 'Rank loss'.
+        Reports the loss to every rank (their groups of g are interrupted, so nobody waits out a
+        collective), agrees on the survivors through the store, shrinks the layout by its
+        ``elastic`` rules, retires g and makes every role and mesh again on the survivors. The
+        guide's 'Rank loss' says how long each step takes and why.
 
         Args:
-            alive: the global ranks known alive, this one included; the check-in ends when they
-                are all in. None: wait for every member until the window closes.
-            timeout: the check-in window (seconds or timedelta). Default: twice the longest role
-                timeout.
+            alive: the global ranks known alive, this one included: the check-in ends when they
+                are all in. None: every member checks in or stops beating (heartbeats), or the
+                window ends.
+            timeout: the check-in window (seconds or timedelta), a backstop. Default: the longest
+                role ``timeout_s`` given, else ``create_timeout_s``.
 
         Returns:
-            A :class:`~commgroups.rank_loss.rebuild_report.RebuildReport`: the new generation,
-            layout, lost ranks, spares, this rank's place and the seconds of each phase.
+            A :class:`~commgroups.rank_loss.rebuild_report.RebuildReport`.
 
         Raises:
             ReplanError: the survivors cannot form the layout; on every survivor, nothing retired.
-            RebuildError: this rank checked in too late, ``alive`` is malformed, or a backend
-                cannot be rebuilt here.
+            RebuildError: this rank was left out, ``alive`` is malformed, absent ranks are alive
+                but never called ``rebuild()``, or a backend cannot be rebuilt here.
             GroupCreationError: a survivor died during the rebuild; call ``rebuild()`` again.
             StoreUnreachableError: the store's host died.
         """
         seconds: dict[str, float] = {}
         started = time.monotonic()
-        current = self._current
+        current, current_members = self._current, self.members
         if current is None or self._state not in (RegistryState.CREATED, RegistryState.RETIRED):
             raise RebuildError(f"rebuild() needs a created registry (this one is "
-                               f"{self._state.value}); fix: call it after create(), on every survivor")
+                               f"{self._state.value}); fix: call it after create(), on every "
+                               "member of the last generation")
         known = None if alive is None else alive_ranks(alive, self._plan, self._rank)
         self._check_rebuildable()
-        window = self._check_in_window(timeout, current)
+        window = check_in_window(timeout, self._layout, self._timeout_overrides,
+                                 self.create_timeout_s)
+        if self._liveness is not None:
+            self._liveness.report(current.number, f"rank {self._rank} called rebuild()")
+        current.interrupt(self._spine_groups())  # ours too: another thread may be blocked on g
         if str(dist.get_backend()) == "fake":
             if known is None:
                 raise RebuildError("rebuild() under the fake backend simulates one rank: pass "
                                    "alive= (there is nobody to check in with)")
             survivors = known
         else:
-            prefix = (f"{STORE_PREFIX}/rebuild/{self._registry_id}/{self._number + 1}/"
+            prefix = (f"{STORE_PREFIX}/rebuild/{self._registry_id}/{current.number + 1}/"
                       f"{self._rebuild_attempts}/")
-            self._rebuild_attempts += 1
-            survivors = np.asarray(check_in(
-                torch_internals.default_store(), prefix, self._rank, self.members, window,
-                None if known is None else known.tolist()), dtype=np.int64)
+            try:
+                survivors = np.asarray(check_in(
+                    torch_internals.default_store(), prefix, self._rank, self.members, window,
+                    None if known is None else known.tolist(), self._liveness, self._made_key),
+                    dtype=np.int64)
+            except LeftOutError:  # decided without this rank: it stays out, a retry included
+                self._retire()
+                self._release_retired()
+                self._state = RegistryState.DROPPED
+                self._stop_liveness()
+                raise
         seconds["check_in"] = time.monotonic() - started
 
         mark = time.monotonic()
@@ -301,9 +371,13 @@ class GroupRegistry:
             self._spine = self._spine.retarget(new_plan.members or (), self._rank)
         self._retire()
         seconds["retire"] = time.monotonic() - mark
+        # Every rank of the decision moves on to the next attempt if what follows fails.
+        self._rebuild_attempts += 1
         if not bool(new_plan.holds(np.array([self._rank]))[0]):
             self._number += 1
             self._state = RegistryState.SPARE if self._rank in spares else RegistryState.DROPPED
+            self._release_retired(decision.lost.tolist())
+            self._stop_liveness()
             return RebuildReport(self._number, decision.layout, new_plan.members or (),
                                  lost, spares, dropped, self._state.value, seconds)
 
@@ -311,11 +385,23 @@ class GroupRegistry:
         generation = Generation.create(self._request(self._number + 1, decision.layout, new_plan,
                                                      lost=len(lost)))
         self._number += 1
-        self._rebuild_attempts = 0
+        self._rebuild_attempts_made, self._rebuild_attempts = self._rebuild_attempts, 0
         seconds["create"] = time.monotonic() - mark
         mark = time.monotonic()
         self._start(generation)
+        if self._liveness is not None:
+            self._liveness.watch(self._number, self.members)
         seconds["meshes"] = time.monotonic() - mark
+        mark = time.monotonic()
+        self._release_retired(decision.lost.tolist())
+        if self.members[0] == self._rank and str(dist.get_backend()) != "fake":
+            root = torch_internals.default_store()
+            record_made(root, self._made_key, self.members, current_members)
+            if self._previous_check_ins is not None:  # a generation ago: nobody reads them now
+                forget_check_ins(root, *self._previous_check_ins)
+        self._previous_check_ins = (f"{STORE_PREFIX}/rebuild/{self._registry_id}/{self._number}/",
+                                    self._rebuild_attempts_made)
+        seconds["release"] = time.monotonic() - mark
         logger.info("rank %d: rebuilt generation %d on %d ranks in %.3fs", self._rank,
                     self._number, new_plan.world_size, time.monotonic() - started)
         return RebuildReport(self._number, decision.layout, self.members, lost, spares,
@@ -329,23 +415,39 @@ class GroupRegistry:
                                     CreationContext.detect())
 
     def _retire(self) -> None:
-        """Retire the live generation (kept referenced: its groups may hold a dead peer)."""
+        """Retire the live generation; it is released once this rank is past the check-in."""
         if self._current is not None and not self._current.ended:
             self._current.retire()
             self._retired.append(self._current)
             self._state = RegistryState.RETIRED
 
-    def _check_in_window(self, timeout: float | timedelta | None,
-                         current: Generation) -> timedelta:
-        if timeout is None:
-            # A survivor notices the loss at its collective's timeout at the latest, and one whose
-            # peers left a collective early may wait out one more: twice the longest role timeout.
-            longest = max((self._role_timeout(name, created.adapter).total_seconds()
-                           for name, created in current.roles.items()),
-                          default=self.create_timeout_s)
-            return timedelta(seconds=2 * longest)
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        return timedelta(seconds=limits.check_timeout(seconds, "timeout"))
+    def _release_retired(self, lost_positions: Sequence[int] = ()) -> None:
+        """Release every retired generation: its groups are interrupted on every survivor (no
+        collective waits on them) and every survivor is past the check-in that read its keys."""
+        released = False
+        for old in self._retired:
+            if old.release(lost_positions):
+                released = True
+                if self._liveness is not None and self.members and self.members[0] == self._rank:
+                    self._liveness.release(old.number)
+        self._retired = [old for old in self._retired if old.ended != "released"]
+        if released:
+            # The groups' last references sit in reference cycles (torch's own, measured on 2.13):
+            # without a collection their threads and sockets outlive them until the next one.
+            gc.collect()
+
+    def _spine_groups(self) -> list[dist.ProcessGroup]:
+        spine = self._spine  # read once: the heartbeat thread calls this too
+        return [] if spine is None else [spine.group]
+
+    @property
+    def _made_key(self) -> str:
+        return f"{STORE_PREFIX}/rebuild/{self._registry_id}/made"
+
+    def _stop_liveness(self) -> None:
+        if self._liveness is not None:
+            self._liveness.close()
+            self._liveness = None
 
     def _role_timeout(self, role: str, adapter: BackendAdapter) -> timedelta:
         if role in self._timeout_overrides:
@@ -564,16 +666,19 @@ class GroupRegistry:
     # ------------------------------------------------------------------------------- teardown
     @_serialized
     def close(self) -> None:
-        """Destroy the live generation's groups and delete its store keys. Idempotent, local.
+        """Destroy every generation's groups, stop the heartbeat, delete the store keys.
+        Idempotent, local.
 
         The registry is unusable after, and so is every handle it gave out
-        (:class:`~commgroups.errors.RegistryClosedError`). Retired generations stay referenced
-        (their groups hold a dead peer: destroying one may block).
+        (:class:`~commgroups.errors.RegistryClosedError`). A retired generation whose groups could
+        not be interrupted (gloo off Linux) stays referenced: destroying it may block on a dead peer.
         """
         if self._state is RegistryState.CLOSED:
             return
-        if self._current is not None:
+        self._stop_liveness()
+        if self._current is not None and not self._current.ended:
             self._current.destroy()
+        self._release_retired()
         if self._spine is not None:
             self._spine.close()
             self._spine = None

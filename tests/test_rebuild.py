@@ -119,7 +119,7 @@ def test_survivors_rebuild_on_the_smaller_layout(victim: int, role: str,
             assert result["world_sum"] == 2.0
             assert result["mesh"] == [kept]
             assert result["mesh_is_new"] and not result["default_alias"]
-            assert set(result["seconds"]) == {"check_in", "replan", "retire", "create", "meshes"}
+            assert set(result["seconds"]) == {"check_in", "replan", "retire", "create", "meshes", "release"}
         else:
             assert result["place"] == "dropped"
             assert result["refused"] == "RegistryStateError"

@@ -110,6 +110,9 @@ class CreatedRole:
     """The backend the group was created on."""
     owned: list[dist.ProcessGroup] = field(default_factory=list)
     """Groups this rank must destroy on close."""
+    sockets: tuple[tuple[int, str], ...] = ()
+    """The sockets the groups opened, where the backend is severed through them (gloo on Linux:
+    :mod:`commgroups.rank_loss.sever`)."""
 
 
 def creation_order(plan: Plan, methods: dict[str, str] | None = None) -> list[RolePlan]:
