@@ -13,18 +13,19 @@ import torch.distributed as dist
 
 import commgroups as cg
 from commgroups import errors
+from tests import torch_private
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
 
 
 def _live(group: dist.ProcessGroup) -> bool:
-    return group in dist.distributed_c10d._world.pg_map
+    return group in torch_private.live_groups()
 
 
 def _check_layout(layout: cg.Layout, rank: int) -> dict[str, Any]:
     """Create, check every role, build meshes, close; return what the parent asserts on."""
-    default = dist.distributed_c10d._get_default_group()
+    default = torch_private.default_group()
     plan = cg.plan(layout)
     registry = cg.GroupRegistry(layout).create()
     seen: dict[str, Any] = {}
