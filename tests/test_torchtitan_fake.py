@@ -51,7 +51,15 @@ def test_every_torchtitan_mesh_resolves(fake_world: Callable[..., None], name: s
         for mesh_name, mesh in single_axis_meshes(pd).items():
             assert pd.get_optional_mesh(mesh_name, include_singleton_axes=True) is mesh
             if mesh_name in ("efsdp", "ep") and ep == 1:
-                continue  # torchtitan's size-only placeholders: no group at all
+                # torchtitan's size-only placeholders: no group at all, and a clear refusal
+                # (stock returns a fake-backend group whose collectives move no data)
+                with pytest.raises(cg.errors.MeshRequestError, match="ep == 1") as info:
+                    mesh.get_group()
+                assert info.value.field == "parallelism.expert_parallel_degree"
+                assert "get_optional_mesh" in str(info.value) and len(str(info.value)) <= 300
+                assert pd.get_optional_mesh(mesh_name) is None
+                assert pd.mesh_groups()[mesh_name] is None
+                continue
             group = mesh.get_group()
             assert group is not default and group.group_name != default.group_name, mesh_name
             assert rank in dist.get_process_group_ranks(group)
