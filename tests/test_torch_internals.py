@@ -4,6 +4,9 @@ Every supported torch (2.10 to the newest release, one CI leg each) runs this fi
 prediction is compared with the names torch actually registers on a real 4-rank gloo world, ``auto``
 creation must take the local path there, and commgroups must emit no deprecation warning.
 
+The scan here keeps the quarantine: ``commgroups/`` and ``backends/`` reach private torch only through
+``commgroups.torch_internals``, ``tests/`` only through ``tests/torch_private.py``.
+
 Its tests that start processes are in ``tests/test_torch_internals_world.py`` (marked ``world``).
 """
 
