@@ -6,12 +6,16 @@ Its tests that start processes are in ``tests/test_cli_plan_world.py`` (marked `
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from commgroups.cli import main
 
+LAYOUTS = Path(__file__).resolve().parent.parent / "examples" / "layouts"
+"""The shipped example layouts, found from this file (the suite runs from any directory)."""
+
 
 def test_plan_text(capsys: object) -> None:
-    assert main(["plan", "examples/layouts/llm_8x8x2.json", "--rank", "77"]) == 0
+    assert main(["plan", str(LAYOUTS / "llm_8x8x2.json"), "--rank", "77"]) == 0
     out = capsys.readouterr().out  # type: ignore[attr-defined]
     assert "world size 128" in out
     assert "rank 77 (pp=1, dp_shard=1, cp=1, tp=1): 5 communicators" in out
@@ -20,7 +24,7 @@ def test_plan_text(capsys: object) -> None:
 
 
 def test_plan_json(capsys: object) -> None:
-    assert main(["plan", "examples/layouts/seed_cp4.toml", "--rank", "2", "--json"]) == 0
+    assert main(["plan", str(LAYOUTS / "seed_cp4.toml"), "--rank", "2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
     assert data["world_size"] == 4
     assert [r["name"] for r in data["roles"]] == ["fsdp", "cp", "checkpoint-metadata"]

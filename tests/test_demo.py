@@ -1,9 +1,8 @@
 """``commgroups demo`` end to end: the registry run is clean and exact, the DeviceMesh baseline is not.
 
-Each run is the real command in a subprocess (it spawns its own 4 gloo processes); one more runs
-under torchrun. Small step counts keep each run to seconds.
-
-Its tests that start processes are in ``tests/test_demo_world.py`` (marked ``world``).
+The pure half: a layout without an fsdp role is refused, torchrun is detected, the report renders
+hazards. The runs of the real command (subprocesses of 4 gloo processes, one under torchrun) are in
+``tests/test_demo_world.py`` (marked ``world``).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ Its tests that start processes are in ``tests/test_plan_world.py`` (marked ``wor
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +14,9 @@ from hypothesis import strategies as st
 
 import commgroups as cg
 from tests.strategies import layouts
+
+LAYOUTS = Path(__file__).resolve().parent.parent / "examples" / "layouts"
+"""The shipped example layouts, found from this file (the suite runs from any directory)."""
 
 
 @settings(max_examples=150, deadline=None)
@@ -81,7 +86,7 @@ def test_fingerprint_sees_options_backend_and_timeout() -> None:
 
 
 def test_seed_layout_plan() -> None:
-    plan = cg.plan(cg.load_layout("examples/layouts/seed_cp4.toml"))
+    plan = cg.plan(cg.load_layout(LAYOUTS / "seed_cp4.toml"))
     assert plan.role_names == ("fsdp", "cp", "checkpoint-metadata")
     for role in plan.role_names:
         assert plan.groups(role) == [(0, 1, 2, 3)]

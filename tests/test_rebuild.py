@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from commgroups import GroupRegistry, Layout, RoleSpec, default_roles
 from commgroups.errors import RebuildError, ReplanError, StaleGenerationError
 from commgroups.generation import Generation
+from tests import torch_private
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
@@ -78,7 +78,7 @@ def _fail_then_rebuild(rank: int, world: int, victim: int, role: str,
         fsdp_ranks=registry.ranks("fsdp"), fsdp_sum=float(total.item()),
         world_sum=float(world_sum.item()), dims=dict(registry.layout.dims),
         mesh=new_mesh.mesh.tolist(), mesh_is_new=new_mesh is not mesh,
-        default_alias=any(g is dist.distributed_c10d._get_default_group()
+        default_alias=any(g is torch_private.default_group()
                           for g in registry.process_groups().values()),
     )
     registry.close()

@@ -10,13 +10,14 @@ import torch
 import torch.distributed as dist
 
 import commgroups as cg
+from tests import torch_private
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
 
 
 def _backend_timeout(group: dist.ProcessGroup) -> timedelta:
-    return group._get_backend(torch.device("cpu")).options._timeout  # type: ignore[no-any-return]
+    return torch_private.options_timeout(group)
 
 
 def _timeouts(rank: int, world_size: int) -> dict[str, Any]:

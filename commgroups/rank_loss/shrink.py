@@ -44,7 +44,7 @@ group) selects this path; :meth:`~commgroups.backends.BackendAdapter.shrink_bloc
 
 What was run: nothing of this on a GPU. CI runs it with NCCL mocked (``shrink_group`` and
 ``split_group`` replaced by recorders that make fake-backend groups, in
-``tests/test_gpu_rebuild_mocked.py``); ``tests/test_gpu_rebuild.py`` has a one-GPU check of the
+``tests/test_shrink.py``); ``tests/test_gpu_rebuild.py`` has a one-GPU check of the
 split-from-spine half (a one-rank world loses nobody, so nothing is shrunk), never run so far.
 Not known from a run: whether torch's shrink_group, which destroys the parent (``destroy_process_group``
 on a communicator with a dead peer, after NCCL aborted its work), returns promptly.
