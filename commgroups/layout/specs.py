@@ -559,7 +559,7 @@ class Layout(SpecModel):
         >>> from commgroups.planning.plan import plan
         >>> p = plan(layout)
         >>> for rank in range(layout.world_size):
-        ...     print(rank, {role: p.group_of(role, rank) for role in ("dp_shard", "cp", "fsdp")})
+        ...     print(rank, {role: p.ranks_of(role, rank) for role in ("dp_shard", "cp", "fsdp")})
         0 {'dp_shard': (0, 2), 'cp': (0, 1), 'fsdp': (0, 1, 2, 3)}
         1 {'dp_shard': (1, 3), 'cp': (0, 1), 'fsdp': (0, 1, 2, 3)}
         2 {'dp_shard': (0, 2), 'cp': (2, 3), 'fsdp': (0, 1, 2, 3)}
