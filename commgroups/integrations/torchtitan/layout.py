@@ -33,6 +33,7 @@ __all__ = [
     "LayoutArg",
     "TitanDegrees",
     "derived_roles",
+    "fit_titan_layout",
     "resolve_layout",
     "titan_layout",
 ]
@@ -198,9 +199,13 @@ def _check_dims(given: Any, degrees: TitanDegrees) -> None:
     )
 
 
-def resolve_layout(layout: LayoutArg, degrees: TitanDegrees, *,
-                   async_and_wait: bool = True) -> Layout:
+def fit_titan_layout(layout: LayoutArg, degrees: TitanDegrees, *,
+                     async_and_wait: bool = True) -> Layout:
     """The layout a torchtitan job runs on: derived from ``degrees``, or ``layout`` checked against them.
+
+    Not :func:`commgroups.resolve_layout` (which sizes an AutoLayout's ``"auto"`` dim by the world
+    size): this one fits a layout to torchtitan's parallelism degrees. ``resolve_layout`` here is
+    its old name, kept as an alias.
 
     A given layout (a :class:`~commgroups.Layout`, a dict in the layout-file shape, or a TOML/YAML/
     JSON file) names torchtitan dims with torchtitan's sizes; dims of size 1 may be left out, also
@@ -249,3 +254,8 @@ def resolve_layout(layout: LayoutArg, degrees: TitanDegrees, *,
     if not async_and_wait:
         roles = [r.model_copy(update={"async_and_wait": False}) for r in roles]
     return _layout(degrees.dense, roles, degrees)
+
+
+resolve_layout = fit_titan_layout
+"""Alias of :func:`fit_titan_layout` (the name before 0.2; :func:`commgroups.resolve_layout` is
+another function)."""
