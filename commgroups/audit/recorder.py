@@ -76,6 +76,7 @@ from commgroups.audit.records import (
     CollectiveRecord,
     rank_file_name,
 )
+from commgroups.errors import RegistryNotCreatedError
 from commgroups.registry import GroupRegistry
 from commgroups.torch_internals import TorchDispatchMode, tree_leaves
 from commgroups.util.call_sites import call_site, inside
@@ -137,7 +138,7 @@ def _resolve_roles(roles: Any) -> _Roles:
             f"{type(roles).__name__}"
         )
     if not roles.created:
-        raise ValueError(
+        raise RegistryNotCreatedError(
             "audit roles: the GroupRegistry has no groups yet; fix: call registry.create() on "
             "every rank before recording"
         )
@@ -434,7 +435,7 @@ def record(roles: Any = None) -> Iterator[Recorder]:
 
     Raises:
         TypeError: ``roles`` is neither a registry nor a mapping to ProcessGroups.
-        ValueError: the registry has not created its groups yet.
+        RegistryNotCreatedError: the registry has not created its groups yet (a ValueError).
 
     Example::
 

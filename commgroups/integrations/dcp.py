@@ -37,7 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from commgroups.errors import CommGroupsError, RoleCollectiveError, RoleTimeoutError
+from commgroups.errors import (  # the two checkpoint errors are importable from here as before
+    CheckpointExistsError,
+    CommGroupsError,
+    IncompleteCheckpointError,
+    RoleCollectiveError,
+    RoleTimeoutError,
+)
 from commgroups.integrations.common import role_group
 from commgroups.layout.specs import CHECKPOINT_ROLE
 
@@ -69,14 +75,6 @@ _FALSE = ("", "0", "false", "no", "off")
 
 METADATA_FILE = ".metadata"
 """DCP's marker of a complete checkpoint (written last, by rename, by the coordinator)."""
-
-
-class IncompleteCheckpointError(CommGroupsError, FileNotFoundError):
-    """A checkpoint directory has no ``.metadata``: its save did not finish."""
-
-
-class CheckpointExistsError(CommGroupsError, FileExistsError):
-    """``save`` would write over a complete checkpoint without ``overwrite=True``."""
 
 
 def checkpoint_complete(checkpoint_id: str | os.PathLike[str]) -> bool:

@@ -147,19 +147,22 @@ def _too_deep(path: str) -> errors.LayoutError:
 
 
 def check_timeout(value: Any, field: str) -> float:
-    """``value`` as seconds when it is a real timeout, else a LayoutError naming ``field``.
+    """``value`` as seconds when it is a real timeout, else an ArgumentError naming ``field``.
+
+    For arguments (the registry's timeouts, command-line options); a layout's ``timeout_s`` is
+    checked by its spec and raises a LayoutError.
 
     A timeout is an int or float (not a bool, not text), finite, within
     [:data:`MIN_TIMEOUT_S`, :data:`MAX_TIMEOUT_S`].
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise errors.LayoutError(
+        raise errors.ArgumentError(
             f"{field}: a timeout is a number of seconds, got {type(value).__name__} "
             f"{short_repr(value)}; fix: give seconds such as 300",
             field=field,
         )
     if not (math.isfinite(value) and MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S):
-        raise errors.LayoutError(
+        raise errors.ArgumentError(
             f"{field}: {value!r} s is outside [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}] "
             "(MIN_TIMEOUT_S..MAX_TIMEOUT_S: torch counts milliseconds and overflows past ~9.2e9 s); "
             "fix: give seconds in that range, e.g. 300",
