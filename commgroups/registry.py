@@ -184,9 +184,10 @@ class GroupRegistry:
         this job or ranks disagree.
         """
         if self._state is RegistryState.CLOSED:
-            raise RegistryClosedError("this registry was closed; make a new GroupRegistry")
+            raise RegistryClosedError("this registry was closed; fix: make a new GroupRegistry")
         if self._state is not RegistryState.NEW:
-            raise RegistryStateError("create() was already called on this registry")
+            raise RegistryStateError("create() was already called on this registry; fix: call it once "
+                                     "(after a rank loss, rebuild() makes the next generation)")
         if not dist.is_available() or not dist.is_initialized():
             raise RegistryStateError("torch.distributed is not initialized; fix: call "
                                      "init_process_group() (or run under torchrun) before create()")
@@ -362,8 +363,8 @@ class GroupRegistry:
         if state is RegistryState.CREATED and self._current is not None:
             return self._current
         if state is RegistryState.CLOSED:
-            raise RegistryClosedError("this registry was closed and its groups destroyed; make a "
-                                      "new GroupRegistry")
+            raise RegistryClosedError("this registry was closed and its groups destroyed; fix: make "
+                                      "a new GroupRegistry")
         if state is RegistryState.RETIRED:
             raise StaleGenerationError(
                 f"generation {self._number} was retired by rebuild() and the next one was not "
@@ -436,7 +437,8 @@ class GroupRegistry:
         self._live()
         ranks = self._plan.ranks_of(role, self._rank)
         if ranks is None:
-            raise NotAMemberError(f"rank {self._rank} is in no group of role {role!r}")
+            raise NotAMemberError(f"rank {self._rank} is in no group of role {role!r}; fix: call "
+                                  f"ranks({role!r}) on its member ranks only")
         return ranks
 
     def process_groups(self) -> dict[str, dist.ProcessGroup]:

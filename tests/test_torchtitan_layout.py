@@ -129,8 +129,8 @@ def test_disagreeing_layout_shows_both_factorizations_whole() -> None:
     with pytest.raises(InvalidSizeError) as info:
         fit_titan_layout(cg.Layout(dims={"dp_shard": 2, "cp": 2}), CP4)
     message = str(info.value)
-    assert "layout dims dp_shard=2 x cp=2" in message
-    assert "pp=1 x dp_replicate=1 x dp_shard=2 x cp=2 x tp=1, 4 ranks" in message
+    # The given dims (dp_shard=2, cp=2) as the whole factorization, size-1 dims as 1.
+    assert "layout dims pp=1 x dp_replicate=1 x dp_shard=2 x cp=2 x tp=1 (4 ranks)" in message
     assert "torchtitan's parallelism pp=1 x dp_replicate=1 x dp_shard=1 x cp=4 x tp=1 (4 ranks)" \
         in message
     assert "set the layout's dims to { cp = 4 }" in message

@@ -21,6 +21,7 @@ from commgroups.errors import ArgumentError, DimOrderError, UnknownDimError
 from commgroups.layout import limits
 from commgroups.layout.specs import Layout
 from commgroups.planning.plan import Plan
+from commgroups.util.error_text import listed
 
 __all__ = [
     "axes_in_order",
@@ -141,8 +142,8 @@ def check_mesh_request(layout: Layout, the_plan: Plan, names: tuple[str, ...]) -
             spans.append((name,))
         else:
             raise UnknownDimError(
-                f"meshes: {name!r} is neither a dim nor a role; dims: "
-                f"{', '.join(the_plan.all_dim_names)}; roles: {', '.join(layout.role_names)}",
+                f"meshes: {name!r} is neither a dim nor a role; fix: use a dim "
+                f"({listed(the_plan.all_dim_names, 80)}) or a role ({listed(layout.role_names, 80)})",
                 field="meshes",
             )
     if not all(spans) or not axes_in_order(the_plan, spans):

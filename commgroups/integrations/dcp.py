@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from commgroups.errors import (  # the two checkpoint errors are importable from here as before
+    ArgumentError,
     CheckpointExistsError,
     CommGroupsError,
     IncompleteCheckpointError,
@@ -109,7 +110,7 @@ def use_default_group(environ: Mapping[str, str] | None = None) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(
+    raise ArgumentError(
         f"{DEFAULT_GROUP_ENV}={value!r} is not understood; fix: set it to 1 (use the default group) "
         "or 0 / unset it (use the registry's checkpoint group)"
     )
@@ -143,7 +144,7 @@ def _resolve(
 ) -> dist.ProcessGroup | None:
     if process_group is not None:
         # Two sources for one choice: refuse rather than pick one behind the caller's back.
-        raise ValueError(
+        raise ArgumentError(
             f"commgroups.integrations.dcp.{fn}: got both registry= and process_group=; fix: pass "
             f"only registry= (role {role!r} is used) or call torch.distributed.checkpoint.{fn} directly"
         )

@@ -139,9 +139,8 @@ def _path_of(entry: tuple[Any, int, Any, Any]) -> str:
 
 def _too_deep(path: str) -> errors.LayoutError:
     return errors.LayoutError(
-        f"{path}: nested more than {MAX_NESTING} levels deep (MAX_NESTING; a value that contains "
-        "itself is infinitely deep); fix: a layout nests at most 7 levels "
-        "(roles[0].options.hccl.config.key), so flatten it",
+        f"{path}: nested more than {MAX_NESTING} levels deep (MAX_NESTING, or it contains itself); "
+        "fix: flatten it (a layout nests at most 7 levels)",
         field=path,
     )
 

@@ -31,6 +31,7 @@ from commgroups import errors
 from commgroups.layout import limits
 from commgroups.layout.validation_errors import layout_error_from, problem
 from commgroups.planning.shapes import dim_shapes
+from commgroups.util.error_text import listed
 
 __all__ = [
     "CHECKPOINT_ROLE",
@@ -784,7 +785,7 @@ class Layout(SpecModel):
                     errors.UnknownDimError,
                     "role '{role}' uses dim '{dim}' that the layout lacks; fix: use one of "
                     "{known} or add '{dim}' to dims",
-                    f"roles[{index}].dims[{d}]", role=role, dim=dim, known=", ".join(known),
+                    f"roles[{index}].dims[{d}]", role=role, dim=dim, known=listed(known, width=80),
                 )
         home = next((f for f in factorizations.values() if set(dims) <= set(f)), None)
         if home is None:
