@@ -47,6 +47,7 @@ from commgroups.errors import (  # the two checkpoint errors are importable from
 )
 from commgroups.integrations.common import role_group
 from commgroups.layout.specs import CHECKPOINT_ROLE
+from commgroups.util.error_text import fit_lines
 
 if TYPE_CHECKING:
 
@@ -188,18 +189,16 @@ def _named(op: str, role: str, group: dist.ProcessGroup | None, checkpoint_id: A
     except CommGroupsError:
         raise
     except (RuntimeError, CheckpointException) as error:
-        text = " ".join(str(error).split())[:300] or repr(error)
+        text = " ".join(str(error).split()) or repr(error)
         timed_out = "timed out" in text.lower() or "timeout" in text.lower()
-        where = (f"role {role!r} (group {group.group_name!r})" if group is not None else
-                 f"the default group ({DEFAULT_GROUP_ENV} is set; role {role!r} not used)")
+        where = (f"group {group.group_name!r}" if group is not None else
+                 f"the default group ({DEFAULT_GROUP_ENV} is set)")
         cls = RoleTimeoutError if timed_out else RoleCollectiveError
-        raise cls(
-            f"role {role!r}: dcp.{op} of {checkpoint_id} failed on {where}: "
-            f"{type(error).__name__}: {text}; fix: check that every rank of the role is alive and "
-            "saves/loads the same checkpoint; a save that failed is never complete (load the "
-            "previous one)",
-            role=role, op=f"dcp.{op}", seq=0,
-        ) from error
+        # torch's own text gets what the bound leaves (the whole error stays the __cause__).
+        head = f"role {role!r}: dcp.{op} of {checkpoint_id} failed on {where}: {type(error).__name__}: "
+        tail = ("; fix: check that every rank of the role is alive and uses the same checkpoint "
+                "(a failed save is never complete: load the previous one)")
+        raise cls(fit_lines(head, [text], tail), role=role, op=f"dcp.{op}", seq=0) from error
 
 
 def save(

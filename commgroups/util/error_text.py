@@ -22,8 +22,9 @@ def first_fitting(*candidates: str) -> str:
     return candidates[-1]
 
 
-def listed(items: Sequence[str], width: int = 100, sep: str = ", ") -> str:
-    """``items`` joined by ``sep`` up to about ``width`` characters, then ``... (N in all)``.
+def listed(items: Sequence[str], width: int = 100, sep: str = ", ", *, count: bool = True) -> str:
+    """``items`` joined by ``sep`` up to about ``width`` characters, then ``... (N in all)``
+    (``...`` alone with ``count=False``, where the text says how many already).
 
     Example::
 
@@ -34,7 +35,7 @@ def listed(items: Sequence[str], width: int = 100, sep: str = ", ") -> str:
     used = 0
     for item in items:
         if shown and used + len(sep) + len(item) > width:
-            return f"{sep.join(shown)}{sep}... ({len(items)} in all)"
+            return f"{sep.join(shown)}{sep}..." + (f" ({len(items)} in all)" if count else "")
         shown.append(item)
         used += len(item) + (len(sep) if len(shown) > 1 else 0)
     return sep.join(shown)
@@ -54,7 +55,7 @@ def fit_lines(head: str, lines: Sequence[str], tail: str = "", *, sep: str = "\n
         left = len(lines) - start
         if not left:
             return ""
-        named = f": {listed(list(names[start:]), width=60)}" if names is not None else ""
+        named = f": {listed(names[start:], width=60, count=False)}" if names is not None else ""
         return f"{sep}(and {left} more{named})"
 
     count = 0
