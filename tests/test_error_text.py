@@ -35,3 +35,6 @@ def test_fit_lines_cuts_a_first_line_that_cannot_fit() -> None:
     text = fit_lines("head: ", ["x" * 1000, "y"], "; fix: z")
     assert len(text) <= MAX_ERROR_CHARS and text.startswith("head: xxx") and text.endswith("; fix: z")
     assert "x ...\n  (and 1 more)" in text
+    # A line's own fix survives the cut: what is cut is the value it quotes.
+    text = fit_lines("invalid Layout: ", ["dims: got " + "v" * 1000 + "; fix: give a mapping"])
+    assert len(text) <= MAX_ERROR_CHARS and text.endswith("vvv ...; fix: give a mapping"), text

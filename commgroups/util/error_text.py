@@ -46,8 +46,8 @@ def fit_lines(head: str, lines: Sequence[str], tail: str = "", *, sep: str = "\n
     """``head``, as many of ``lines`` as fit, ``(and N more)``, then ``tail``: within the bound.
 
     ``head`` and ``tail`` are kept whole (``tail`` holds the fix). ``names``: a short name per line
-    (its field); the lines left out are then named, ``(and 2 more: roles[1].name, dims.cp)``. The
-    first line is cut with ``...`` when even it does not fit, so the text names part of one.
+    (its field); the lines left out are then named, ``(and 2 more: roles[1].name, dims.cp)``. A
+    first line that does not fit even alone is cut in the middle, keeping its ``fix:`` part.
     """
     budget = MAX_ERROR_CHARS - len(head) - len(tail)
 
@@ -64,5 +64,14 @@ def fit_lines(head: str, lines: Sequence[str], tail: str = "", *, sep: str = "\n
     if count:
         return head + sep.join(lines[:count]) + more(count) + tail
     rest = more(1)
-    room = max(budget - len(rest) - 4, 0)
-    return head + (lines[0][:room] + " ..." if lines else "") + rest + tail
+    return head + (_cut(lines[0], budget - len(rest)) if lines else "") + rest + tail
+
+
+def _cut(line: str, room: int) -> str:
+    """``line`` in ``room`` characters: its start, `` ... ``, and its fix (what follows ``fix:``)."""
+    at = line.rfind("; fix:")
+    keep = line[at:] if at >= 0 else ""
+    start = room - len(keep) - 4
+    if start < 20:  # no room for both: the start alone
+        keep, start = "", max(room - 4, 0)
+    return line[:start] + " ..." + keep
