@@ -31,7 +31,7 @@ class BackendAdapter(ABC):
     """How one backend creates groups: its torch name, device type, options and capabilities."""
 
     name: ClassVar[str]
-    """commgroups' name: gloo, nccl, rccl, hccl or fake."""
+    """commgroups' name: gloo, nccl, rccl, hccl, fake or single (a one-rank group)."""
     torch_backend: ClassVar[str]
     """The name torch.distributed knows (RCCL is "nccl" there)."""
     device_type: ClassVar[str]

@@ -58,6 +58,7 @@ from commgroups.layout.specs import Layout
 from commgroups.planning.plan import Plan, RolePlan
 from commgroups.rank_loss.sever import new_sockets, open_sockets, sever
 from commgroups.rank_loss.shrink import Spine
+from commgroups.util.error_text import listed
 
 if TYPE_CHECKING:
     from commgroups.collectives.role_collectives import RoleCollectives
@@ -297,9 +298,9 @@ class Generation:
             # each rank would wait for the others under its own name until create_timeout_s.
             raise GroupCreationError(
                 f"rank {request.rank}: {verdict.counter_split} rank(s) created a different number of "
-                f"process groups before this call, so torch would name {every_rank} differently "
-                "per rank; nothing was created. fix: create the same groups in the same order on "
-                "every rank first"
+                f"process groups before this call, so torch would name {listed(every_rank, 60)} "
+                "differently per rank; nothing was created. fix: create the same groups in the same "
+                "order on every rank first"
             )
         return decided
 
@@ -412,8 +413,9 @@ class Generation:
         if name in self.plan.all_dim_names:
             return self.dim_group(name)
         raise UnknownDimError(
-            f"device_mesh: {name!r} is neither a dim nor a role; dims: "
-            f"{', '.join(self.plan.all_dim_names)}; roles: {', '.join(self.layout.role_names)}",
+            f"device_mesh: {name!r} is neither a dim nor a role; fix: use a dim "
+            f"({listed(self.plan.all_dim_names, 80)}) or a role "
+            f"({listed(self.layout.role_names, 80)})",
             field="dims",
         )
 

@@ -33,12 +33,13 @@ from commgroups.backends import BackendAdapter
 from commgroups.creation.meshes import check_mesh_request, mesh_names
 from commgroups.creation.role_groups import CREATION_MODES, CreationContext
 from commgroups.errors import (
+    ArgumentError,
     CommGroupsError,
-    LayoutError,
     LeftOutError,
     NotAMemberError,
     RebuildError,
     RegistryClosedError,
+    RegistryNotCreatedError,
     RegistryStateError,
     StaleGenerationError,
     WorldSizeMismatchError,
@@ -164,22 +165,22 @@ class GroupRegistry:
             raise TypeError(f"GroupRegistry needs a commgroups.Layout, got {type(layout).__name__}; "
                             "fix: build one with cg.Layout(...) or cg.load_layout(path)")
         if creation_mode not in CREATION_MODES:
-            raise LayoutError(f"creation_mode: unknown mode {creation_mode!r}; fix: use one of "
-                              f"{', '.join(CREATION_MODES)}", field="creation_mode")
+            raise ArgumentError(f"creation_mode: unknown mode {creation_mode!r}; fix: use one of "
+                                f"{', '.join(CREATION_MODES)}", field="creation_mode")
         # A bool, nan or inf here would validate and then fail inside create() with a raw error.
         self.create_timeout_s = limits.check_timeout(create_timeout_s, "create_timeout_s")
         self.heartbeat_s = (None if heartbeat_s is None
                             else limits.check_timeout(heartbeat_s, "heartbeat_s"))
         self.dead_after_s = limits.check_timeout(dead_after_s, "dead_after_s")
         if self.heartbeat_s is not None and self.dead_after_s < 3 * self.heartbeat_s:
-            raise LayoutError(f"dead_after_s: {dead_after_s:g}s is under 3 heartbeats of "
+            raise ArgumentError(f"dead_after_s: {dead_after_s:g}s is under 3 heartbeats of "
                                 f"{heartbeat_s:g}s; fix: raise it (default "
                                 f"{DEFAULT_DEAD_AFTER_S:g}s)", field="dead_after_s")
         self.creation_mode = creation_mode
         self._layout, self._plan = layout, plan(layout)
         self._mesh_requests: list[MeshNames] = []  # declared, then asked for: rebuilt in order
         for request in meshes:
-            names = mesh_names(request)
+            names = mesh_names(request, "meshes")
             check_mesh_request(layout, self._plan, names)
             if names not in self._mesh_requests:
                 self._mesh_requests.append(names)
@@ -209,9 +210,10 @@ class GroupRegistry:
         this job or ranks disagree.
         """
         if self._state is RegistryState.CLOSED:
-            raise RegistryClosedError("this registry was closed; make a new GroupRegistry")
+            raise RegistryClosedError("this registry was closed; fix: make a new GroupRegistry")
         if self._state is not RegistryState.NEW:
-            raise RegistryStateError("create() was already called on this registry")
+            raise RegistryStateError("create() was already called on this registry; fix: call it once "
+                                     "(after a rank loss, rebuild() makes the next generation)")
         if not dist.is_available() or not dist.is_initialized():
             raise RegistryStateError("torch.distributed is not initialized; fix: call "
                                      "init_process_group() (or run under torchrun) before create()")
@@ -463,8 +465,8 @@ class GroupRegistry:
         if state is RegistryState.CREATED and self._current is not None:
             return self._current
         if state is RegistryState.CLOSED:
-            raise RegistryClosedError("this registry was closed and its groups destroyed; make a "
-                                      "new GroupRegistry")
+            raise RegistryClosedError("this registry was closed and its groups destroyed; fix: make "
+                                      "a new GroupRegistry")
         if state is RegistryState.RETIRED:
             raise StaleGenerationError(
                 f"generation {self._number} was retired by rebuild() and the next one was not "
@@ -476,8 +478,8 @@ class GroupRegistry:
                 f"{'a spare' if state is RegistryState.SPARE else 'dropped'} and holds no groups; "
                 "fix: check rebuild()'s report before using the registry"
                 + ("; a dropped rank should exit" if state is RegistryState.DROPPED else ""))
-        raise RegistryStateError("the registry has no groups yet; fix: call registry.create() on "
-                                 "every rank first")
+        raise RegistryNotCreatedError("the registry has no groups yet; fix: call registry.create() "
+                                      "on every rank first")
 
     @property
     def layout(self) -> Layout:
@@ -514,7 +516,8 @@ class GroupRegistry:
         Raises:
             KeyError: ``role`` is not in the layout (the message lists the roles).
             NotAMemberError: ``role`` has explicit rank groups and none holds this rank.
-            RegistryStateError: no live generation (RegistryClosedError after close).
+            RegistryStateError: no live generation (RegistryNotCreatedError before create(),
+                RegistryClosedError after close).
 
         Example: ``Layout(dims={"dp_shard": 2, "cp": 2})`` on 4 ranks:
         ``dist.get_process_group_ranks(registry.group("cp"))`` is ``[0, 1]`` on ranks 0 and 1.
@@ -534,9 +537,10 @@ class GroupRegistry:
         """
         self.spec(role)
         self._live()
-        ranks = self._plan.group_of(role, self._rank)
+        ranks = self._plan.ranks_of(role, self._rank)
         if ranks is None:
-            raise NotAMemberError(f"rank {self._rank} is in no group of role {role!r}")
+            raise NotAMemberError(f"rank {self._rank} is in no group of role {role!r}; fix: call "
+                                  f"ranks({role!r}) on its member ranks only")
         return ranks
 
     def process_groups(self) -> dict[str, dist.ProcessGroup]:
@@ -647,7 +651,7 @@ class GroupRegistry:
                 made = live.role(name)
                 backend, method = made.adapter.name, made.method
                 timeout = f"{self.timeout(name).total_seconds():g}s"
-                mine = self._plan.group_of(name, self._rank)
+                mine = self._plan.ranks_of(name, self._rank)
                 group_text = "-" if mine is None else format_ranks(mine)
             else:
                 backend, method, group_text = spec.backend, "-", "-"

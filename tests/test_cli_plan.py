@@ -39,3 +39,32 @@ def test_plan_bad_layout_exits_2(tmp_path: object, capsys: object) -> None:
     path.write_text("[dims]\ncp = 0\n")
     assert main(["plan", str(path)]) == 2
     assert "dims.cp" in capsys.readouterr().err  # type: ignore[attr-defined]
+
+
+def test_bad_options_are_argument_errors(tmp_path: object, capsys: object) -> None:
+    """An option outside its range is an ArgumentError (the layout is fine); the CLI exits 2."""
+    from pathlib import Path
+
+    import pytest
+
+    from commgroups.cli import build_parser
+    from commgroups.errors import ArgumentError, LayoutError
+
+    auto = Path(str(tmp_path)) / "auto.toml"
+    auto.write_text('[dims]\ndp_shard = "auto"\n[elastic]\ndims = { dp_shard = 1 }\n')
+    cases = [
+        (["examples/layouts/seed_cp4.toml", "--rank", "4"], "--rank", "use 0..3"),
+        (["examples/layouts/seed_cp4.toml", "--max-groups", "-1"], "--max-groups", "fix:"),
+        ([str(auto)], "--world-size", "pass --world-size N"),
+        (["examples/layouts/seed_cp4.toml", "--measured", str(auto) + ".missing"], "--measured",
+         "fix:"),
+    ]
+    parser = build_parser()
+    for argv, field, fix in cases:
+        args = parser.parse_args(["plan", *argv])
+        with pytest.raises(ArgumentError) as info:
+            args.run(args)
+        assert not isinstance(info.value, LayoutError)
+        assert info.value.field == field and fix in str(info.value), str(info.value)
+        assert main(["plan", *argv]) == 2
+        assert field in capsys.readouterr().err  # type: ignore[attr-defined]

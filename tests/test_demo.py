@@ -43,3 +43,17 @@ def test_report_renders_hazards() -> None:
     }
     text = render(result)
     assert "baseline" in text and "YES" in text and "aliasing: cp runs on the default group" in text
+
+
+def test_bad_options_are_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked before anything is spawned; an ArgumentError (the layout is fine), exit 2."""
+    from commgroups.cli import build_parser, main
+    from commgroups.errors import ArgumentError, LayoutError
+
+    for argv, field in ((["--steps", "0"], "--steps"), (["--timeout", "0"], "--timeout")):
+        args = build_parser().parse_args(["demo", *argv])
+        with pytest.raises(ArgumentError) as info:
+            args.run(args)
+        assert not isinstance(info.value, LayoutError) and info.value.field == field
+        assert main(["demo", *argv]) == 2
+        assert field in capsys.readouterr().err

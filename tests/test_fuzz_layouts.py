@@ -183,13 +183,14 @@ CORPUS_FILES = sorted(CORPUS.iterdir())
 FAST_S = 1.0
 
 
-def _refused_fast(make: Any) -> errors.LayoutError | None:
-    """Run ``make()``; return its LayoutError (None if it validated), checking it took < FAST_S."""
+def _refused_fast(make: Any) -> errors.LayoutError | errors.ArgumentError | None:
+    """Run ``make()``; return its LayoutError or ArgumentError (None if it validated), checking it
+    took < FAST_S."""
     started = time.process_time()
     try:
         make()
         caught = None
-    except errors.LayoutError as error:
+    except (errors.LayoutError, errors.ArgumentError) as error:
         caught = error
         assert "fix" in str(error), str(error)
     assert time.process_time() - started < FAST_S, f"took {time.process_time() - started:.2f}s"

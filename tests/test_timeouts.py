@@ -39,7 +39,7 @@ def _timeouts(rank: int, world_size: int) -> dict[str, Any]:
         out["sum"] = value.item()
         try:
             registry.set_timeout(0, role="cp")
-        except cg.errors.LayoutError as error:
+        except cg.errors.ArgumentError as error:
             out["bad"] = str(error)
         dp_shard = registry.device_mesh(["dp_shard", "cp"]).get_group("dp_shard")  # a mesh-dim group
         registry.set_timeout(timedelta(seconds=42))  # every group, no barrier on any group

@@ -125,3 +125,21 @@ def test_full_dtensor_is_refused(fake_world: Callable[..., None]) -> None:
                                   world_size=4, spmd_backend="full_dtensor", registry=registry)
         with pytest.raises(LayoutError, match=r"full_dtensor.*partial_dtensor, spmd_types"):
             pd.build_mesh()
+
+
+def test_build_mesh_without_a_created_registry_is_refused(fake_world: Callable[..., None]) -> None:
+    """The one "not created" class, still a RuntimeError as this error was before."""
+    import commgroups as cg
+    from commgroups.errors import RegistryNotCreatedError
+    from commgroups.integrations.torchtitan import TitanDegrees, fit_titan_layout
+    from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
+
+    fake_world(4, 0)
+    degrees = TitanDegrees(pp=1, dp_replicate=1, dp_shard=2, cp=2, tp=1, ep=1)
+    for registry in (None, cg.GroupRegistry(fit_titan_layout(None, degrees))):
+        pd = RegistryParallelDims(dp_replicate=1, dp_shard=2, cp=2, tp=1, pp=1, ep=1,
+                                  world_size=4, registry=registry)
+        with pytest.raises(RegistryNotCreatedError, match="needs a created GroupRegistry"):
+            pd.build_mesh()
+        with pytest.raises(RuntimeError, match=r"fix: set parallel_dims\.registry"):
+            pd.build_mesh()

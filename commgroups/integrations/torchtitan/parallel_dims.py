@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.distributed.device_mesh import DeviceMesh
 
-from commgroups.errors import LayoutError, MeshRequestError
+from commgroups.errors import LayoutError, MeshRequestError, RegistryNotCreatedError
 from commgroups.integrations.torchtitan.titan_internals import (
     SPMD_BACKENDS,
     ParallelDims,
@@ -107,7 +107,7 @@ class RegistryParallelDims(ParallelDims):
 
     def _registry(self) -> GroupRegistry:
         if self.registry is None or not self.registry.created:
-            raise RuntimeError(
+            raise RegistryNotCreatedError(
                 "RegistryParallelDims.build_mesh() needs a created GroupRegistry; fix: set "
                 "parallel_dims.registry (commgroups.integrations.torchtitan.with_registry does)"
             )
@@ -119,6 +119,7 @@ class RegistryParallelDims(ParallelDims):
         Logs torchtitan's own two mesh lines (parallelism, then the active dimensions), as stock.
 
         Raises:
+            RegistryNotCreatedError: ``registry`` is unset or not created (a RuntimeError).
             LayoutError: ``spmd_backend`` is not one commgroups builds meshes for
                 (``full_dtensor``, which torchtitan main removed, is not).
         """

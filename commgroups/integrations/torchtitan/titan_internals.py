@@ -34,6 +34,8 @@ from torchtitan.tools.logging import logger as titan_logger
 from torchtitan.tools.utils import GarbageCollection
 from torchtitan.trainer import Trainer
 
+from commgroups.errors import TitanSeamError  # defined there; importable from here as before
+
 __all__ = [
     "CHECKED_VERSIONS",
     "CLI_HIDDEN",
@@ -82,10 +84,6 @@ main@b5bcd76)."""
 SET_PG_TIMEOUTS_PARAMETERS = ("timeout", "parallel_dims")
 """``torchtitan.distributed.utils.set_pg_timeouts``'s parameters, which RegistryTrainer's
 replacement takes (0.3.0 and main@b5bcd76)."""
-
-
-class TitanSeamError(RuntimeError):
-    """The installed torchtitan differs from what commgroups was checked on (see the message)."""
 
 
 def require_parameters(function: Callable[..., Any], expected: Sequence[str], what: str) -> None:
