@@ -12,23 +12,20 @@ group, not even when the role spans the world.
 from __future__ import annotations
 
 import enum
-import functools
-import gc
 import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from typing_extensions import Self
 
-from commgroups import torch_internals
 from commgroups.backends import BackendAdapter
 from commgroups.creation.meshes import check_mesh_request, mesh_names
 from commgroups.creation.role_groups import CREATION_MODES, CreationContext
@@ -45,7 +42,6 @@ from commgroups.errors import (
     WorldSizeMismatchError,
 )
 from commgroups.generation import (
-    STORE_PREFIX,
     Generation,
     GenerationRequest,
     dims_needing_groups,
@@ -54,17 +50,12 @@ from commgroups.layout import limits
 from commgroups.layout.auto_layout import AutoLayout, job_layout
 from commgroups.layout.specs import Layout, RoleSpec
 from commgroups.planning.plan import Plan, plan
-from commgroups.rank_loss.check_in import (
-    check_in,
-    check_in_window,
-    forget_check_ins,
-    record_made,
-)
-from commgroups.rank_loss.liveness import Liveness, own_connection
+from commgroups.rank_loss.check_in import check_in_window
 from commgroups.rank_loss.rebuild_report import RebuildReport
-from commgroups.rank_loss.replan import alive_ranks, replan_arrays
-from commgroups.rank_loss.shrink import Spine, prepare_spine
+from commgroups.rank_loss.replan import alive_ranks
+from commgroups.recovery import Recovery
 from commgroups.util.call_sites import call_site
+from commgroups.util.serialized import serialized
 from commgroups.util.text_table import format_ranks, format_table
 
 if TYPE_CHECKING:
@@ -77,9 +68,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_CREATE_TIMEOUT_S = 300.0
 DEFAULT_HEARTBEAT_S = 0.1
 DEFAULT_DEAD_AFTER_S = 1.5
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 
 MeshNames = tuple[str, ...]
 
@@ -99,23 +87,6 @@ class RegistryState(str, enum.Enum):
     """The last rebuild's smaller layout has no place for this rank: it should exit."""
     CLOSED = "closed"
     """:meth:`GroupRegistry.close` ran: every generation's groups are gone."""
-
-
-def _serialized(
-    method: Callable[Concatenate[GroupRegistry, _P], _R],
-) -> Callable[Concatenate[GroupRegistry, _P], _R]:
-    """Run ``method`` under the registry's lock: one thread at a time creates, meshes or closes.
-
-    Creation is collective; two threads of one rank racing into it would meet each other's
-    agreement keys and time out. Serialised, the second finds the first one's result.
-    """
-
-    @functools.wraps(method)
-    def locked(self: GroupRegistry, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return locked
 
 
 class GroupRegistry:
@@ -188,21 +159,15 @@ class GroupRegistry:
         self._rank = -1
         self._state = RegistryState.NEW
         self._current: Generation | None = None
-        self._retired: list[Generation] = []  # retired, not yet released (see _release_retired)
         self._number = 0  # the current generation's number (spares count rebuilds too)
-        self._registry_id = -1  # the agreement epoch of create(): the same on every rank
-        self._rebuild_attempts = 0  # decided rebuilds toward the next generation that failed
-        self._rebuild_attempts_made = 0  # how many the last successful rebuild took
-        self._previous_check_ins: tuple[str, int] | None = None  # the last rebuild's, to delete
-        self._liveness: Liveness | None = None
+        self._recovery = Recovery(rank=-1, registry_id=-1)  # the rank-loss side, set by create()
         self._timeout_overrides: dict[str, timedelta] = {}
-        self._spine: Spine | None = None  # bound NCCL: what rebuild() shrinks (rank_loss.shrink)
         self._lock = threading.RLock()
         self._creator = threading.current_thread()  # owns the role handles (RoleCollectives)
         self._creator_site = ""
 
     # ------------------------------------------------------------------------------- creation
-    @_serialized
+    @serialized
     def create(self) -> Self:
         """Make generation 0: every role's group and every declared mesh. Collective.
 
@@ -230,41 +195,12 @@ class GroupRegistry:
         self._creator = threading.current_thread()
         self._creator_site = call_site(sys._getframe(1))
         generation = Generation.create(self._request(0, self._layout, self._plan), local_error)
-        self._registry_id = generation.epoch
+        self._recovery.rank, self._recovery.registry_id = rank, generation.epoch
         self._start(generation)
-        self._liveness = self._start_liveness()
+        self._recovery.start_liveness(generation, self.members, self.heartbeat_s,
+                                      self.dead_after_s, self.create_timeout_s,
+                                      lambda: self._current)
         return self
-
-    def _start_liveness(self) -> Liveness | None:
-        """This rank's heartbeat thread, watching generation 0; None where there is nobody to
-        watch (one rank, the fake backend, a store that is not a TCPStore, heartbeats off)."""
-        if (self.heartbeat_s is None or self._layout.world_size == 1
-                or str(dist.get_backend()) == "fake"):
-            return None
-        client = own_connection(torch_internals.default_store(),
-                                timedelta(seconds=self.create_timeout_s))
-        if client is None:
-            logger.debug("rank %d: the job's store is not a TCPStore: no heartbeats", self._rank)
-            return None
-        liveness = Liveness(client, f"{STORE_PREFIX}/live/{self._registry_id}/", self._rank,
-                            interval_s=self.heartbeat_s, dead_after_s=self.dead_after_s,
-                            on_loss=self._on_loss)
-        liveness.start()
-        liveness.watch(self._number, self.members)
-        return liveness
-
-    def _on_loss(self, number: int) -> None:
-        """From the heartbeat thread: a rank reported a loss in generation ``number``. Free every
-        collective blocked on it (no lock: the main thread may be inside one)."""
-        current = self._current
-        if current is not None and current.number == number:
-            logger.info("rank %d: a loss was reported in generation %d: interrupting its groups",
-                        self._rank, number)
-            keep = self._spine_groups()
-            if current.request.context.device_bound:  # a shrink rebuild may need a world role's
-                keep += [group for made in current.roles.values() if made.adapter.aborts
-                         for group in made.owned]  # device groups: rebuild() aborts them
-            current.interrupt(keep)
 
     def _request(self, number: int, layout: Layout, the_plan: Plan, *, lost: int = 0,
                  ) -> GenerationRequest:
@@ -273,7 +209,7 @@ class GroupRegistry:
             number=number, layout=layout, plan=the_plan, rank=self._rank, mode=self.creation_mode,
             create_timeout_s=self.create_timeout_s, context=context,
             mesh_dims=dims_needing_groups(layout, the_plan, self._mesh_requests, context),
-            spine=self._spine, lost=lost)
+            spine=self._recovery.spine, lost=lost)
 
     def _start(self, generation: Generation) -> None:
         """Make ``generation`` current: timeouts set earlier, then the planned and asked meshes."""
@@ -297,159 +233,72 @@ class GroupRegistry:
         members = self._plan.members
         return members if members is not None else tuple(range(self._layout.world_size))
 
-    @_serialized
+    @serialized
     def rebuild(self, alive: Iterable[int] | None = None, *,
                 timeout: float | timedelta | None = None) -> RebuildReport:
         """After a rank loss: make generation g+1 on the survivors. Collective over the survivors.
 
         Reports the loss to every rank (their groups of g are interrupted, so nobody waits out a
         collective), agrees on the survivors through the store, shrinks the layout by its
-        ``elastic`` rules, retires g and makes every role and mesh again on the survivors. The
-        guide's 'Rank loss' says how long each step takes and why.
+        ``elastic`` rules, retires g and makes every role and mesh again on the survivors
+        (:mod:`commgroups.recovery`; the guide, 'Rank loss', says how long each step takes).
 
         Args:
             alive: the global ranks known alive, this one included: the check-in ends when they
-                are all in. None: every member checks in or stops beating (heartbeats), or the
-                window ends.
+                are all in. None: every member checks in or stops beating, or the window ends.
             timeout: the check-in window (seconds or timedelta), a backstop. Default: the longest
                 role ``timeout_s`` given, else ``create_timeout_s``.
 
-        Returns:
-            A :class:`~commgroups.rank_loss.rebuild_report.RebuildReport`.
-
         Raises:
             ReplanError: the survivors cannot form the layout; on every survivor, nothing retired.
-            RebuildError: this rank was left out, ``alive`` is malformed, absent ranks are alive
-                but never called ``rebuild()``, or a backend cannot be rebuilt here.
+            LeftOutError: the survivors were decided without this rank; it is out for good.
+            RebuildError: ``alive`` is malformed, the ranks in are no majority of the live ones,
+                or a backend cannot be rebuilt here.
             GroupCreationError: a survivor died during the rebuild; call ``rebuild()`` again.
             StoreUnreachableError: the store's host died.
         """
-        seconds: dict[str, float] = {}
-        started = time.monotonic()
-        current, current_members = self._current, self.members
+        current, before = self._current, self.members
         if current is None or self._state not in (RegistryState.CREATED, RegistryState.RETIRED):
             raise RebuildError(f"rebuild() needs a created registry (this one is "
                                f"{self._state.value}); fix: call it after create(), on every "
                                "member of the last generation")
         known = None if alive is None else alive_ranks(alive, self._plan, self._rank)
-        self._check_rebuildable()
+        self._recovery.check_rebuildable(current)
         window = check_in_window(timeout, self._layout, self._timeout_overrides,
                                  self.create_timeout_s)
-        if self._liveness is not None:
-            self._liveness.report(current.number, f"rank {self._rank} called rebuild()")
-        current.interrupt(self._spine_groups())  # ours too: another thread may be blocked on g
-        if str(dist.get_backend()) == "fake":
-            if known is None:
-                raise RebuildError("rebuild() under the fake backend simulates one rank: pass "
-                                   "alive= (there is nobody to check in with)")
-            survivors = known
-        else:
-            prefix = (f"{STORE_PREFIX}/rebuild/{self._registry_id}/{current.number + 1}/"
-                      f"{self._rebuild_attempts}/")
-            try:
-                survivors = np.asarray(check_in(
-                    torch_internals.default_store(), prefix, self._rank, self.members, window,
-                    None if known is None else known.tolist(), self._liveness, self._made_key),
-                    dtype=np.int64)
-            except LeftOutError:  # decided without this rank: it stays out, a retry included
-                self._retire()
-                self._release_retired()
-                self._state = RegistryState.DROPPED
-                self._stop_liveness()
-                raise
-        seconds["check_in"] = time.monotonic() - started
-
-        mark = time.monotonic()
-        # Arrays from here on: at 65,536 ranks each Python step per rank costs milliseconds.
-        decision = replan_arrays(self._layout, self._plan.positions(survivors))
-        new_members = self._plan.global_ranks(decision.ranks)
-        lost, spares, dropped = (tuple(self._plan.global_ranks(positions).tolist())
-                                 for positions in (decision.lost, decision.spares, decision.dropped))
-        new_plan = plan(decision.layout, new_members)
-        seconds["replan"] = time.monotonic() - mark
-
-        mark = time.monotonic()
-        if self._spine is not None:  # taken from its role before the retire aborts it
-            self._spine = self._spine.retarget(new_plan.members or (), self._rank)
-        self._retire()
-        seconds["retire"] = time.monotonic() - mark
-        # Every rank of the decision moves on to the next attempt if what follows fails.
-        self._rebuild_attempts += 1
-        if not bool(new_plan.holds(np.array([self._rank]))[0]):
-            self._number += 1
-            self._state = RegistryState.SPARE if self._rank in spares else RegistryState.DROPPED
-            self._release_retired(decision.lost.tolist())
-            self._stop_liveness()
-            return RebuildReport(self._number, decision.layout, new_plan.members or (),
-                                 lost, spares, dropped, self._state.value, seconds)
-
-        mark = time.monotonic()
-        generation = Generation.create(self._request(self._number + 1, decision.layout, new_plan,
-                                                     lost=len(lost)))
-        self._number += 1
-        self._rebuild_attempts_made, self._rebuild_attempts = self._rebuild_attempts, 0
-        seconds["create"] = time.monotonic() - mark
+        try:
+            report, generation = self._recovery.rebuild(current, before, known, window, self._make)
+        except LeftOutError:  # decided without this rank: it stays out, a retry included
+            self._retire()
+            self._recovery.release_retired()
+            self._recovery.stop_liveness()
+            self._state = RegistryState.DROPPED
+            raise
+        except BaseException:
+            if current.ended:
+                self._state = RegistryState.RETIRED
+            raise
+        self._number = report.generation
+        if generation is None:
+            self._state = RegistryState(report.place)
+            return report
         mark = time.monotonic()
         self._start(generation)
-        if self._liveness is not None:
-            self._liveness.watch(self._number, self.members)
-        seconds["meshes"] = time.monotonic() - mark
-        mark = time.monotonic()
-        self._release_retired(decision.lost.tolist())
-        if self.members[0] == self._rank and str(dist.get_backend()) != "fake":
-            root = torch_internals.default_store()
-            record_made(root, self._made_key, self.members, current_members)
-            if self._previous_check_ins is not None:  # a generation ago: nobody reads them now
-                forget_check_ins(root, *self._previous_check_ins)
-        self._previous_check_ins = (f"{STORE_PREFIX}/rebuild/{self._registry_id}/{self._number}/",
-                                    self._rebuild_attempts_made)
-        seconds["release"] = time.monotonic() - mark
+        report.seconds["meshes"] = time.monotonic() - mark
+        lost = current.plan.positions(np.asarray(report.lost, dtype=np.int64)).tolist()
+        report.seconds["release"] = self._recovery.finish(report, self.members, before, lost)
         logger.info("rank %d: rebuilt generation %d on %d ranks in %.3fs", self._rank,
-                    self._number, new_plan.world_size, time.monotonic() - started)
-        return RebuildReport(self._number, decision.layout, self.members, lost, spares,
-                             dropped, "member", seconds)
+                    self._number, len(self.members), report.total_seconds)
+        return report
 
-    def _check_rebuildable(self) -> None:
-        """Refuse, on every rank alike, backends whose groups cannot be made without the dead rank;
-        on a bound NCCL default group, find the spine to shrink (:mod:`commgroups.rank_loss.shrink`)."""
-        assert self._current is not None
-        self._spine = prepare_spine(self._current.roles, self._plan, self._spine,
-                                    CreationContext.detect())
+    def _make(self, number: int, layout: Layout, the_plan: Plan, lost: int) -> Generation:
+        return Generation.create(self._request(number, layout, the_plan, lost=lost))
 
     def _retire(self) -> None:
-        """Retire the live generation; it is released once this rank is past the check-in."""
+        """Retire the live generation (released once this rank is past the check-in)."""
         if self._current is not None and not self._current.ended:
-            self._current.retire()
-            self._retired.append(self._current)
+            self._recovery.retire(self._current)
             self._state = RegistryState.RETIRED
-
-    def _release_retired(self, lost_positions: Sequence[int] = ()) -> None:
-        """Release every retired generation: its groups are interrupted on every survivor (no
-        collective waits on them) and every survivor is past the check-in that read its keys."""
-        released = False
-        for old in self._retired:
-            if old.release(lost_positions):
-                released = True
-                if self._liveness is not None and self.members and self.members[0] == self._rank:
-                    self._liveness.release(old.number)
-        self._retired = [old for old in self._retired if old.ended != "released"]
-        if released:
-            # The groups' last references sit in reference cycles (torch's own, measured on 2.13):
-            # without a collection their threads and sockets outlive them until the next one.
-            gc.collect()
-
-    def _spine_groups(self) -> list[dist.ProcessGroup]:
-        spine = self._spine  # read once: the heartbeat thread calls this too
-        return [] if spine is None else [spine.group]
-
-    @property
-    def _made_key(self) -> str:
-        return f"{STORE_PREFIX}/rebuild/{self._registry_id}/made"
-
-    def _stop_liveness(self) -> None:
-        if self._liveness is not None:
-            self._liveness.close()
-            self._liveness = None
 
     def _role_timeout(self, role: str, adapter: BackendAdapter) -> timedelta:
         if role in self._timeout_overrides:
@@ -591,7 +440,7 @@ class GroupRegistry:
         logger.info("rank %d: timeout of %s set to %ss", self._rank,
                     "every group" if role is None else f"role {role}", seconds)
 
-    @_serialized
+    @serialized
     def collectives(self, role: str) -> RoleCollectives:
         """The torch.distributed collective API on ``role``'s group, without ``group=``.
 
@@ -611,7 +460,7 @@ class GroupRegistry:
                                             owner=self._creator, owner_site=self._creator_site)
         return handles[role]
 
-    @_serialized
+    @serialized
     def device_mesh(self, dims_or_role: str | Sequence[str]) -> DeviceMesh:
         """A DeviceMesh over the live generation's groups, named by what was asked for. Local.
 
@@ -668,7 +517,7 @@ class GroupRegistry:
                 f"state={self._state.value!r})")
 
     # ------------------------------------------------------------------------------- teardown
-    @_serialized
+    @serialized
     def close(self) -> None:
         """Destroy every generation's groups, stop the heartbeat, delete the store keys.
         Idempotent, local.
@@ -679,13 +528,9 @@ class GroupRegistry:
         """
         if self._state is RegistryState.CLOSED:
             return
-        self._stop_liveness()
         if self._current is not None and not self._current.ended:
             self._current.destroy()
-        self._release_retired()
-        if self._spine is not None:
-            self._spine.close()
-            self._spine = None
+        self._recovery.close()
         self._state = RegistryState.CLOSED
 
     def __enter__(self) -> Self:

@@ -157,7 +157,7 @@ def test_retire_aborts_nccl_and_hccl_groups_and_leaves_gloo_mocked_nccl_hccl(
     registry._retire()
     assert calls == [nccl, hccl]  # gloo: kept referenced, never aborted nor destroyed
     assert registry._state == "retired"
-    assert [r.group for r in registry._retired[-1].roles.values()] == [nccl, hccl, gloo]
+    assert [r.group for r in registry._recovery.retired[-1].roles.values()] == [nccl, hccl, gloo]
 
 
 # ------------------------------------------------------------------------ bound default group
@@ -224,4 +224,5 @@ def test_unbound_nccl_is_not_refused_mocked_nccl(monkeypatch: pytest.MonkeyPatch
         lambda cls: CreationContext(default_backend="nccl", device_bound=False, accelerator=True)))
     group = object()
     registry = _registry({"tp": CreatedRole(group, "local", NcclAdapter(), [group])})  # type: ignore[arg-type]
-    registry._check_rebuildable()  # no refusal: new groups need no split of the default group
+    registry._recovery.check_rebuildable(registry._current)
+    # no refusal above: new groups need no split of the default group
