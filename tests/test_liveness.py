@@ -93,6 +93,8 @@ def _lone_rebuild(rank: int, world: int) -> dict[str, Any]:
     """Rank 0 rebuilds after a local error; the others are training and alive."""
     registry = GroupRegistry(hsdp_layout(timeout_s=PRODUCTION_TIMEOUT_S),
                              create_timeout_s=60).create()
+    mesh = registry.device_mesh(["dp_replicate", "fsdp"])
+    old_groups = {"group": registry.group("checkpoint-metadata"), "mesh": mesh.get_group(1)}
     if rank == 0:
         report = registry.rebuild()  # e.g. `except Exception: registry.rebuild()` on a local bug
     else:
@@ -107,15 +109,28 @@ def _lone_rebuild(rank: int, world: int) -> dict[str, Any]:
     assert report is not None
     total = torch.ones(1)
     registry.collectives("checkpoint-metadata").all_reduce(total)
+    stale = {}
+    for name, group in old_groups.items():  # generation 0's groups fail loudly, never silently
+        try:
+            dist.all_reduce(torch.ones(1), group=group)
+            stale[name] = "ran"
+        except (RuntimeError, ValueError) as error:
+            stale[name] = f"{type(error).__name__}: {str(error).split('>', 1)[-1][:80]}"
     registry.close()
     return {"generation": report.generation, "members": report.members, "lost": report.lost,
-            "sum": float(total.item())}
+            "sum": float(total.item()), "stale": stale}
 
 
 def test_a_lone_rebuild_brings_every_live_rank_into_the_same_generation() -> None:
     results = run_world(_lone_rebuild, 4, timeout=120)
-    assert all(r == {"generation": 1, "members": (0, 1, 2, 3), "lost": (), "sum": 4.0}
-               for r in results), results
+    for result in results:
+        stale = result.pop("stale")
+        assert result == {"generation": 1, "members": (0, 1, 2, 3), "lost": (), "sum": 4.0}
+        # released: torch no longer knows the groups (and their sockets were shut down before)
+        assert set(stale) == {"group", "mesh"} and all(
+            text.startswith("ValueError") and "not initialized in the world group map" in text
+            for text in stale.values()
+        ), stale
 
 
 def _lone_rebuild_nobody_answers(rank: int, world: int) -> str:
