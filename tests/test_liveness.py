@@ -231,3 +231,21 @@ def test_rebuilds_leak_nothing_over_ten_cycles() -> None:
         # Ours stay flat; torch's rendezvous keys of each new group stay behind (theirs).
         assert last["keys"] - first["keys"] <= (len(seen) - 1) * first["torch_keys"] + 2, (
             rank, seen)
+
+
+def _audited_rebuild(rank: int, world: int) -> list[tuple[str, ...]]:
+    import commgroups as cg
+
+    registry = GroupRegistry(hsdp_layout({"dp_replicate": 2, "dp_shard": 1}),
+                             create_timeout_s=60).create()
+    with cg.audit.record(registry) as recorder:
+        registry.collectives("checkpoint-metadata").all_reduce(torch.ones(1))
+        registry.rebuild()  # both ranks: a new generation, new groups under the same roles
+        registry.collectives("checkpoint-metadata").all_reduce(torch.ones(1))
+    registry.close()
+    return [record.roles for record in recorder.records]
+
+
+def test_the_audit_names_a_rebuilt_generations_groups_by_role() -> None:
+    for roles in run_world(_audited_rebuild, 2, timeout=120):
+        assert roles[0] == roles[-1] == ("checkpoint-metadata",), roles
