@@ -186,6 +186,31 @@ def test_a_left_out_rank_stays_out_when_it_retries() -> None:
     assert late["state"] == "dropped"
 
 
+def _far_behind(rank: int, world: int) -> str:
+    """Rank 2 reaches rebuild() two generations late, after the check-in it missed was deleted."""
+    registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
+    store = torch_internals.default_store()
+    if rank == 3:
+        os._exit(0)
+    if rank == 2:
+        store.wait(["test/far-behind-go"], timedelta(seconds=60))
+        try:
+            registry.rebuild(timeout=1.5)
+        except LeftOutError:
+            return "left out"
+        return "rebuilt alone"
+    registry.rebuild(timeout=1.5)  # generation 1 on [0, 1]
+    registry.rebuild()  # generation 2: generation 1's check-in keys are deleted now
+    store.set("test/far-behind-go", "1")
+    registry.close()
+    return f"generation {registry.generation}"
+
+
+def test_a_rank_generations_behind_is_left_out_too() -> None:
+    results = run_world(_far_behind, 4, timeout=90, expect_errors=True)
+    assert results[:3] == ["generation 2", "generation 2", "left out"], results
+
+
 def _resources() -> dict[str, int]:
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
             "groups": _group_count(),
