@@ -77,6 +77,8 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
         if left <= 0:
             return
         try:
+            if not self.underlying_store.check(["created/count"]):
+                return  # the others released the attempt (after a rebuild without this rank)
             self.underlying_store.wait(["created/all"], timedelta(seconds=left))
         except (RuntimeError, TimeoutError) as error:  # a peer never finished; the store died
             logger.debug("not every rank finished creating before close: %s", error)
