@@ -9,7 +9,7 @@ replan, retire, make generation g+1, release g. The registry keeps the lifecycle
 
 from __future__ import annotations
 
-import gc
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -197,22 +197,25 @@ class Recovery:
         """Release every retired generation: its groups are interrupted on every survivor (no
         collective waits on them) and every survivor is past the check-in that read its keys.
         ``first``: this rank deletes the shared keys (one rank does)."""
-        released = False
         for old in self.retired:
-            if old.release(lost_positions):
-                released = True
-                if first and self.liveness is not None:
-                    self.liveness.release(old.number)
+            if old.release(lost_positions) and first and self.liveness is not None:
+                self.liveness.release(old.number)
         self.retired = [old for old in self.retired if old.ended != "released"]
-        if released:
-            # The groups' last references sit in reference cycles (torch's own, measured on 2.13):
-            # without a collection their threads and sockets outlive them until the next one.
-            gc.collect()
 
-    def close(self) -> None:
-        """``close()``: stop the heartbeat, release the retired generations, close the spine."""
+    def close(self, number: int, first: bool) -> None:
+        """``close()`` of generation ``number``: stop the heartbeat, release the retired
+        generations, close the spine; ``first`` (one rank): delete the rebuild records too."""
+        if first and self.liveness is not None:
+            self.liveness.release(number)
         self.stop_liveness()
         self.release_retired()
+        if (first and self.previous_check_ins is not None and dist.is_initialized()
+                and str(dist.get_backend()) != "fake"):
+            root = torch_internals.default_store()
+            forget_check_ins(root, *self.previous_check_ins)
+            with contextlib.suppress(RuntimeError):  # never written: no rebuild ran
+                root.delete_key(self._made_key)
+            self.previous_check_ins = None
         if self.spine is not None:
             self.spine.close()
             self.spine = None

@@ -530,7 +530,8 @@ class GroupRegistry:
             return
         if self._current is not None and not self._current.ended:
             self._current.destroy()
-        self._recovery.close()
+        members = self.members
+        self._recovery.close(self._number, bool(members) and members[0] == self._rank)
         self._state = RegistryState.CLOSED
 
     def __enter__(self) -> Self:

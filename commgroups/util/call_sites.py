@@ -33,6 +33,8 @@ PLUMBING_MODULES: tuple[str, ...] = (
     "commgroups.integrations",
     "commgroups.creation.meshes",
     "commgroups.registry",
+    "commgroups.recovery",
+    "commgroups.util.serialized",
 )
 """Module prefixes whose frames are never a call site (a prefix covers its submodules)."""
 
