@@ -54,6 +54,8 @@ from commgroups.errors import (
     MeshRequestError,
     UnknownDimError,
 )
+from commgroups.flight_recorder.session import FlightSession, open_flight
+from commgroups.flight_recorder.settings import flight_enabled
 from commgroups.layout.specs import Layout
 from commgroups.planning.plan import Plan, RolePlan
 from commgroups.rank_loss.shrink import Spine
@@ -166,6 +168,8 @@ class Generation:
     """The agreement epoch of the creation (the same on every rank; -1 under the fake backend)."""
     ended: str = ""
     """Empty while live; ``retired`` or ``destroyed`` after :meth:`retire` / :meth:`destroy`."""
+    flight: FlightSession | None = None
+    """The flight recorder of this generation's roles (None: off; see commgroups.flight_recorder)."""
 
     @property
     def layout(self) -> Layout:
@@ -251,6 +255,11 @@ class Generation:
                          dim_groups={d: made[d] for d in request.mesh_dims},
                          attempts=[store] if store is not None else [],
                          epoch=store.epoch if store is not None else -1)
+        generation.flight = open_flight(
+            {name: made[name].group for name in request.layout.role_names},
+            enabled=flight_enabled(request.layout), generation=request.number,
+            epoch=generation.epoch, store_prefix=STORE_PREFIX, publish=store is not None,
+            backends={name: made[name].adapter.name for name in request.layout.role_names})
         return generation
 
     @staticmethod
@@ -515,6 +524,8 @@ class Generation:
         for handle in self.handles.values():
             end_handle(handle)
         self.handles.clear()
+        if self.flight is not None:
+            self.flight.close(release=how == "destroyed")
         end_groups([*self.roles.values(), *self.dim_groups.values()])
         for mesh in self.meshes.values():
             forget_flattenings(mesh)

@@ -500,9 +500,11 @@ class GroupRegistry:
         handles = self._live().handles
         # One object per role, so its call count (the sequence number errors name) is per role.
         if role not in handles:
+            flight = self._live().flight
             handles[role] = RoleCollectives(group, role=role,
                                             async_and_wait=self.spec(role).async_and_wait,
-                                            owner=self._creator, owner_site=self._creator_site)
+                                            owner=self._creator, owner_site=self._creator_site,
+                                            flight=flight.recorder.role(role) if flight else None)
         return handles[role]
 
     @_serialized

@@ -53,6 +53,7 @@ __all__ = [
     "devicemesh_rows",
     "flatten_mesh",
     "fsdp_default_comm_classes",
+    "flight_trace_entries",
     "functional_all_reduce",
     "group_naming_state",
     "group_sequence_number",
@@ -412,6 +413,43 @@ def group_sequence_number(group: dist.ProcessGroup) -> int | None:
         return int(group._get_sequence_number_for_group())  # type: ignore[attr-defined]
     except (RuntimeError, AttributeError, NotImplementedError, ValueError, TypeError):
         return None
+
+
+def flight_trace_entries(groups: dict[str, str], limit: int = 64) -> list[dict[str, Any]]:
+    """The newest ``limit`` entries of torch's own flight recorder on ``groups``, with their role.
+
+    ``torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives, onlyActive)`` (present on
+    2.10, 2.13, 2.14.1, 2.15.0; 2.13's gloo records by default, 2000 entries, ``TORCH_FR_BUFFER_SIZE``
+    sets the size, 0 turns it off; torch 2.15's default NCCL backend ``ProcessGroupNCCL2`` records
+    only from pytorch#192233). It sees every call on a group, plain, functional (DTensor) and
+    object collectives included, so a dump names calls that bypassed ``registry.collectives``.
+    ``groups`` maps c10d group names to role names. Empty where torch has no recorder or
+    it fails: the dump goes on without it.
+    """
+    import json
+
+    dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
+    if dump is None:
+        return []
+    try:
+        data = json.loads(dump(True, False))
+    except (RuntimeError, ValueError, TypeError) as error:
+        logger.debug("torch's flight recorder dump failed: %s", error)
+        return []
+    out: list[dict[str, Any]] = []
+    for entry in data.get("entries", []) if isinstance(data, dict) else []:
+        where = entry.get("process_group") or ["", ""]
+        role = groups.get(str(where[0]))
+        if role is None:
+            continue
+        out.append({
+            "role": role, "group": str(where[0]), "op": str(entry.get("profiling_name", "")),
+            "group_seq": entry.get("collective_seq_id"), "state": entry.get("state"),
+            "input_sizes": entry.get("input_sizes"), "input_dtypes": entry.get("input_dtypes"),
+            "time_created_s": (entry.get("time_created_ns") or 0) / 1e9,
+            "thread": entry.get("thread_name"),
+        })
+    return out[-limit:]
 
 
 def functional_all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup) -> torch.Tensor:

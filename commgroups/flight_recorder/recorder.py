@@ -1,0 +1,159 @@
+"""The recorder itself: a bounded ring buffer per role (:class:`RoleRecorder`) and one generation's
+set of them (:class:`FlightRecorder`), with the compact status other ranks read and the full dump.
+
+Cost per recorded call (measured by ``commgroups bench``, ``flight_recorder_us_per_collective``):
+one counter read on the group, a frame walk cached per code object, an entry appended to a
+``deque(maxlen)``. No lock: a role's calls come from one thread (RoleCollectives enforces it), and
+readers (the status publisher thread) only read the last entry and copy the deque.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commgroups import torch_internals
+from commgroups.errors import RoleCollectiveError
+from commgroups.flight_recorder.entries import FlightEntry, SiteCache, caller_of, tensor_facts
+from commgroups.flight_recorder.settings import DEFAULT_ENTRIES
+
+__all__ = ["DUMP_VERSION", "FlightRecorder", "RoleRecorder"]
+
+DUMP_VERSION = 1
+"""The version of :meth:`FlightRecorder.to_dict`'s schema (``commgroups flight merge`` reads it)."""
+
+
+class RoleRecorder:
+    """The newest ``maxlen`` collectives this rank issued on one role, and the role's counters.
+
+    Args:
+        role: the role's name.
+        group: this rank's group of the role.
+        maxlen: entries kept.
+        sites: the plumbing cache shared by one generation's recorders.
+
+    Example::
+
+        entry = recorder.start("all_reduce", (tensor,), True, False, sys._getframe(1))
+        ...   # issue and wait
+        recorder.end(entry)
+        recorder.last.caller     # "train.py:12 in step"
+    """
+
+    __slots__ = ("_counted", "_sites", "diagnose", "entries", "group", "group_name", "last", "role",
+                 "seq")
+
+    def __init__(self, role: str, group: dist.ProcessGroup, maxlen: int = DEFAULT_ENTRIES,
+                 sites: SiteCache | None = None) -> None:
+        self.role = role
+        self.group = group
+        self.group_name = str(group.group_name)
+        self.entries: deque[FlightEntry] = deque(maxlen=maxlen)
+        self.seq = 0
+        self.last: FlightEntry | None = None
+        self._sites = sites if sites is not None else SiteCache()
+        self.diagnose: Callable[[RoleCollectiveError, FlightEntry | None], RoleCollectiveError] | None = None
+        """Turns a failed call's error into one naming the ranks behind (set by the recorder's
+        owner when ranks publish their status); None: the error stays as it is."""
+        # Whether the backend keeps a collective count (commgroups' single-rank backend does not).
+        self._counted = torch_internals.group_sequence_number(group) is not None
+
+    def group_seq(self) -> int | None:
+        """The group's own collective count on this rank (every call on it), or None."""
+        return torch_internals.group_sequence_number(self.group) if self._counted else None
+
+    def start(self, op: str, args: tuple[Any, ...], issued_async: bool, caller_async: bool,
+              frame: FrameType | None) -> FlightEntry:
+        """Record a call about to be issued; ``frame`` is where the caller search starts."""
+        self.seq += 1
+        shapes, dtype, first = tensor_facts(args)
+        if issued_async:
+            stream = "group:" + self.group_name
+        elif first is not None and first.is_cuda:
+            stream = f"{first.device}/stream:{torch.cuda.current_stream(first.device).stream_id}"
+        else:
+            stream = "cpu" if first is None else str(first.device.type)
+        before = self.group_seq() if self._counted else None
+        code, line = caller_of(frame, self._sites)
+        entry = FlightEntry(op, self.seq, None if before is None else before + 1, shapes, dtype,
+                            issued_async, caller_async, stream, code, line)
+        self.entries.append(entry)
+        self.last = entry
+        return entry
+
+    def end(self, entry: FlightEntry, error: BaseException | None = None) -> None:
+        """Mark ``entry`` returned (or failed with ``error``)."""
+        entry.end_ns = time.monotonic_ns()
+        if error is not None:
+            text = str(error).strip()
+            entry.error = (text.splitlines()[0] if text else repr(error))[:200]
+
+    def status(self) -> dict[str, Any]:
+        """The compact status other ranks read: counters and the last call (op, seq, caller)."""
+        last = self.last
+        out: dict[str, Any] = {"seq": self.seq, "group_seq": self.group_seq()}
+        if last is not None:
+            out["last"] = {"op": last.op, "seq": last.seq, "group_seq": last.group_seq,
+                           "caller": last.caller, "state": last.state}
+        return out
+
+
+class FlightRecorder:
+    """One generation's recorders, one per role this rank is a member of.
+
+    Args:
+        groups: role name -> this rank's group (roles this rank is not in are left out).
+        rank: this rank's global rank.
+        generation: the generation's number.
+        backends: role name -> backend name (for the dump and its hazards).
+        maxlen: entries kept per role.
+    """
+
+    def __init__(self, groups: Mapping[str, dist.ProcessGroup], *, rank: int, generation: int,
+                 backends: Mapping[str, str] | None = None, maxlen: int = DEFAULT_ENTRIES) -> None:
+        sites = SiteCache()
+        self.rank = rank
+        self.generation = generation
+        self.backends = dict(backends or {})
+        self.roles: dict[str, RoleRecorder] = {
+            name: RoleRecorder(name, group, maxlen, sites) for name, group in groups.items()}
+        self.ranks: dict[str, list[int]] = {
+            name: [int(r) for r in dist.get_process_group_ranks(group)]
+            for name, group in groups.items()}
+
+    def role(self, name: str) -> RoleRecorder | None:
+        """The recorder of role ``name`` (None when this rank is not in it)."""
+        return self.roles.get(name)
+
+    def status(self) -> dict[str, Any]:
+        """Every role's compact status (what the status publisher puts in the store)."""
+        return {name: recorder.status() for name, recorder in self.roles.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The full dump: every role's entries, groups, backends, and torch's own flight
+        recorder entries of these groups where torch keeps one (gloo and NCCL in torch 2.13)."""
+        offset = time.time_ns() - time.monotonic_ns()
+        names = {recorder.group_name: name for name, recorder in self.roles.items()}
+        return {
+            "version": DUMP_VERSION,
+            "rank": self.rank,
+            "generation": self.generation,
+            "time_s": time.time(),
+            "roles": {
+                name: {
+                    "group": recorder.group_name,
+                    "backend": self.backends.get(name, ""),
+                    "ranks": self.ranks[name],
+                    **recorder.status(),
+                    "entries": [entry.to_dict(offset) for entry in list(recorder.entries)],
+                }
+                for name, recorder in self.roles.items()
+            },
+            "torch_trace": torch_internals.flight_trace_entries(names),
+        }

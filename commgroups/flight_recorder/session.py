@@ -1,0 +1,180 @@
+"""One generation's flight recorder at work: the recorder, its status publisher, the diagnosis of a
+failed call and the dumps.
+
+:func:`open_flight` is the one hook a :class:`~commgroups.generation.Generation` calls after
+creating its groups; :meth:`FlightSession.close` the one it calls at teardown. Store keys live under
+``<STORE_PREFIX>/flight/<epoch>/`` (one namespace per generation; each rank deletes its own at
+``close()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from commgroups import torch_internals
+from commgroups.errors import RoleCollectiveError, RoleHangError, RoleTimeoutError
+from commgroups.flight_recorder.diagnosis import Diagnosis, diagnose, short_site
+from commgroups.flight_recorder.entries import FlightEntry
+from commgroups.flight_recorder.publisher import DEFAULT_INTERVAL_S, StatusPublisher, read_status
+from commgroups.flight_recorder.recorder import FlightRecorder
+
+__all__ = ["DIR_ENV_VAR", "FlightSession", "dump_file_name", "open_flight"]
+
+logger = logging.getLogger(__name__)
+
+DIR_ENV_VAR = "COMMGROUPS_FLIGHT_DIR"
+"""Where recorders are written on a timeout (default: ``<tmp>/commgroups-flight-<epoch>``)."""
+
+_MAX_TEXT = 300  # commgroups' error texts stay this short; the details are in ``flight``
+
+
+def dump_file_name(generation: int, rank: int) -> str:
+    """``flight-g0-rank00003.json``: one file per rank and generation."""
+    return f"flight-g{generation}-rank{rank:05d}.json"
+
+
+class FlightSession:
+    """A generation's :class:`FlightRecorder`, published and diagnosed.
+
+    Args:
+        recorder: the recorder.
+        publisher: this rank's status publisher (None under the fake backend: no peers to read).
+        epoch: the generation's agreement epoch (names the store namespace and default dump dir).
+    """
+
+    def __init__(self, recorder: FlightRecorder, publisher: StatusPublisher | None,
+                 epoch: int) -> None:
+        self.recorder = recorder
+        self.publisher = publisher
+        self.epoch = epoch
+        self.last_dump = ""
+        if publisher is not None:
+            for role in recorder.roles.values():
+                role.diagnose = self.diagnose
+
+    def default_dir(self) -> str:
+        """``$COMMGROUPS_FLIGHT_DIR``, else ``<tmp>/commgroups-flight-<epoch>``."""
+        return os.environ.get(DIR_ENV_VAR) or str(
+            Path(tempfile.gettempdir()) / f"commgroups-flight-{max(self.epoch, 0)}")
+
+    def dump(self, directory: str | os.PathLike[str] | None = None) -> str:
+        """Write this rank's recorder as JSON into ``directory``; returns the file's path."""
+        folder = Path(directory if directory is not None else self.default_dir())
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / dump_file_name(self.recorder.generation, self.recorder.rank)
+        data = self.recorder.to_dict()
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+        temporary.replace(path)  # a reader never sees half a file
+        self.last_dump = str(path)
+        return str(path)
+
+    def _on_request(self, request: dict[str, Any]) -> None:
+        if request.get("dump"):
+            self.dump(str(request["dump"]))
+
+    def diagnose(self, failure: RoleCollectiveError, entry: FlightEntry | None
+                 ) -> RoleCollectiveError:
+        """``failure`` rewritten to name the ranks behind, ahead, mismatched and silent, after
+        asking every rank to publish (and dump) now; ``failure`` itself if the store cannot say.
+
+        Waits at most about ``2.5 * interval_s`` for the other ranks to answer.
+        """
+        publisher = self.publisher
+        if publisher is None or entry is None:
+            return failure
+        try:
+            diagnosis = self._compare(failure.role, entry, publisher)
+        except Exception as error:  # the store's host died: the plain error is all there is
+            logger.debug("flight recorder: no diagnosis: %s", error)
+            return failure
+        return _rewritten(failure, diagnosis)
+
+    def _compare(self, role: str, entry: FlightEntry, publisher: StatusPublisher) -> Diagnosis:
+        directory = self.default_dir()
+        publisher.publish_now(force=True)
+        asked = publisher.ask({"dump": directory})
+        members = [r for r in self.recorder.ranks.get(role, []) if r != self.recorder.rank]
+        deadline = time.monotonic() + 2.5 * publisher.interval_s + 0.5
+        published: dict[int, Mapping[str, Any] | None] = {}
+        while True:
+            for other in members:
+                value = published.get(other)
+                if value is None or int(value.get("answered", 0)) < asked:
+                    published[other] = read_status(publisher.store, publisher.prefix, other)
+            answered = all(v is not None and int(v.get("answered", 0)) >= asked
+                           for v in published.values())
+            if answered or time.monotonic() > deadline:
+                break
+            time.sleep(min(0.1, publisher.interval_s / 4))
+        path = self.dump(directory)
+        failed = {"op": entry.op, "seq": entry.seq, "group_seq": entry.group_seq,
+                  "caller": entry.caller}
+        found = diagnose(role, self.recorder.rank, failed, published, asked)
+        found = dataclasses.replace(found, dump=path)
+        logger.warning("flight recorder, role %s: %s (recorders in %s)", role, found.text(),
+                       directory)
+        return found
+
+    def close(self, release: bool = True) -> None:
+        """Stop publishing; ``release`` deletes this rank's store keys (``close()``)."""
+        if self.publisher is not None:
+            ranks = sorted({r for members in self.recorder.ranks.values() for r in members})
+            self.publisher.stop(release=release, shared=bool(ranks) and ranks[0] == self.recorder.rank)
+
+
+def _rewritten(failure: RoleCollectiveError, diagnosis: Diagnosis) -> RoleCollectiveError:
+    timed_out = isinstance(failure, RoleTimeoutError)
+    cls: type[RoleCollectiveError] = RoleHangError if timed_out else type(failure)
+    head = (f"role {diagnosis.role!r}: {diagnosis.op} #{diagnosis.seq} at "
+            f"{short_site(diagnosis.caller)} {'timed out' if timed_out else 'failed'}; ")
+    tail = (f"; fix: see error.flight or `commgroups flight merge "
+            f"{os.path.dirname(diagnosis.dump)}`")
+    body = diagnosis.text()
+    room = _MAX_TEXT - len(head) - len(tail)
+    if len(body) > room:
+        body = body[: max(0, room - 4)] + " ..."
+    return cls(head + body + tail, role=failure.role, op=failure.op, seq=failure.seq,
+               flight={**diagnosis.to_dict(), "error": str(failure)})
+
+
+def open_flight(groups: Mapping[str, dist.ProcessGroup | None], *, enabled: bool,
+                generation: int, epoch: int, backends: Mapping[str, str],
+                store_prefix: str, publish: bool,
+                interval_s: float = DEFAULT_INTERVAL_S) -> FlightSession | None:
+    """The generation's flight session, or None when the recorder is off.
+
+    Args:
+        groups: role -> this rank's group (None where this rank is not a member).
+        enabled: :func:`~commgroups.flight_recorder.settings.flight_enabled` of the layout.
+        generation, epoch: the generation's number and agreement epoch.
+        backends: role -> backend name.
+        store_prefix: the registry's store prefix (``STORE_PREFIX``).
+        publish: whether ranks publish their status (False under the fake backend).
+        interval_s: the publisher's interval.
+    """
+    if not enabled:
+        return None
+    mine = {name: group for name, group in groups.items() if group is not None}
+    rank = dist.get_rank()
+    recorder = FlightRecorder(mine, rank=rank, generation=generation, backends=backends)
+    publisher = None
+    if publish:
+        prefix = f"{store_prefix}/flight/{epoch}/"
+        publisher = StatusPublisher(torch_internals.default_store(), prefix, rank,
+                                    recorder.status, interval_s)
+    session = FlightSession(recorder, publisher, epoch)
+    if publisher is not None:
+        publisher.on_request = session._on_request
+        publisher.start()
+    return session
