@@ -15,7 +15,7 @@ import torch
 
 from commgroups.util.call_sites import is_plumbing
 
-__all__ = ["FlightEntry", "SiteCache", "caller_of", "site_text", "tensor_facts"]
+__all__ = ["FlightEntry", "SiteCache", "caller_of", "line_of", "site_text", "tensor_facts"]
 
 # Tensors of a list argument recorded per call (all_gather's output list can hold hundreds).
 _MAX_LISTED = 8
@@ -30,36 +30,55 @@ class SiteCache:
     __slots__ = ("plumbing",)
 
     def __init__(self) -> None:
-        self.plumbing: dict[CodeType, bool] = {}
+        # Keyed by id(code): hashing a code object hashes its constants and names (microseconds
+        # for a long function). The code object is kept in the value, so its id stays its own.
+        self.plumbing: dict[int, tuple[CodeType, bool]] = {}
 
 
 def caller_of(frame: FrameType | None, cache: SiteCache) -> tuple[CodeType | None, int]:
-    """The first frame from ``frame`` outwards outside the plumbing, as (code, line).
+    """The first frame from ``frame`` outwards outside the plumbing, as (code, instruction offset).
 
-    ``(None, 0)`` when every frame is plumbing. Uses ``frame.f_back`` only: no ``inspect``.
+    ``(None, -1)`` when every frame is plumbing. Uses ``frame.f_back`` only: no ``inspect``; the
+    offset (``f_lasti``) is kept rather than ``f_lineno``, which decodes the line table on every
+    read (microseconds in a long function): :func:`line_of` turns it into a line when read.
     """
     known = cache.plumbing
     while frame is not None:
         code = frame.f_code
-        inside = known.get(code)
-        if inside is None:
+        seen = known.get(id(code))
+        if seen is not None and seen[0] is code:
+            inside = seen[1]
+        else:
             module = frame.f_globals.get("__name__")
-            inside = known[code] = isinstance(module, str) and is_plumbing(module)
+            inside = isinstance(module, str) and is_plumbing(module)
+            known[id(code)] = (code, inside)
         if not inside:
-            return code, frame.f_lineno
+            return code, frame.f_lasti
         frame = frame.f_back
-    return None, 0
+    return None, -1
 
 
-def site_text(code: CodeType | None, line: int) -> str:
-    """``path:line in function`` (the form :func:`commgroups.util.call_sites.call_site` prints)."""
+def line_of(code: CodeType, offset: int) -> int:
+    """The source line of instruction ``offset`` in ``code`` (0 if unknown)."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end:
+            return line or 0
+    return code.co_firstlineno
+
+
+def site_text(code: CodeType | None, offset: int) -> str:
+    """``path:line in function`` (the form :func:`commgroups.util.call_sites.call_site` prints)
+    of instruction ``offset`` in ``code``."""
     if code is None:
         return "<unknown>"
-    return f"{code.co_filename}:{line} in {code.co_name}"
+    return f"{code.co_filename}:{line_of(code, offset)} in {code.co_name}"
 
 
 def tensor_facts(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any, torch.Tensor | None]:
     """Shapes of the tensor arguments (lists: their first few), the first dtype, the first tensor."""
+    if len(args) == 1 and isinstance(args[0], torch.Tensor):  # all_reduce, broadcast: most calls
+        tensor = args[0]
+        return (tensor.shape,), tensor.dtype, tensor
     shapes: list[Any] = []
     first: torch.Tensor | None = None
     for arg in args:
@@ -94,11 +113,11 @@ class FlightEntry:
     """
 
     __slots__ = ("async_op", "caller_async", "code", "dtype", "end_ns", "error", "group_seq",
-                 "line", "op", "seq", "shapes", "start_ns", "stream")
+                 "offset", "op", "seq", "shapes", "start_ns", "stream")
 
     def __init__(self, op: str, seq: int, group_seq: int | None, shapes: tuple[Any, ...],
                  dtype: Any, async_op: bool, caller_async: bool, stream: str,
-                 code: CodeType | None, line: int) -> None:
+                 code: CodeType | None, offset: int) -> None:
         self.op = op
         self.seq = seq
         self.group_seq = group_seq
@@ -108,7 +127,7 @@ class FlightEntry:
         self.caller_async = caller_async
         self.stream = stream
         self.code = code
-        self.line = line
+        self.offset = offset
         self.error = ""
         self.end_ns = 0
         self.start_ns = time.monotonic_ns()
@@ -116,7 +135,7 @@ class FlightEntry:
     @property
     def caller(self) -> str:
         """``path:line in function`` of the first frame outside torch and commgroups."""
-        return site_text(self.code, self.line)
+        return site_text(self.code, self.offset)
 
     @property
     def state(self) -> str:

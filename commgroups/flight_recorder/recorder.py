@@ -46,7 +46,7 @@ class RoleRecorder:
         recorder.last.caller     # "train.py:12 in step"
     """
 
-    __slots__ = ("_counted", "_sites", "diagnose", "entries", "group", "group_name", "last", "role",
+    __slots__ = ("_counter", "_sites", "diagnose", "entries", "group", "group_name", "last", "role",
                  "seq")
 
     def __init__(self, role: str, group: dist.ProcessGroup, maxlen: int = DEFAULT_ENTRIES,
@@ -61,12 +61,12 @@ class RoleRecorder:
         self.diagnose: Callable[[RoleCollectiveError, FlightEntry | None], RoleCollectiveError] | None = None
         """Turns a failed call's error into one naming the ranks behind (set by the recorder's
         owner when ranks publish their status); None: the error stays as it is."""
-        # Whether the backend keeps a collective count (commgroups' single-rank backend does not).
-        self._counted = torch_internals.group_sequence_number(group) is not None
+        # The backend's collective count, if it keeps one (commgroups' single-rank backend does not).
+        self._counter = torch_internals.group_sequence_counter(group)
 
     def group_seq(self) -> int | None:
         """The group's own collective count on this rank (every call on it), or None."""
-        return torch_internals.group_sequence_number(self.group) if self._counted else None
+        return self._counter() if self._counter is not None else None
 
     def start(self, op: str, args: tuple[Any, ...], issued_async: bool, caller_async: bool,
               frame: FrameType | None) -> FlightEntry:
@@ -79,7 +79,7 @@ class RoleRecorder:
             stream = f"{first.device}/stream:{torch.cuda.current_stream(first.device).stream_id}"
         else:
             stream = "cpu" if first is None else str(first.device.type)
-        before = self.group_seq() if self._counted else None
+        before = self._counter() if self._counter is not None else None
         code, line = caller_of(frame, self._sites)
         entry = FlightEntry(op, self.seq, None if before is None else before + 1, shapes, dtype,
                             issued_async, caller_async, stream, code, line)

@@ -56,6 +56,7 @@ __all__ = [
     "flight_trace_entries",
     "functional_all_reduce",
     "group_naming_state",
+    "group_sequence_counter",
     "group_sequence_number",
     "hccl_process_group_class",
     "import_fake_backend",
@@ -450,6 +451,19 @@ def flight_trace_entries(groups: dict[str, str], limit: int = 64) -> list[dict[s
             "thread": entry.get("thread_name"),
         })
     return out[-limit:]
+
+
+def group_sequence_counter(group: dist.ProcessGroup) -> Callable[[], int] | None:
+    """A callable returning :func:`group_sequence_number` cheaply (the bound method, 0.2 us on
+    2.13), or None where the backend keeps no count (checked once, here).
+
+    The flight recorder reads it on every recorded call; same attribute and versions as
+    :func:`group_sequence_number`.
+    """
+    if group_sequence_number(group) is None:
+        return None
+    counter: Callable[[], int] = group._get_sequence_number_for_group  # type: ignore[attr-defined]
+    return counter
 
 
 def functional_all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup) -> torch.Tensor:
