@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import os
 import sys
 import threading
 import time
@@ -60,6 +61,7 @@ from commgroups.util.text_table import format_ranks, format_table
 
 if TYPE_CHECKING:
     from commgroups.collectives.role_collectives import RoleCollectives
+    from commgroups.flight_recorder.session import FlightSession
 
 __all__ = ["GroupRegistry", "RegistryState"]
 
@@ -533,6 +535,19 @@ class GroupRegistry:
         return mesh
 
     # ------------------------------------------------------------------------------ reporting
+    @property
+    def flight_recorder(self) -> FlightSession | None:
+        """The live generation's flight recorder (None: off, or no live generation)."""
+        live = self._current if self._state is RegistryState.CREATED else None
+        return live.flight if live is not None else None
+
+    def dump_flight_recorder(self, directory: str | os.PathLike[str] | None = None) -> str | None:
+        """Write this rank's flight recorder (JSON) into ``directory`` (default: ``$COMMGROUPS_
+        FLIGHT_DIR``, else a temporary folder); returns the file's path, None when it is off.
+        Local; ``commgroups flight merge DIR`` reads every rank's file."""
+        flight = self.flight_recorder
+        return flight.dump(directory) if flight is not None else None
+
     def describe(self) -> str:
         """A readable table: each role's dims, backend, size, groups, this rank's ranks, timeout."""
         header = ("role", "dims", "backend", "size", "groups", "creation", "timeout",
