@@ -15,7 +15,7 @@ import torch
 
 from commgroups.util.call_sites import is_plumbing
 
-__all__ = ["FlightEntry", "SiteCache", "caller_of", "line_of", "site_text", "tensor_facts"]
+__all__ = ["FlightEntry", "SiteCache", "caller_of", "caller_stream", "line_of", "site_text", "tensor_facts"]
 
 # Tensors of a list argument recorded per call (all_gather's output list can hold hundreds).
 _MAX_LISTED = 8
@@ -93,6 +93,16 @@ def tensor_facts(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any, torch.Ten
                     if first is None:
                         first = item
     return tuple(shapes), (first.dtype if first is not None else None), first
+
+
+def caller_stream(tensor: torch.Tensor | None) -> str:
+    """Where a blocking call on ``tensor`` runs under NCCL/RCCL's rule: the caller's current
+    stream (``cuda:0/stream:7``) for a CUDA tensor, else the device type (``cpu``)."""
+    if tensor is None:
+        return "cpu"
+    if tensor.is_cuda:
+        return f"{tensor.device}/stream:{torch.cuda.current_stream(tensor.device).stream_id}"
+    return str(tensor.device.type)
 
 
 class FlightEntry:

@@ -15,12 +15,17 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from commgroups import torch_internals
 from commgroups.errors import RoleCollectiveError
-from commgroups.flight_recorder.entries import FlightEntry, SiteCache, caller_of, tensor_facts
+from commgroups.flight_recorder.entries import (
+    FlightEntry,
+    SiteCache,
+    caller_of,
+    caller_stream,
+    tensor_facts,
+)
 from commgroups.flight_recorder.settings import DEFAULT_ENTRIES
 
 __all__ = ["DUMP_VERSION", "FlightRecorder", "RoleRecorder"]
@@ -73,12 +78,7 @@ class RoleRecorder:
         """Record a call about to be issued; ``frame`` is where the caller search starts."""
         self.seq += 1
         shapes, dtype, first = tensor_facts(args)
-        if issued_async:
-            stream = "group:" + self.group_name
-        elif first is not None and first.is_cuda:
-            stream = f"{first.device}/stream:{torch.cuda.current_stream(first.device).stream_id}"
-        else:
-            stream = "cpu" if first is None else str(first.device.type)
+        stream = "group:" + self.group_name if issued_async else caller_stream(first)
         before = self._counter() if self._counter is not None else None
         code, line = caller_of(frame, self._sites)
         entry = FlightEntry(op, self.seq, None if before is None else before + 1, shapes, dtype,
