@@ -215,6 +215,10 @@ class RoleCollectives:
             raise
         except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
             raise self._failure(op, seq, error, entry) from error
+        except BaseException as error:  # refused arguments (ValueError): no longer in flight
+            if entry is not None:
+                flight.end(entry, error)  # type: ignore[union-attr]  # set with entry
+            raise
         if entry is not None:
             flight.end(entry)  # type: ignore[union-attr]  # set with entry
 
@@ -243,6 +247,10 @@ class RoleCollectives:
                 work = issue_and_wait(fn, *args, group=self.group, async_op=async_op, **kwargs)
         except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
             raise self._failure(fn.__name__, seq, error, entry) from error
+        except BaseException as error:  # refused arguments (ValueError): no longer in flight
+            if entry is not None:
+                flight.end(entry, error)  # type: ignore[union-attr]  # set with entry
+            raise
         if entry is not None:
             flight.end(entry)  # type: ignore[union-attr]  # set with entry
         return work
