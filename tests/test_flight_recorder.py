@@ -19,6 +19,7 @@ import torch.distributed as dist
 import commgroups as cg
 from commgroups.collectives.role_collectives import RoleCollectives
 from commgroups.flight_recorder import entries as flight_entries
+from commgroups.flight_recorder import index as flight_index
 from commgroups.flight_recorder import recorder as flight_recorder_module
 from commgroups.flight_recorder.diagnosis import diagnose
 from commgroups.flight_recorder.merge import FlightDumpError, merge, merge_dir
@@ -253,3 +254,38 @@ def test_dump_holds_torchs_own_entries_for_the_groups(one_rank: dist.ProcessGrou
     if torch_version() >= (2, 13, 0):  # gloo records by default from 2.13 (older: may be empty)
         assert trace and {entry["role"] for entry in trace} == {"cp"}
         assert trace[-1]["op"].endswith("all_reduce")
+
+
+def test_calls_that_reach_commgroups_with_a_group_are_recorded_on_its_role(
+        one_rank: dist.ProcessGroup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from commgroups.collectives.async_wait import issue_and_wait_on
+    from commgroups.integrations import dcp
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    layout = cg.Layout(dims={"cp": 1}, roles=[cg.RoleSpec(name="cp", dims=["cp"]),
+                                              cg.RoleSpec(name="checkpoint-metadata", dims="world",
+                                                          backend="gloo")])
+    with cg.GroupRegistry(layout) as registry:
+        session = registry.flight_recorder
+        assert session is not None
+        cp = session.recorder.roles["cp"]
+        tensor = torch.ones(2)
+        with cg.async_and_wait_scope():
+            dist.all_reduce(tensor, group=registry.group("cp"))
+        assert cp.last is not None and (cp.last.op, cp.last.seq) == ("all_reduce", 1)
+        assert HERE in cp.last.caller
+        cg.AsyncWaitDist().broadcast(tensor, src=0, group=registry.group("cp"))  # spmd_types' path
+        assert cp.last.op == "broadcast" and cp.last.seq == 2
+        issue_and_wait_on(registry.group("cp"), dist.all_reduce, tensor, group=registry.group("cp"),
+                          flight_op="fsdp.reduce_scatter")  # FSDP2's comms' path
+        assert cp.last.op == "fsdp.reduce_scatter" and cp.last.state == "done"
+        with cg.async_and_wait_scope():
+            dist.all_reduce(tensor, group=one_rank)  # not a registry group: not recorded
+        assert cp.seq == 3
+        dcp.save({"w": torch.zeros(2)}, checkpoint_id=str(tmp_path / "ckpt"), registry=registry)
+        meta = session.recorder.roles["checkpoint-metadata"]
+        assert meta.last is not None and meta.last.op == "dcp.save" and meta.last.state == "done"
+        assert HERE in meta.last.caller
+        cp_group = registry.group("cp")
+        assert flight_index.lookup(cp_group) is cp
+    assert flight_index.lookup(cp_group) is None  # the closed registry's groups left the index

@@ -18,7 +18,7 @@ from typing import Any
 import torch.distributed as dist
 
 from commgroups import torch_internals
-from commgroups.errors import RoleCollectiveError
+from commgroups.errors import RoleCollectiveError, RoleTimeoutError
 from commgroups.flight_recorder.entries import (
     FlightEntry,
     SiteCache,
@@ -93,6 +93,22 @@ class RoleRecorder:
         if error is not None:
             text = str(error).strip()
             entry.error = (text.splitlines()[0] if text else repr(error))[:200]
+
+    def failure(self, entry: FlightEntry, error: RuntimeError) -> RoleCollectiveError | None:
+        """For a call recorded outside ``registry.collectives`` (a plain call under
+        async-and-wait, FSDP2's comms) that timed out: the diagnosed :class:`RoleTimeoutError`
+        (a :class:`~commgroups.errors.RoleHangError` with peers to ask); None for other failures,
+        which keep torch's own error."""
+        self.end(entry, error)
+        text = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        if "timed out" not in text.lower() and "timeout" not in text.lower():
+            return None
+        failure = RoleTimeoutError(
+            f"role {self.role!r}: {entry.op} #{entry.seq} on group {self.group_name!r} timed out: "
+            f"{text}; fix: check that every rank of the role is alive and issues the same "
+            "collectives in the same order, or raise the role's timeout_s",
+            role=self.role, op=entry.op, seq=entry.seq)
+        return self.diagnose(failure, entry) if self.diagnose is not None else failure
 
     def status(self) -> dict[str, Any]:
         """The compact status other ranks read: counters and the last call (op, seq, caller)."""

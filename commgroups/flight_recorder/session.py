@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from commgroups import torch_internals
 from commgroups.errors import RoleCollectiveError, RoleHangError, RoleTimeoutError
+from commgroups.flight_recorder import index
 from commgroups.flight_recorder.diagnosis import Diagnosis, diagnose, short_site
 from commgroups.flight_recorder.entries import FlightEntry
 from commgroups.flight_recorder.publisher import DEFAULT_INTERVAL_S, StatusPublisher, read_status
@@ -61,6 +62,7 @@ class FlightSession:
         if publisher is not None:
             for role in recorder.roles.values():
                 role.diagnose = self.diagnose
+        index.register(recorder.roles.values())
 
     def default_dir(self) -> str:
         """``$COMMGROUPS_FLIGHT_DIR``, else ``<tmp>/commgroups-flight-<epoch>``."""
@@ -128,6 +130,7 @@ class FlightSession:
 
     def close(self, release: bool = True) -> None:
         """Stop publishing; ``release`` deletes this rank's store keys (``close()``)."""
+        index.unregister(self.recorder.roles.values())
         if self.publisher is not None:
             ranks = sorted({r for members in self.recorder.ranks.values() for r in members})
             self.publisher.stop(release=release, shared=bool(ranks) and ranks[0] == self.recorder.rank)

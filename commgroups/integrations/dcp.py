@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from commgroups.errors import CommGroupsError, RoleCollectiveError, RoleTimeoutError
+from commgroups.flight_recorder import index as flight_index
 from commgroups.integrations.common import role_group
 from commgroups.layout.specs import CHECKPOINT_ROLE
 
@@ -184,11 +186,17 @@ def _named(op: str, role: str, group: dist.ProcessGroup | None, checkpoint_id: A
     """
     from torch.distributed.checkpoint.api import CheckpointException
 
+    recorder = flight_index.lookup(group)  # one flight-recorder entry per save or load
+    entry = (recorder.start(f"dcp.{op}", (), True, False, sys._getframe(1))
+             if recorder is not None else None)
+    failed: BaseException | None = None
     try:
         yield
-    except CommGroupsError:
+    except CommGroupsError as error:
+        failed = error
         raise
     except (RuntimeError, CheckpointException) as error:
+        failed = error
         text = " ".join(str(error).split())[:300] or repr(error)
         timed_out = "timed out" in text.lower() or "timeout" in text.lower()
         where = (f"role {role!r} (group {group.group_name!r})" if group is not None else
@@ -201,6 +209,12 @@ def _named(op: str, role: str, group: dist.ProcessGroup | None, checkpoint_id: A
             "previous one)",
             role=role, op=f"dcp.{op}", seq=0,
         ) from error
+    except BaseException as error:
+        failed = error
+        raise
+    finally:
+        if recorder is not None and entry is not None:
+            recorder.end(entry, failed)
 
 
 def save(
