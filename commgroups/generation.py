@@ -259,6 +259,7 @@ class Generation:
             {name: made[name].group for name in request.layout.role_names},
             enabled=flight_enabled(request.layout), generation=request.number,
             epoch=generation.epoch, store_prefix=STORE_PREFIX, publish=store is not None,
+            members=request.layout.world_size,
             backends={name: made[name].adapter.name for name in request.layout.role_names})
         return generation
 

@@ -163,8 +163,11 @@ def test_the_publisher_writes_on_change_and_answers_requests() -> None:
     after = read_status(store, "t/", 3)
     assert after is not None and after["answered"] == number and asked == [{"dump": "/somewhere"}]
     assert read_status(store, "t/", 4) is None
-    publisher.stop(release=True, shared=True)
-    assert read_status(store, "t/", 3) is None and not store.check(["t/request"])
+    publisher.stop(release=True, members=2)
+    assert read_status(store, "t/", 3) is None and store.check(["t/request"])  # one rank left
+    other = StatusPublisher(store, "t/", 4, dict, interval_s=0.05)
+    other.stop(release=True, members=2)  # the last one to close deletes the shared keys
+    assert not any(store.check([f"t/{key}"]) for key in ("request", "requests", "closed"))
 
 
 # ------------------------------------------------------------------------------- diagnosis

@@ -88,7 +88,9 @@ class StatusPublisher:
     def _poll(self) -> None:
         # The counter, not the request key, says how many asks there were: two ranks asking at
         # once may leave the key at the older number, and the newer asker must see an answer.
-        number = int(self.store.add(f"{self.prefix}requests", 0))
+        # Read, never add(0): a poll must not re-create a key the last rank to close deleted.
+        counter = f"{self.prefix}requests"
+        number = int(self.store.get(counter)) if self.store.check([counter]) else 0
         if number <= self._answered:
             return
         self._answered = number
@@ -110,20 +112,22 @@ class StatusPublisher:
                 logger.warning("flight recorder publisher stops: %r", error)
                 return
 
-    def stop(self, release: bool = True, shared: bool = False) -> None:
-        """Stop the thread; ``release``: delete this rank's key (``close()``), and with ``shared``
-        the request keys every rank of the prefix uses (one rank does that)."""
+    def stop(self, release: bool = True, members: int = 0) -> None:
+        """Stop the thread; ``release``: delete this rank's key (``close()``), and, on the last of
+        ``members`` ranks to release, the request keys they share (every publisher has stopped
+        by then, so nothing writes them again)."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(1.0, 2 * self.interval_s))
-        if release:
-            try:
-                self.store.delete_key(self.key)
-                if shared:
-                    self.store.delete_key(f"{self.prefix}request")
-                    self.store.delete_key(f"{self.prefix}requests")
-            except Exception as error:  # the store may be gone with the job
-                logger.debug("flight recorder: releasing %s: %s", self.key, error)
+        if not release:
+            return
+        try:
+            self.store.delete_key(self.key)
+            if members and int(self.store.add(f"{self.prefix}closed", 1)) >= members:
+                for name in ("request", "requests", "closed"):
+                    self.store.delete_key(f"{self.prefix}{name}")
+        except Exception as error:  # the store may be gone with the job
+            logger.debug("flight recorder: releasing %s: %s", self.key, error)
 
 
 def read_status(store: Store, prefix: str, rank: int) -> dict[str, Any] | None:

@@ -51,13 +51,16 @@ class FlightSession:
         recorder: the recorder.
         publisher: this rank's status publisher (None under the fake backend: no peers to read).
         epoch: the generation's agreement epoch (names the store namespace and default dump dir).
+        members: how many ranks the generation has (the last of them to close deletes the
+            shared keys).
     """
 
     def __init__(self, recorder: FlightRecorder, publisher: StatusPublisher | None,
-                 epoch: int) -> None:
+                 epoch: int, members: int = 0) -> None:
         self.recorder = recorder
         self.publisher = publisher
         self.epoch = epoch
+        self.members = members
         self.last_dump = ""
         if publisher is not None:
             for role in recorder.roles.values():
@@ -131,9 +134,13 @@ class FlightSession:
     def close(self, release: bool = True) -> None:
         """Stop publishing; ``release`` deletes this rank's store keys (``close()``)."""
         index.unregister(self.recorder.roles.values())
+        # Break the session <-> recorder and publisher cycles: a group must be freed (its gloo
+        # sockets closed) when the registry is, not at the next cyclic garbage collection.
+        for role in self.recorder.roles.values():
+            role.diagnose = None
         if self.publisher is not None:
-            ranks = sorted({r for members in self.recorder.ranks.values() for r in members})
-            self.publisher.stop(release=release, shared=bool(ranks) and ranks[0] == self.recorder.rank)
+            self.publisher.stop(release=release, members=self.members)
+            self.publisher.on_request = None
 
 
 def _rewritten(failure: RoleCollectiveError, diagnosis: Diagnosis) -> RoleCollectiveError:
@@ -153,7 +160,7 @@ def _rewritten(failure: RoleCollectiveError, diagnosis: Diagnosis) -> RoleCollec
 
 def open_flight(groups: Mapping[str, dist.ProcessGroup | None], *, enabled: bool,
                 generation: int, epoch: int, backends: Mapping[str, str],
-                store_prefix: str, publish: bool,
+                store_prefix: str, publish: bool, members: int,
                 interval_s: float = DEFAULT_INTERVAL_S) -> FlightSession | None:
     """The generation's flight session, or None when the recorder is off.
 
@@ -164,6 +171,7 @@ def open_flight(groups: Mapping[str, dist.ProcessGroup | None], *, enabled: bool
         backends: role -> backend name.
         store_prefix: the registry's store prefix (``STORE_PREFIX``).
         publish: whether ranks publish their status (False under the fake backend).
+        members: how many ranks the generation has.
         interval_s: the publisher's interval.
     """
     if not enabled:
@@ -176,7 +184,7 @@ def open_flight(groups: Mapping[str, dist.ProcessGroup | None], *, enabled: bool
         prefix = f"{store_prefix}/flight/{epoch}/"
         publisher = StatusPublisher(torch_internals.default_store(), prefix, rank,
                                     recorder.status, interval_s)
-    session = FlightSession(recorder, publisher, epoch)
+    session = FlightSession(recorder, publisher, epoch, members)
     if publisher is not None:
         publisher.on_request = session._on_request
         publisher.start()
