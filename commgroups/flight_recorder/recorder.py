@@ -51,14 +51,15 @@ class RoleRecorder:
         recorder.last.caller     # "train.py:12 in step"
     """
 
-    __slots__ = ("_counter", "_sites", "diagnose", "entries", "group", "group_name", "last", "role",
-                 "seq")
+    __slots__ = ("_async_stream", "_counter", "_sites", "diagnose", "entries", "group",
+                 "group_name", "last", "role", "seq")
 
     def __init__(self, role: str, group: dist.ProcessGroup, maxlen: int = DEFAULT_ENTRIES,
                  sites: SiteCache | None = None) -> None:
         self.role = role
         self.group = group
         self.group_name = str(group.group_name)
+        self._async_stream = "group:" + self.group_name  # where an async call runs (NCCL's rule)
         self.entries: deque[FlightEntry] = deque(maxlen=maxlen)
         self.seq = 0
         self.last: FlightEntry | None = None
@@ -78,7 +79,7 @@ class RoleRecorder:
         """Record a call about to be issued; ``frame`` is where the caller search starts."""
         self.seq += 1
         shapes, dtype, first = tensor_facts(args)
-        stream = "group:" + self.group_name if issued_async else caller_stream(first)
+        stream = self._async_stream if issued_async else caller_stream(first)
         before = self._counter() if self._counter is not None else None
         code, line = caller_of(frame, self._sites)
         entry = FlightEntry(op, self.seq, None if before is None else before + 1, shapes, dtype,
