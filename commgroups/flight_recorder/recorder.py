@@ -140,9 +140,16 @@ class FlightRecorder:
         self.backends = dict(backends or {})
         self.roles: dict[str, RoleRecorder] = {
             name: RoleRecorder(name, group, maxlen, sites) for name, group in groups.items()}
-        self.ranks: dict[str, list[int]] = {
-            name: [int(r) for r in dist.get_process_group_ranks(group)]
-            for name, group in groups.items()}
+        self._ranks: dict[str, list[int]] = {}
+
+    def ranks(self, role: str) -> list[int]:
+        """The global ranks of this rank's group of ``role`` (looked up when first needed: a
+        world-spanning role's list is as long as the world)."""
+        if role not in self._ranks:
+            recorder = self.roles.get(role)
+            self._ranks[role] = ([] if recorder is None else
+                                 [int(r) for r in dist.get_process_group_ranks(recorder.group)])
+        return self._ranks[role]
 
     def role(self, name: str) -> RoleRecorder | None:
         """The recorder of role ``name`` (None when this rank is not in it)."""
@@ -166,7 +173,7 @@ class FlightRecorder:
                 name: {
                     "group": recorder.group_name,
                     "backend": self.backends.get(name, ""),
-                    "ranks": self.ranks[name],
+                    "ranks": self.ranks(name),
                     **recorder.status(),
                     "entries": [entry.to_dict(offset) for entry in list(recorder.entries)],
                 }

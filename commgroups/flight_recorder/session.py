@@ -109,7 +109,7 @@ class FlightSession:
         directory = self.default_dir()
         publisher.publish_now(force=True)
         asked = publisher.ask({"dump": directory})
-        members = [r for r in self.recorder.ranks.get(role, []) if r != self.recorder.rank]
+        members = [r for r in self.recorder.ranks(role) if r != self.recorder.rank]
         deadline = time.monotonic() + 2.5 * publisher.interval_s + 0.5
         published: dict[int, Mapping[str, Any] | None] = {}
         while True:
