@@ -186,8 +186,8 @@ def test_diagnosis_sorts_ranks_behind_ahead_mismatched_and_silent() -> None:
         1: _published(4, **elsewhere), 2: _published(5, op="broadcast"), 3: _published(6),
         4: _published(4, answered=0), 5: None, 6: _published(5)}, asked=1)
     got = found.to_dict()
-    assert (got["behind"], got["mismatch"], got["ahead"], got["silent"], got["reached"]) == (
-        [1], [2], [3], [4, 5], [6])
+    assert (got["behind"], got["mismatch"], got["ahead"], got["silent"], got["left"],
+            got["reached"]) == ([1], [2], [3], [4], [5], [6])
     text = found.text()
     assert "behind: rank 1 (last all_reduce #4 at train.py:7; now in fsdp all_gather #2 at " \
            "model.py:40)" in text

@@ -32,8 +32,8 @@ class RankState:
 
     Args:
         rank: the global rank.
-        position: ``behind``, ``ahead``, ``reached``, ``mismatch`` or ``silent`` (no fresh status:
-            dead, or its process frozen).
+        position: ``behind``, ``ahead``, ``reached``, ``mismatch``, ``silent`` (a stale status:
+            dead, or its process frozen) or ``left`` (no status: it closed its registry).
         count: its count on the role (group count, else recorded calls); None when silent.
         last: its last recorded call on the role (op, seq, group_seq, caller, state), if any.
         now: a call of another role it is in right now (role, op, seq, caller), if any.
@@ -50,10 +50,12 @@ class RankState:
         parts = []
         if self.position == "silent":
             parts.append("no fresh status: dead or frozen")
+        if self.position == "left":
+            parts.append("closed its registry")
         if self.last is not None:
             parts.append(f"last {self.last['op']} #{self.last['seq']} at "
                          f"{short_site(str(self.last['caller']))}")
-        elif self.position != "silent":
+        elif self.position not in ("silent", "left"):
             parts.append("nothing recorded on the role")
         if self.now is not None:
             parts.append(f"now in {self.now['role']} {self.now['op']} #{self.now['seq']} at "
@@ -91,11 +93,12 @@ class Diagnosis:
         """The diagnosis in a few words: behind, mismatched, silent and ahead ranks."""
         out = []
         for position, label in (("behind", "behind"), ("silent", "silent"),
-                                ("mismatch", "different op at this seq"), ("ahead", "ahead")):
+                                ("mismatch", "different op at this seq"), ("left", "left"),
+                                ("ahead", "ahead")):
             states = self.where(position)
             if not states:
                 continue
-            shown = [state.text() if position != "ahead" else f"rank {state.rank}"
+            shown = [state.text() if position not in ("ahead", "left") else f"rank {state.rank}"
                      for state in states[:_LISTED]]
             more = f" +{len(states) - _LISTED} more" if len(states) > _LISTED else ""
             out.append(f"{label}: {', '.join(shown)}{more}")
@@ -110,7 +113,7 @@ class Diagnosis:
             "count": self.count, "caller": self.caller, "dump": self.dump,
             "ranks": [dataclasses.asdict(state) for state in self.ranks],
             **{position: [state.rank for state in self.where(position)]
-               for position in ("behind", "ahead", "mismatch", "silent", "reached")},
+               for position in ("behind", "ahead", "mismatch", "silent", "left", "reached")},
         }
 
 
@@ -149,7 +152,10 @@ def diagnose(role: str, rank: int, failed: Mapping[str, Any],
                     if name != role and (info.get("last") or {}).get("state") == "in flight"),
                    None)
         last = mine_there.get("last")
-        if value is None or int(value.get("answered", 0)) < asked:
+        if value is None:
+            states.append(RankState(other, "left", None))
+            continue
+        if int(value.get("answered", 0)) < asked:
             states.append(RankState(other, "silent", None, last, now))
             continue
         count = _count(mine_there) if by_group else mine_there.get("seq")

@@ -34,7 +34,7 @@ __all__ = ["DIR_ENV_VAR", "FlightSession", "dump_file_name", "open_flight"]
 logger = logging.getLogger(__name__)
 
 DIR_ENV_VAR = "COMMGROUPS_FLIGHT_DIR"
-"""Where recorders are written on a timeout (default: ``<tmp>/commgroups-flight-<epoch>``)."""
+"""Where recorders are written on a timeout (default: see :meth:`FlightSession.default_dir`)."""
 
 _MAX_TEXT = 300  # commgroups' error texts stay this short; the details are in ``flight``
 
@@ -68,9 +68,12 @@ class FlightSession:
         index.register(recorder.roles.values())
 
     def default_dir(self) -> str:
-        """``$COMMGROUPS_FLIGHT_DIR``, else ``<tmp>/commgroups-flight-<epoch>``."""
+        """``$COMMGROUPS_FLIGHT_DIR``, else ``<tmp>/commgroups-flight-<run>-<epoch>``: the run is
+        torchrun's ``TORCHELASTIC_RUN_ID``, else ``MASTER_PORT`` (the same on every rank, and
+        another job on the machine has another), else ``local``."""
+        run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT") or "local"
         return os.environ.get(DIR_ENV_VAR) or str(
-            Path(tempfile.gettempdir()) / f"commgroups-flight-{max(self.epoch, 0)}")
+            Path(tempfile.gettempdir()) / f"commgroups-flight-{run}-{max(self.epoch, 0)}")
 
     def dump(self, directory: str | os.PathLike[str] | None = None) -> str:
         """Write this rank's recorder as JSON into ``directory``; returns the file's path."""
@@ -93,24 +96,32 @@ class FlightSession:
         """``failure`` rewritten to name the ranks behind, ahead, mismatched and silent, after
         asking every rank to publish (and dump) now; ``failure`` itself if the store cannot say.
 
-        Waits at most about ``2.5 * interval_s`` for the other ranks to answer.
+        Waits for the other ranks' answers: at most about 2.5 intervals after a timeout, 1.5
+        after another failure.
         """
         publisher = self.publisher
         if publisher is None or entry is None:
             return failure
         try:
-            diagnosis = self._compare(failure.role, entry, publisher)
+            diagnosis = self._compare(failure.role, entry, publisher,
+                                      wait=isinstance(failure, RoleTimeoutError))
         except Exception as error:  # the store's host died: the plain error is all there is
             logger.debug("flight recorder: no diagnosis: %s", error)
             return failure
         return _rewritten(failure, diagnosis)
 
-    def _compare(self, role: str, entry: FlightEntry, publisher: StatusPublisher) -> Diagnosis:
+    def _compare(self, role: str, entry: FlightEntry, publisher: StatusPublisher,
+                 wait: bool) -> Diagnosis:
+        """Ask every rank to publish and dump, and wait for their answers (a rank that gives
+        none is silent): a live rank answers within one interval, its thread runs whatever its
+        main thread does. After a timeout up to 2.5 intervals (a loaded machine delays threads);
+        after another failure (a peer's connection closed: rank-loss handling is waiting) up to
+        1.5. Without the wait a status can be an interval old: a rank would look behind."""
         directory = self.default_dir()
         publisher.publish_now(force=True)
         asked = publisher.ask({"dump": directory})
         members = [r for r in self.recorder.ranks(role) if r != self.recorder.rank]
-        deadline = time.monotonic() + 2.5 * publisher.interval_s + 0.5
+        deadline = time.monotonic() + (2.5 if wait else 1.5) * publisher.interval_s + 0.3
         published: dict[int, Mapping[str, Any] | None] = {}
         while True:
             for other in members:
