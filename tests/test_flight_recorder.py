@@ -4,6 +4,7 @@ three-streams pattern with mocked CUDA streams). Real worlds: test_flight_record
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -292,3 +293,15 @@ def test_calls_that_reach_commgroups_with_a_group_are_recorded_on_its_role(
         cp_group = registry.group("cp")
         assert flight_index.lookup(cp_group) is cp
     assert flight_index.lookup(cp_group) is None  # the closed registry's groups left the index
+
+
+def test_the_error_text_stays_short_with_a_long_dump_path() -> None:
+    failed = {"op": "all_gather_into_tensor", "seq": 12345, "group_seq": 12345,
+              "caller": "/very/long/path/to/a/training/script/train_with_a_long_name.py:1234 in f"}
+    published = {rank: _published(12000 + rank) for rank in range(1, 40)}
+    found = diagnose("cp", 0, failed, published, asked=1)
+    found = dataclasses.replace(found, dump="/" + "d" * 200 + "/flight-g0-rank00000.json")
+    error = _rewritten(cg.errors.RoleTimeoutError("t", role="cp",
+                                                  op="all_gather_into_tensor", seq=12345), found)
+    assert len(str(error)) <= 300 and "behind: rank 1 (" in str(error)
+    assert error.flight is not None and len(error.flight["behind"]) == 39

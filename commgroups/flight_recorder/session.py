@@ -134,7 +134,12 @@ class FlightSession:
                 break
             time.sleep(min(0.1, publisher.interval_s / 4))
         path = self.dump(directory)
-        failed = {"op": entry.op, "seq": entry.seq, "group_seq": entry.group_seq,
+        # The group's count now, not the entry's: an object collective issues several calls,
+        # and the one that hung is the last one counted.
+        recorder = self.recorder.roles[role]
+        count = recorder.group_seq()
+        failed = {"op": entry.op, "seq": entry.seq,
+                  "group_seq": count if count is not None else entry.group_seq,
                   "caller": entry.caller}
         found = diagnose(role, self.recorder.rank, failed, published, asked)
         found = dataclasses.replace(found, dump=path)
@@ -161,6 +166,8 @@ def _rewritten(failure: RoleCollectiveError, diagnosis: Diagnosis) -> RoleCollec
             f"{short_site(diagnosis.caller)} {'timed out' if timed_out else 'failed'}; ")
     tail = (f"; fix: see error.flight or `commgroups flight merge "
             f"{os.path.dirname(diagnosis.dump)}`")
+    if len(head) + len(tail) > _MAX_TEXT - 60:  # a long dump path: error.flight has it
+        tail = "; fix: see error.flight (its 'dump' names this rank's file)"
     body = diagnosis.text()
     room = _MAX_TEXT - len(head) - len(tail)
     if len(body) > room:
