@@ -305,3 +305,20 @@ def test_the_error_text_stays_short_with_a_long_dump_path() -> None:
                                                   op="all_gather_into_tensor", seq=12345), found)
     assert len(str(error)) <= 300 and "behind: rank 1 (" in str(error)
     assert error.flight is not None and len(error.flight["behind"]) == 39
+
+
+def test_at_exit_an_open_registry_whose_last_call_failed_dumps(
+        one_rank: dist.ProcessGroup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setenv("COMMGROUPS_FLIGHT_DIR", str(tmp_path))
+    with cg.GroupRegistry(cg.Layout(dims={"cp": 1}, roles=[cg.RoleSpec(name="cp", dims=["cp"])])
+                          ) as registry:
+        session = registry.flight_recorder
+        assert session is not None
+        registry.collectives("cp").all_reduce(torch.ones(1))
+        session._at_exit()  # every last call returned: nothing to keep
+        assert list(tmp_path.iterdir()) == []
+        with pytest.raises(ValueError):
+            registry.collectives("cp").broadcast(torch.ones(1), src=7)
+        session._at_exit()  # what atexit runs when the process ends here
+        assert [p.name for p in tmp_path.iterdir()] == ["flight-g0-rank00000.json"]

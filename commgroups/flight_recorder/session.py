@@ -9,13 +9,15 @@ creating its groups; :meth:`FlightSession.close` the one it calls at teardown. S
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,8 @@ class FlightSession:
             for role in recorder.roles.values():
                 role.diagnose = self.diagnose
         index.register(recorder.roles.values())
+        self._at_exit = _exit_dump(weakref.ref(self))
+        atexit.register(self._at_exit)
 
     def default_dir(self) -> str:
         """``$COMMGROUPS_FLIGHT_DIR``, else ``<tmp>/commgroups-flight-<run>-<epoch>``: the run is
@@ -150,6 +154,7 @@ class FlightSession:
     def close(self, release: bool = True) -> None:
         """Stop publishing; ``release`` deletes this rank's store keys (``close()``)."""
         index.unregister(self.recorder.roles.values())
+        atexit.unregister(self._at_exit)
         # Break the session <-> recorder and publisher cycles: a group must be freed (its gloo
         # sockets closed) when the registry is, not at the next cyclic garbage collection.
         for role in self.recorder.roles.values():
@@ -157,6 +162,27 @@ class FlightSession:
         if self.publisher is not None:
             self.publisher.stop(release=release, members=self.members)
             self.publisher.on_request = None
+
+
+def _exit_dump(session: weakref.ref[FlightSession]) -> Callable[[], None]:
+    """At interpreter exit with the registry still open: dump when a recorded call failed or
+    never returned (the process is ending on an error; nothing else would keep the record)."""
+
+    def dump_at_exit() -> None:
+        live = session()
+        if live is None or live.last_dump:
+            return
+        last = [role.last for role in live.recorder.roles.values() if role.last is not None]
+        if any(entry.state != "done" for entry in last):
+            try:
+                path = live.dump()
+            except OSError as error:
+                logger.warning("flight recorder: no dump at exit: %s", error)
+                return
+            logger.warning("flight recorder written to %s at exit (a call failed or never "
+                           "returned)", path)
+
+    return dump_at_exit
 
 
 def _rewritten(failure: RoleCollectiveError, diagnosis: Diagnosis) -> RoleCollectiveError:
