@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Any
 
 import torch.distributed as dist
+from torch import Tensor
 
 from commgroups import torch_internals
 from commgroups.errors import RoleCollectiveError, RoleTimeoutError
@@ -77,12 +78,17 @@ class RoleRecorder:
     def start(self, op: str, args: tuple[Any, ...], issued_async: bool, caller_async: bool,
               frame: FrameType | None) -> FlightEntry:
         """Record a call about to be issued; ``frame`` is where the caller search starts."""
-        self.seq += 1
-        shapes, dtype, first = tensor_facts(args)
+        seq = self.seq = self.seq + 1
+        if len(args) == 1 and type(args[0]) is Tensor:  # all_reduce, broadcast: most calls
+            first = args[0]
+            shapes: tuple[Any, ...] = (first.shape,)
+            dtype: Any = first.dtype
+        else:
+            shapes, dtype, first = tensor_facts(args)
         stream = self._async_stream if issued_async else caller_stream(first)
-        before = self._counter() if self._counter is not None else None
+        counter = self._counter
         code, line = caller_of(frame, self._sites)
-        entry = FlightEntry(op, self.seq, None if before is None else before + 1, shapes, dtype,
+        entry = FlightEntry(op, seq, None if counter is None else counter() + 1, shapes, dtype,
                             issued_async, caller_async, stream, code, line)
         self.entries.append(entry)
         self.last = entry
