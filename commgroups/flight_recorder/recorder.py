@@ -79,6 +79,7 @@ class RoleRecorder:
               frame: FrameType | None) -> FlightEntry:
         """Record a call about to be issued; ``frame`` is where the caller search starts."""
         seq = self.seq = self.seq + 1
+        first: Tensor | None
         if len(args) == 1 and type(args[0]) is Tensor:  # all_reduce, broadcast: most calls
             first = args[0]
             shapes: tuple[Any, ...] = (first.shape,)
