@@ -11,7 +11,8 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
-# The fast loop: pure logic only, no process worlds (tests/conftest.py marks those `world`).
+# The fast loop: pure logic only, no process worlds (a file that starts them says
+# `pytestmark = pytest.mark.world`, tests/README.md).
 test-fast: setup
 	$(PY) -m pytest -q -m "not world"
 

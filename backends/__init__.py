@@ -1,4 +1,4 @@
-"""Communicator backends: one adapter per backend (gloo, nccl, rccl, hccl, fake) and detection.
+"""Communicator backends: one adapter per backend (gloo, nccl, rccl, hccl, fake, single) and detection.
 
 Installed as ``commgroups.backends``; the source folder sits beside ``commgroups/``.
 """

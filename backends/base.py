@@ -31,7 +31,7 @@ class BackendAdapter(ABC):
     """How one backend creates groups: its torch name, device type, options and capabilities."""
 
     name: ClassVar[str]
-    """commgroups' name: gloo, nccl, rccl, hccl or fake."""
+    """commgroups' name: gloo, nccl, rccl, hccl, fake or single (a one-rank group)."""
     torch_backend: ClassVar[str]
     """The name torch.distributed knows (RCCL is "nccl" there)."""
     device_type: ClassVar[str]
@@ -52,8 +52,12 @@ class BackendAdapter(ABC):
 
     aborts: ClassVar[bool] = False
     """Whether :meth:`abort` frees a group whose peer died (gloo's abort does not free a blocked
-    collective: a survivor waits for the group's timeout, so gloo groups are only left alone).
-    True for NCCL/RCCL (``ncclCommAbort``) and HCCL (``ProcessGroupHCCL::abort``)."""
+    collective: its groups are severed instead, see ``severs``). True for NCCL/RCCL
+    (``ncclCommAbort``) and HCCL (``ProcessGroupHCCL::abort``)."""
+
+    severs: ClassVar[bool] = False
+    """Whether the group's TCP sockets can be shut down to free its blocked collectives, on this
+    rank and its peers (:mod:`commgroups.rank_loss.sever`): gloo, whose ``abort()`` frees nothing."""
 
     # Shrinking (torch.distributed.shrink_group: a group's survivors get a new communicator without
     # the dead ranks, no rendezvous with them) is not a class constant: it depends on the torch and

@@ -1,6 +1,7 @@
-"""Exceptions raised by commgroups.
+"""Exceptions raised by commgroups: every exception class of the package is defined here.
 
-Every error about a layout is a :class:`LayoutError`. Layout errors are raised before any
+Every error about a layout is a :class:`LayoutError`; a bad argument to a registry method or a
+command is an :class:`ArgumentError`. Layout errors are raised before any
 communicator exists, and their message names the offending field and how to fix it. Each subclass
 means what its name says; its docstring lists the inputs that raise it. Because every
 rank validates the same layout with the same code, every rank raises the same error; where ranks hold
@@ -14,14 +15,20 @@ from typing import Any
 
 __all__ = [
     "AgreementTimeoutError",
+    "ArgumentError",
+    "AuditFileError",
     "BackendUnavailableError",
+    "BenchDependencyError",
+    "CheckpointExistsError",
     "CommGroupsError",
     "ConcurrentRoleUseError",
     "DimOrderError",
     "DimsOrRanksError",
     "DuplicateRoleError",
     "EmptyDimsError",
+    "FlightDumpError",
     "GroupCreationError",
+    "IncompleteCheckpointError",
     "InvalidAutoDimError",
     "InvalidNameError",
     "InvalidElasticError",
@@ -30,24 +37,31 @@ __all__ = [
     "InvalidSizeError",
     "InvalidViewError",
     "LayoutError",
+    "LeftOutError",
     "LayoutFileError",
     "LayoutMismatchError",
+    "MegatronUnavailableError",
     "MeshNotPlannedError",
     "MeshRequestError",
+    "MissingRoleError",
     "NotAMemberError",
     "RebuildError",
     "RegistryClosedError",
-    "ReplanError",
+    "RegistryNotCreatedError",
     "RegistryStateError",
+    "ReplanError",
     "RoleCollectiveError",
     "RoleHangError",
     "RoleTimeoutError",
     "StaleGenerationError",
     "StoreUnreachableError",
+    "TitanSeamError",
     "TorchVersionError",
     "UnknownBackendError",
     "UnknownDimError",
     "UnknownFieldError",
+    "WorldFailed",
+    "WorldInitError",
     "WorldSizeMismatchError",
 ]
 
@@ -57,17 +71,17 @@ class CommGroupsError(Exception):
 
 
 class LayoutError(CommGroupsError, ValueError):
-    """A layout, role spec or registry argument is invalid; raised before any communicator exists.
+    """A layout or role spec is invalid; raised before any communicator exists.
 
-    Catch this to catch every problem with the input; the subclasses below name the kind of
-    problem, and ``field`` names where it is. Input beyond the bounds of :mod:`commgroups.layout.limits`
-    (world size, dims, nesting, YAML alias expansion, timeout range) is refused the same way.
-    ``LayoutError`` itself is raised for a required field that is missing (a role without
+    Catch this to catch every problem with the layout (its dims, views, roles and their options,
+    the elastic section, the layout file, and the layout against the running job); the subclasses
+    below name the kind of problem, and ``field`` names where it is. Input beyond the bounds of
+    :mod:`commgroups.layout.limits` (world size, dims, nesting, YAML alias expansion) is refused the
+    same way. ``LayoutError`` itself is raised for a required field that is missing (a role without
     ``name``), a value of the wrong type or out of range outside dims, ranks and options
-    (``timeout_s = -1``, ``timeout_s = true``, ``async_and_wait = "yes"``), input nested too deep
-    or too large, and the registry's and CLI's own arguments (``creation_mode``,
-    ``create_timeout_s``, ``set_timeout``, ``device_mesh`` over roles that cannot form a mesh,
-    ``--rank``).
+    (``timeout_s = -1``, ``timeout_s = true``, ``async_and_wait = "yes"``), and input nested too
+    deep or too large. A bad argument to the registry or a command is an :class:`ArgumentError`
+    instead, not a LayoutError.
 
     Attributes:
         field: dotted path of the offending field (``roles[1].dims``), or ``None``.
@@ -80,6 +94,23 @@ class LayoutError(CommGroupsError, ValueError):
         self.field = field
         # (class, field, message) of every problem found; set when built from a validation error.
         self.problems: list[tuple[type[LayoutError], str, str]] = [(type(self), field or "", message)]
+
+
+class ArgumentError(CommGroupsError, ValueError):
+    """A bad argument to a registry method or a command, not a problem of the layout.
+
+    Raised for ``GroupRegistry(creation_mode=..., create_timeout_s=...)``, ``set_timeout`` and
+    ``rebuild(timeout=...)`` outside the timeout bounds, ``device_mesh`` / ``meshes=`` given
+    something that is not a name or a list of names, and command-line options (``--rank``,
+    ``--measured``, ``--kill-rank``, ``--steps``, ...). It is a ``ValueError``, like LayoutError.
+
+    Attributes:
+        field: the argument's name (``creation_mode``, ``--rank``), or ``None``.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class LayoutFileError(LayoutError):
@@ -238,6 +269,16 @@ class RegistryStateError(CommGroupsError, RuntimeError):
     """A registry was used in the wrong state (not created yet, created twice)."""
 
 
+class RegistryNotCreatedError(RegistryStateError, ValueError):
+    """A registry was used before :meth:`~commgroups.GroupRegistry.create` made its groups.
+
+    One class wherever a created registry is needed: the registry's lookups, the audit
+    (``cg.audit.record(registry)``) and the torchtitan integration. Both a ``RuntimeError``
+    (as :class:`RegistryStateError`) and a ``ValueError`` (what the audit raised before), so
+    callers catching either keep working.
+    """
+
+
 class RegistryClosedError(RegistryStateError):
     """A registry was used after :meth:`~commgroups.GroupRegistry.close`."""
 
@@ -271,6 +312,12 @@ class RebuildError(CommGroupsError, RuntimeError):
     survivor starts a fresh attempt.
     """
 
+
+
+class LeftOutError(RebuildError):
+    """This rank reached :meth:`~commgroups.GroupRegistry.rebuild`'s check-in after the survivors
+    were decided without it. It is out of the job for good: its registry is ``dropped`` and a
+    retry raises again, so it can never form a world of its own beside the survivors'."""
 
 class NotAMemberError(CommGroupsError, LookupError):
     """This rank belongs to no group of the role (only roles with explicit rank groups allow that)."""
@@ -333,10 +380,11 @@ class StoreUnreachableError(CommGroupsError, ConnectionError):
 
 
 class MeshRequestError(LayoutError):
-    """``registry.device_mesh`` was asked for a mesh its generation cannot give.
+    """``registry.device_mesh`` was asked for a mesh its layout cannot give.
 
-    A name that is not a dim or role list, a checkpoint (non-compute) role as an axis, a role
-    with explicit rank groups, or axes on different device types.
+    A checkpoint (non-compute) role as an axis, a role with explicit rank groups, or axes on
+    different device types. An argument that is not a name or a list of names is an
+    :class:`ArgumentError`.
     """
 
 
@@ -345,4 +393,53 @@ class MeshNotPlannedError(MeshRequestError):
 
     Lookups never create groups (the guide, 'Creation happens in create() and rebuild()'):
     declare the mesh, ``GroupRegistry(layout, meshes=[[...]])``, or add a role over the dim.
+    """
+
+
+class FlightDumpError(CommGroupsError, ValueError):
+    """A directory holds no readable flight-recorder dump (``commgroups flight merge DIR``)."""
+
+
+class AuditFileError(CommGroupsError, ValueError):
+    """An audit directory or file cannot be read as commgroups audit output."""
+
+
+class MissingRoleError(CommGroupsError, LookupError):
+    """An integration needs a role the registry's layout does not declare."""
+
+
+class IncompleteCheckpointError(CommGroupsError, FileNotFoundError):
+    """A checkpoint directory has no ``.metadata``: its save did not finish."""
+
+
+class CheckpointExistsError(CommGroupsError, FileExistsError):
+    """``save`` would write over a complete checkpoint without ``overwrite=True``."""
+
+
+class MegatronUnavailableError(CommGroupsError, ImportError):
+    """Megatron-Core cannot be imported; the message names ``pip install 'commgroups[megatron]'``."""
+
+
+class TitanSeamError(CommGroupsError, RuntimeError):
+    """The installed torchtitan differs from what commgroups was checked on (see the message)."""
+
+
+class BenchDependencyError(CommGroupsError):
+    """An optional dependency of ``commgroups bench`` is missing."""
+
+
+class WorldInitError(RuntimeError):
+    """A peer failed to join a local world, so this rank did not run the function.
+
+    Raised by :func:`commgroups.util.local_world.run_local_world`. Like :class:`WorldFailed`, a
+    report of the process harness (it carries what a crashed process said), not an error about
+    commgroups' input, so deliberately not a :class:`CommGroupsError`.
+    """
+
+
+class WorldFailed(RuntimeError):
+    """A benchmark rank raised, crashed or did not finish in time; holds each rank's traceback.
+
+    Raised by :func:`commgroups.bench.world.run_world`; not a :class:`CommGroupsError` (see
+    :class:`WorldInitError`).
     """

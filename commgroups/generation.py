@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -58,7 +58,9 @@ from commgroups.flight_recorder.session import FlightSession, open_flight
 from commgroups.flight_recorder.settings import flight_enabled
 from commgroups.layout.specs import Layout
 from commgroups.planning.plan import Plan, RolePlan
+from commgroups.rank_loss.sever import new_sockets, open_sockets, sever
 from commgroups.rank_loss.shrink import Spine
+from commgroups.util.error_text import listed
 
 if TYPE_CHECKING:
     from commgroups.collectives.role_collectives import RoleCollectives
@@ -167,7 +169,12 @@ class Generation:
     epoch: int = -1
     """The agreement epoch of the creation (the same on every rank; -1 under the fake backend)."""
     ended: str = ""
-    """Empty while live; ``retired`` or ``destroyed`` after :meth:`retire` / :meth:`destroy`."""
+    """Empty while live; ``retired``, ``released`` or ``destroyed`` after :meth:`retire`,
+    :meth:`release`, :meth:`destroy`."""
+    interrupted: bool = False
+    """:meth:`interrupt` ran: the groups are aborted or severed, none carries traffic any more."""
+    aborted: set[int] = field(default_factory=set)
+    """``id()`` of each group aborted already (abort runs once per group)."""
     flight: FlightSession | None = None
     """The flight recorder of this generation's roles (None: off; see commgroups.flight_recorder)."""
 
@@ -301,9 +308,9 @@ class Generation:
             # each rank would wait for the others under its own name until create_timeout_s.
             raise GroupCreationError(
                 f"rank {request.rank}: {verdict.counter_split} rank(s) created a different number of "
-                f"process groups before this call, so torch would name {every_rank} differently "
-                "per rank; nothing was created. fix: create the same groups in the same order on "
-                "every rank first"
+                f"process groups before this call, so torch would name {listed(every_rank, 60)} "
+                "differently per rank; nothing was created. fix: create the same groups in the same "
+                "order on every rank first"
             )
         return decided
 
@@ -362,11 +369,14 @@ class Generation:
         bounded = adapter.connects_on_create and timeout.total_seconds() > request.create_timeout_s
         make = create_role_group if request.spine is None else request.spine.creator(adapter)
         is_role = info.name in request.layout.role_names
+        before = open_sockets() if adapter.severs else {}
         created = make(
             request.plan, info, adapter, spec.options,
             request.create_timeout_s if bounded else timeout.total_seconds(),
             request.rank, method, group_desc=info.name if is_role else f"mesh-{info.name}",
         )
+        if adapter.severs and created.owned:
+            created.sockets = new_sockets(before, open_sockets())
         if bounded:
             set_group_timeout(created, timeout)
         logger.debug("rank %d: created %s via %s", request.rank, info.name, method)
@@ -413,8 +423,9 @@ class Generation:
         if name in self.plan.all_dim_names:
             return self.dim_group(name)
         raise UnknownDimError(
-            f"device_mesh: {name!r} is neither a dim nor a role; dims: "
-            f"{', '.join(self.plan.all_dim_names)}; roles: {', '.join(self.layout.role_names)}",
+            f"device_mesh: {name!r} is neither a dim nor a role; fix: use a dim "
+            f"({listed(self.plan.all_dim_names, 80)}) or a role "
+            f"({listed(self.layout.role_names, 80)})",
             field="dims",
         )
 
@@ -492,6 +503,22 @@ class Generation:
             set_group_timeout(created, timeout)
 
     # ------------------------------------------------------------------------------ teardown
+    def interrupt(self, keep: Collection[dist.ProcessGroup] = ()) -> None:
+        """Free every collective blocked on this generation's groups, here and at their peers.
+
+        From any thread (the liveness watcher calls it when a peer reports a loss), idempotent:
+        device groups are aborted where the backend can, gloo groups severed
+        (:mod:`commgroups.rank_loss.sever`). Every later collective on them fails at once.
+        Handles and meshes stay until :meth:`retire`. ``keep``: groups left alone (the NCCL
+        spine a shrink rebuild still needs).
+        """
+        if self.ended:
+            return
+        self.interrupted = True
+        if self.flight is not None:  # the failures that follow are this interruption's
+            self.flight.interrupted = True
+        _abort_groups([*self.roles.values(), *self.dim_groups.values()], self.aborted, keep)
+
     def retire(self) -> None:
         """After a rank loss: every handle goes stale, meshes are forgotten, groups aborted where
         the backend can and kept referenced (destroying one with a dead peer may block on it).
@@ -499,8 +526,41 @@ class Generation:
         The store namespaces are dropped unreleased: the lost ranks never release their part.
         """
         number = self.number
-        self._teardown("retired", lambda handle: handle.retire(number), _abort_groups)
+        self.interrupted = True
+        if self.flight is not None:
+            self.flight.interrupted = True
+        self._teardown("retired", lambda handle: handle.retire(number),
+                       lambda made: _abort_groups(made, self.aborted))
+
+    def release(self, lost: Sequence[int] = ()) -> bool:
+        """After :meth:`retire`, once no rank waits on it: destroy its groups and delete its store
+        keys (``lost``: positions that died and never delete theirs). Local.
+
+        Only where every group was interrupted for sure (aborted, or gloo severed); otherwise it
+        stays referenced, since destroying a group blocked on a dead peer blocks. Returns whether
+        it was released.
+        """
+        if self.ended != "retired":
+            return False
+        made = [*self.roles.values(), *self.dim_groups.values()]
+        if not all(role.adapter.aborts or role.sockets or not role.owned
+                   or not role.adapter.connects_on_create for role in made):
+            return False
+        _destroy_groups(made)
+        if self.flight is not None:
+            members = self.plan.members or tuple(range(self.layout.world_size))
+            self.flight.release(tuple(members[position] for position in lost))
+        if self.request.rank >= 0:
+            for attempt in self.attempts:
+                attempt.release(self.request.position, self.layout.world_size, lost)
         self.attempts.clear()
+        # Drop our references now rather than at the next garbage collection: a group's threads
+        # and sockets go only with its last reference.
+        self.roles.clear()
+        self.dim_groups.clear()
+        self.meshes.clear()
+        self.ended = "released"
+        return True
 
     def destroy(self) -> None:
         """``close()``: every handle refuses later calls, groups are destroyed, store keys released.
@@ -537,10 +597,15 @@ class Generation:
         self.ended = how
 
 
-def _abort_groups(created: Iterable[CreatedRole]) -> None:
+def _abort_groups(created: Iterable[CreatedRole], done: set[int],
+                  keep: Collection[dist.ProcessGroup] = ()) -> None:
+    """Abort each owned group not in ``done`` nor ``keep`` (adding it to ``done``); sever gloo's."""
     for role in created:
         for group in role.owned:
-            role.adapter.abort(group)
+            if id(group) not in done and not any(group is kept for kept in keep):
+                done.add(id(group))
+                role.adapter.abort(group)
+        sever(role.sockets)
 
 
 def _destroy_groups(created: Iterable[CreatedRole]) -> None:

@@ -12,38 +12,37 @@ group, not even when the role spans the world.
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from typing_extensions import Self
 
-from commgroups import torch_internals
 from commgroups.backends import BackendAdapter
 from commgroups.creation.meshes import check_mesh_request, mesh_names
 from commgroups.creation.role_groups import CREATION_MODES, CreationContext
 from commgroups.errors import (
+    ArgumentError,
     CommGroupsError,
-    LayoutError,
+    LeftOutError,
     NotAMemberError,
     RebuildError,
     RegistryClosedError,
+    RegistryNotCreatedError,
     RegistryStateError,
     StaleGenerationError,
     WorldSizeMismatchError,
 )
 from commgroups.generation import (
-    STORE_PREFIX,
     Generation,
     GenerationRequest,
     dims_needing_groups,
@@ -52,11 +51,12 @@ from commgroups.layout import limits
 from commgroups.layout.auto_layout import AutoLayout, job_layout
 from commgroups.layout.specs import Layout, RoleSpec
 from commgroups.planning.plan import Plan, plan
-from commgroups.rank_loss.check_in import check_in
+from commgroups.rank_loss.check_in import check_in_window
 from commgroups.rank_loss.rebuild_report import RebuildReport
-from commgroups.rank_loss.replan import alive_ranks, replan_arrays
-from commgroups.rank_loss.shrink import Spine, prepare_spine
+from commgroups.rank_loss.replan import alive_ranks
+from commgroups.recovery import Recovery
 from commgroups.util.call_sites import call_site
+from commgroups.util.serialized import serialized
 from commgroups.util.text_table import format_ranks, format_table
 
 if TYPE_CHECKING:
@@ -68,9 +68,8 @@ __all__ = ["GroupRegistry", "RegistryState"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_CREATE_TIMEOUT_S = 300.0
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
+DEFAULT_HEARTBEAT_S = 0.1
+DEFAULT_DEAD_AFTER_S = 1.5
 
 MeshNames = tuple[str, ...]
 
@@ -90,23 +89,6 @@ class RegistryState(str, enum.Enum):
     """The last rebuild's smaller layout has no place for this rank: it should exit."""
     CLOSED = "closed"
     """:meth:`GroupRegistry.close` ran: every generation's groups are gone."""
-
-
-def _serialized(
-    method: Callable[Concatenate[GroupRegistry, _P], _R],
-) -> Callable[Concatenate[GroupRegistry, _P], _R]:
-    """Run ``method`` under the registry's lock: one thread at a time creates, meshes or closes.
-
-    Creation is collective; two threads of one rank racing into it would meet each other's
-    agreement keys and time out. Serialised, the second finds the first one's result.
-    """
-
-    @functools.wraps(method)
-    def locked(self: GroupRegistry, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return locked
 
 
 class GroupRegistry:
@@ -134,6 +116,10 @@ class GroupRegistry:
             raises :class:`~commgroups.errors.AgreementTimeoutError`.
         meshes: meshes to plan at creation, each a list of dim or role names. A dim that no role
             covers gets its own group only here; :meth:`device_mesh` never creates one.
+        heartbeat_s: seconds between this rank's heartbeats in the store, which tell the others it
+            is alive after a rank loss (:mod:`commgroups.rank_loss.liveness`); None: no heartbeat
+            (a rebuild then waits its whole window for absent ranks).
+        dead_after_s: a rank whose heartbeat stopped this long counts as dead.
     """
 
     def __init__(
@@ -143,6 +129,8 @@ class GroupRegistry:
         creation_mode: str = "auto",
         create_timeout_s: float = DEFAULT_CREATE_TIMEOUT_S,
         meshes: Iterable[str | Sequence[str]] = (),
+        heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
+        dead_after_s: float = DEFAULT_DEAD_AFTER_S,
     ) -> None:
         if isinstance(layout, AutoLayout):  # restart mode: the "auto" dim's size is the world's
             layout = job_layout(layout)
@@ -150,15 +138,22 @@ class GroupRegistry:
             raise TypeError(f"GroupRegistry needs a commgroups.Layout, got {type(layout).__name__}; "
                             "fix: build one with cg.Layout(...) or cg.load_layout(path)")
         if creation_mode not in CREATION_MODES:
-            raise LayoutError(f"creation_mode: unknown mode {creation_mode!r}; fix: use one of "
-                              f"{', '.join(CREATION_MODES)}", field="creation_mode")
+            raise ArgumentError(f"creation_mode: unknown mode {creation_mode!r}; fix: use one of "
+                                f"{', '.join(CREATION_MODES)}", field="creation_mode")
         # A bool, nan or inf here would validate and then fail inside create() with a raw error.
         self.create_timeout_s = limits.check_timeout(create_timeout_s, "create_timeout_s")
+        self.heartbeat_s = (None if heartbeat_s is None
+                            else limits.check_timeout(heartbeat_s, "heartbeat_s"))
+        self.dead_after_s = limits.check_timeout(dead_after_s, "dead_after_s")
+        if self.heartbeat_s is not None and self.dead_after_s < 3 * self.heartbeat_s:
+            raise ArgumentError(f"dead_after_s: {dead_after_s:g}s is under 3 heartbeats of "
+                                f"{heartbeat_s:g}s; fix: raise it (default "
+                                f"{DEFAULT_DEAD_AFTER_S:g}s)", field="dead_after_s")
         self.creation_mode = creation_mode
         self._layout, self._plan = layout, plan(layout)
         self._mesh_requests: list[MeshNames] = []  # declared, then asked for: rebuilt in order
         for request in meshes:
-            names = mesh_names(request)
+            names = mesh_names(request, "meshes")
             check_mesh_request(layout, self._plan, names)
             if names not in self._mesh_requests:
                 self._mesh_requests.append(names)
@@ -166,18 +161,15 @@ class GroupRegistry:
         self._rank = -1
         self._state = RegistryState.NEW
         self._current: Generation | None = None
-        self._retired: list[Generation] = []  # kept referenced, never destroyed (dead peers)
         self._number = 0  # the current generation's number (spares count rebuilds too)
-        self._registry_id = -1  # the agreement epoch of create(): the same on every rank
-        self._rebuild_attempts = 0  # failed rebuild attempts toward the next generation
+        self._recovery = Recovery(rank=-1, registry_id=-1)  # the rank-loss side, set by create()
         self._timeout_overrides: dict[str, timedelta] = {}
-        self._spine: Spine | None = None  # bound NCCL: what rebuild() shrinks (rank_loss.shrink)
         self._lock = threading.RLock()
         self._creator = threading.current_thread()  # owns the role handles (RoleCollectives)
         self._creator_site = ""
 
     # ------------------------------------------------------------------------------- creation
-    @_serialized
+    @serialized
     def create(self) -> Self:
         """Make generation 0: every role's group and every declared mesh. Collective.
 
@@ -185,9 +177,10 @@ class GroupRegistry:
         this job or ranks disagree.
         """
         if self._state is RegistryState.CLOSED:
-            raise RegistryClosedError("this registry was closed; make a new GroupRegistry")
+            raise RegistryClosedError("this registry was closed; fix: make a new GroupRegistry")
         if self._state is not RegistryState.NEW:
-            raise RegistryStateError("create() was already called on this registry")
+            raise RegistryStateError("create() was already called on this registry; fix: call it once "
+                                     "(after a rank loss, rebuild() makes the next generation)")
         if not dist.is_available() or not dist.is_initialized():
             raise RegistryStateError("torch.distributed is not initialized; fix: call "
                                      "init_process_group() (or run under torchrun) before create()")
@@ -204,8 +197,11 @@ class GroupRegistry:
         self._creator = threading.current_thread()
         self._creator_site = call_site(sys._getframe(1))
         generation = Generation.create(self._request(0, self._layout, self._plan), local_error)
-        self._registry_id = generation.epoch
+        self._recovery.rank, self._recovery.registry_id = rank, generation.epoch
         self._start(generation)
+        self._recovery.start_liveness(generation, self.members, self.heartbeat_s,
+                                      self.dead_after_s, self.create_timeout_s,
+                                      lambda: self._current)
         return self
 
     def _request(self, number: int, layout: Layout, the_plan: Plan, *, lost: int = 0,
@@ -215,7 +211,7 @@ class GroupRegistry:
             number=number, layout=layout, plan=the_plan, rank=self._rank, mode=self.creation_mode,
             create_timeout_s=self.create_timeout_s, context=context,
             mesh_dims=dims_needing_groups(layout, the_plan, self._mesh_requests, context),
-            spine=self._spine, lost=lost)
+            spine=self._recovery.spine, lost=lost)
 
     def _start(self, generation: Generation) -> None:
         """Make ``generation`` current: timeouts set earlier, then the planned and asked meshes."""
@@ -239,115 +235,72 @@ class GroupRegistry:
         members = self._plan.members
         return members if members is not None else tuple(range(self._layout.world_size))
 
-    @_serialized
+    @serialized
     def rebuild(self, alive: Iterable[int] | None = None, *,
                 timeout: float | timedelta | None = None) -> RebuildReport:
         """After a rank loss: make generation g+1 on the survivors. Collective over the survivors.
 
-        The survivors check in through the store (a rank missing the window counts as lost), the
-        layout shrinks by its ``elastic`` rules, generation g is retired (its handles go stale)
-        and every role and mesh of g is made again on the survivors. How the window, the shrink
-        spine and spares work: the guide, 'Rank loss'.
+        Reports the loss to every rank (their groups of g are interrupted, so nobody waits out a
+        collective), agrees on the survivors through the store, shrinks the layout by its
+        ``elastic`` rules, retires g and makes every role and mesh again on the survivors
+        (:mod:`commgroups.recovery`; the guide, 'Rank loss', says how long each step takes).
 
         Args:
-            alive: the global ranks known alive, this one included; the check-in ends when they
-                are all in. None: wait for every member until the window closes.
-            timeout: the check-in window (seconds or timedelta). Default: twice the longest role
-                timeout.
-
-        Returns:
-            A :class:`~commgroups.rank_loss.rebuild_report.RebuildReport`: the new generation,
-            layout, lost ranks, spares, this rank's place and the seconds of each phase.
+            alive: the global ranks known alive, this one included: the check-in ends when they
+                are all in. None: every member checks in or stops beating, or the window ends.
+            timeout: the check-in window (seconds or timedelta), a backstop. Default: the longest
+                role ``timeout_s`` given, else ``create_timeout_s``.
 
         Raises:
             ReplanError: the survivors cannot form the layout; on every survivor, nothing retired.
-            RebuildError: this rank checked in too late, ``alive`` is malformed, or a backend
-                cannot be rebuilt here.
+            LeftOutError: the survivors were decided without this rank; it is out for good.
+            RebuildError: ``alive`` is malformed, the ranks in are no majority of the live ones,
+                or a backend cannot be rebuilt here.
             GroupCreationError: a survivor died during the rebuild; call ``rebuild()`` again.
             StoreUnreachableError: the store's host died.
         """
-        seconds: dict[str, float] = {}
-        started = time.monotonic()
-        current = self._current
+        current, before = self._current, self.members
         if current is None or self._state not in (RegistryState.CREATED, RegistryState.RETIRED):
             raise RebuildError(f"rebuild() needs a created registry (this one is "
-                               f"{self._state.value}); fix: call it after create(), on every survivor")
+                               f"{self._state.value}); fix: call it after create(), on every "
+                               "member of the last generation")
         known = None if alive is None else alive_ranks(alive, self._plan, self._rank)
-        self._check_rebuildable()
-        window = self._check_in_window(timeout, current)
-        if str(dist.get_backend()) == "fake":
-            if known is None:
-                raise RebuildError("rebuild() under the fake backend simulates one rank: pass "
-                                   "alive= (there is nobody to check in with)")
-            survivors = known
-        else:
-            prefix = (f"{STORE_PREFIX}/rebuild/{self._registry_id}/{self._number + 1}/"
-                      f"{self._rebuild_attempts}/")
-            self._rebuild_attempts += 1
-            survivors = np.asarray(check_in(
-                torch_internals.default_store(), prefix, self._rank, self.members, window,
-                None if known is None else known.tolist()), dtype=np.int64)
-        seconds["check_in"] = time.monotonic() - started
-
-        mark = time.monotonic()
-        # Arrays from here on: at 65,536 ranks each Python step per rank costs milliseconds.
-        decision = replan_arrays(self._layout, self._plan.positions(survivors))
-        new_members = self._plan.global_ranks(decision.ranks)
-        lost, spares, dropped = (tuple(self._plan.global_ranks(positions).tolist())
-                                 for positions in (decision.lost, decision.spares, decision.dropped))
-        new_plan = plan(decision.layout, new_members)
-        seconds["replan"] = time.monotonic() - mark
-
-        mark = time.monotonic()
-        if self._spine is not None:  # taken from its role before the retire aborts it
-            self._spine = self._spine.retarget(new_plan.members or (), self._rank)
-        self._retire()
-        seconds["retire"] = time.monotonic() - mark
-        if not bool(new_plan.holds(np.array([self._rank]))[0]):
-            self._number += 1
-            self._state = RegistryState.SPARE if self._rank in spares else RegistryState.DROPPED
-            return RebuildReport(self._number, decision.layout, new_plan.members or (),
-                                 lost, spares, dropped, self._state.value, seconds)
-
-        mark = time.monotonic()
-        generation = Generation.create(self._request(self._number + 1, decision.layout, new_plan,
-                                                     lost=len(lost)))
-        self._number += 1
-        self._rebuild_attempts = 0
-        seconds["create"] = time.monotonic() - mark
+        self._recovery.check_rebuildable(current)
+        window = check_in_window(timeout, self._layout, self._timeout_overrides,
+                                 self.create_timeout_s)
+        try:
+            report, generation = self._recovery.rebuild(current, before, known, window, self._make)
+        except LeftOutError:  # decided without this rank: it stays out, a retry included
+            self._retire()
+            self._recovery.release_retired()
+            self._recovery.stop_liveness()
+            self._state = RegistryState.DROPPED
+            raise
+        except BaseException:
+            if current.ended:
+                self._state = RegistryState.RETIRED
+            raise
+        self._number = report.generation
+        if generation is None:
+            self._state = RegistryState(report.place)
+            return report
         mark = time.monotonic()
         self._start(generation)
-        seconds["meshes"] = time.monotonic() - mark
+        report.seconds["meshes"] = time.monotonic() - mark
+        lost = current.plan.positions(np.asarray(report.lost, dtype=np.int64)).tolist()
+        report.seconds["release"] = self._recovery.finish(report, self.members, before, lost)
         logger.info("rank %d: rebuilt generation %d on %d ranks in %.3fs", self._rank,
-                    self._number, new_plan.world_size, time.monotonic() - started)
-        return RebuildReport(self._number, decision.layout, self.members, lost, spares,
-                             dropped, "member", seconds)
+                    self._number, len(self.members), report.total_seconds)
+        return report
 
-    def _check_rebuildable(self) -> None:
-        """Refuse, on every rank alike, backends whose groups cannot be made without the dead rank;
-        on a bound NCCL default group, find the spine to shrink (:mod:`commgroups.rank_loss.shrink`)."""
-        assert self._current is not None
-        self._spine = prepare_spine(self._current.roles, self._plan, self._spine,
-                                    CreationContext.detect())
+    def _make(self, number: int, layout: Layout, the_plan: Plan, lost: int) -> Generation:
+        return Generation.create(self._request(number, layout, the_plan, lost=lost))
 
     def _retire(self) -> None:
-        """Retire the live generation (kept referenced: its groups may hold a dead peer)."""
+        """Retire the live generation (released once this rank is past the check-in)."""
         if self._current is not None and not self._current.ended:
-            self._current.retire()
-            self._retired.append(self._current)
+            self._recovery.retire(self._current)
             self._state = RegistryState.RETIRED
-
-    def _check_in_window(self, timeout: float | timedelta | None,
-                         current: Generation) -> timedelta:
-        if timeout is None:
-            # A survivor notices the loss at its collective's timeout at the latest, and one whose
-            # peers left a collective early may wait out one more: twice the longest role timeout.
-            longest = max((self._role_timeout(name, created.adapter).total_seconds()
-                           for name, created in current.roles.items()),
-                          default=self.create_timeout_s)
-            return timedelta(seconds=2 * longest)
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        return timedelta(seconds=limits.check_timeout(seconds, "timeout"))
 
     def _role_timeout(self, role: str, adapter: BackendAdapter) -> timedelta:
         if role in self._timeout_overrides:
@@ -363,8 +316,8 @@ class GroupRegistry:
         if state is RegistryState.CREATED and self._current is not None:
             return self._current
         if state is RegistryState.CLOSED:
-            raise RegistryClosedError("this registry was closed and its groups destroyed; make a "
-                                      "new GroupRegistry")
+            raise RegistryClosedError("this registry was closed and its groups destroyed; fix: make "
+                                      "a new GroupRegistry")
         if state is RegistryState.RETIRED:
             raise StaleGenerationError(
                 f"generation {self._number} was retired by rebuild() and the next one was not "
@@ -376,8 +329,8 @@ class GroupRegistry:
                 f"{'a spare' if state is RegistryState.SPARE else 'dropped'} and holds no groups; "
                 "fix: check rebuild()'s report before using the registry"
                 + ("; a dropped rank should exit" if state is RegistryState.DROPPED else ""))
-        raise RegistryStateError("the registry has no groups yet; fix: call registry.create() on "
-                                 "every rank first")
+        raise RegistryNotCreatedError("the registry has no groups yet; fix: call registry.create() "
+                                      "on every rank first")
 
     @property
     def layout(self) -> Layout:
@@ -414,7 +367,8 @@ class GroupRegistry:
         Raises:
             KeyError: ``role`` is not in the layout (the message lists the roles).
             NotAMemberError: ``role`` has explicit rank groups and none holds this rank.
-            RegistryStateError: no live generation (RegistryClosedError after close).
+            RegistryStateError: no live generation (RegistryNotCreatedError before create(),
+                RegistryClosedError after close).
 
         Example: ``Layout(dims={"dp_shard": 2, "cp": 2})`` on 4 ranks:
         ``dist.get_process_group_ranks(registry.group("cp"))`` is ``[0, 1]`` on ranks 0 and 1.
@@ -434,9 +388,10 @@ class GroupRegistry:
         """
         self.spec(role)
         self._live()
-        ranks = self._plan.group_of(role, self._rank)
+        ranks = self._plan.ranks_of(role, self._rank)
         if ranks is None:
-            raise NotAMemberError(f"rank {self._rank} is in no group of role {role!r}")
+            raise NotAMemberError(f"rank {self._rank} is in no group of role {role!r}; fix: call "
+                                  f"ranks({role!r}) on its member ranks only")
         return ranks
 
     def process_groups(self) -> dict[str, dist.ProcessGroup]:
@@ -487,7 +442,7 @@ class GroupRegistry:
         logger.info("rank %d: timeout of %s set to %ss", self._rank,
                     "every group" if role is None else f"role {role}", seconds)
 
-    @_serialized
+    @serialized
     def collectives(self, role: str) -> RoleCollectives:
         """The torch.distributed collective API on ``role``'s group, without ``group=``.
 
@@ -509,7 +464,7 @@ class GroupRegistry:
                                             flight=flight.recorder.role(role) if flight else None)
         return handles[role]
 
-    @_serialized
+    @serialized
     def device_mesh(self, dims_or_role: str | Sequence[str]) -> DeviceMesh:
         """A DeviceMesh over the live generation's groups, named by what was asked for. Local.
 
@@ -562,7 +517,7 @@ class GroupRegistry:
                 made = live.role(name)
                 backend, method = made.adapter.name, made.method
                 timeout = f"{self.timeout(name).total_seconds():g}s"
-                mine = self._plan.group_of(name, self._rank)
+                mine = self._plan.ranks_of(name, self._rank)
                 group_text = "-" if mine is None else format_ranks(mine)
             else:
                 backend, method, group_text = spec.backend, "-", "-"
@@ -579,21 +534,20 @@ class GroupRegistry:
                 f"state={self._state.value!r})")
 
     # ------------------------------------------------------------------------------- teardown
-    @_serialized
+    @serialized
     def close(self) -> None:
-        """Destroy the live generation's groups and delete its store keys. Idempotent, local.
+        """Destroy every generation's groups, stop the heartbeat, delete the store keys.
+        Idempotent, local.
 
         The registry is unusable after, and so is every handle it gave out
-        (:class:`~commgroups.errors.RegistryClosedError`). Retired generations stay referenced
-        (their groups hold a dead peer: destroying one may block).
+        (:class:`~commgroups.errors.RegistryClosedError`). A retired generation whose groups could
+        not be interrupted (gloo off Linux) stays referenced: destroying it may block on a dead peer.
         """
         if self._state is RegistryState.CLOSED:
             return
-        if self._current is not None:
+        if self._current is not None and not self._current.ended:
             self._current.destroy()
-        if self._spine is not None:
-            self._spine.close()
-            self._spine = None
+        self._recovery.close()
         self._state = RegistryState.CLOSED
 
     def __enter__(self) -> Self:

@@ -56,8 +56,9 @@ def _unmarked_tests_start_no_process(request: pytest.FixtureRequest,
 @pytest.fixture
 def fake_world() -> Iterator[object]:
     """Factory: init a fake-backend default group of any size in this process; torn down after."""
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers backend "fake"
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from tests import torch_private
+
+    FakeStore = torch_private.fake_store()  # registers backend "fake"
 
     def init(world_size: int, rank: int = 0) -> None:
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)

@@ -8,6 +8,7 @@ The tests that start processes (marked ``world``); the pure ones are in ``tests/
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,10 +20,13 @@ from tests.gloo_support import NO_ALL_TO_ALL, all_to_all_or_note
 from tests.test_async_wait import _async_flags
 from tests.worlds import run_world
 
+LAYOUTS = Path(__file__).resolve().parent.parent / "examples" / "layouts"
+"""The shipped example layouts, found from this file (the suite runs from any directory)."""
+
 pytestmark = pytest.mark.world
 
 
-SEED = "examples/layouts/seed_cp4.toml"
+SEED = str(LAYOUTS / "seed_cp4.toml")
 
 
 # ------------------------------------------------------------- spmd_types on 4 gloo ranks

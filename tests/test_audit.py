@@ -15,7 +15,10 @@ import pytest
 
 import commgroups as cg
 
-SEED = "examples/layouts/seed_cp4.toml"
+LAYOUTS = Path(__file__).resolve().parent.parent / "examples" / "layouts"
+"""The shipped example layouts, found from this file (the suite runs from any directory)."""
+
+SEED = str(LAYOUTS / "seed_cp4.toml")
 
 
 # ------------------------------------------------------------------------ the recorder alone

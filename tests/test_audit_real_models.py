@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import commgroups as cg
+from tests import torch_private
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
@@ -30,13 +31,11 @@ def _causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
 def _allow_flex_backward_on_cpu() -> None:
     # torch refuses FlexAttention backward on CPU in a device check, though the eager path is
     # differentiable (torchtitan's CPU runs patch the same check). Tests only, in a rank process.
-    import torch.nn.attention.flex_attention as flex
-
-    flex._validate_device = lambda *tensors: None  # PRIVATE-TORCH: flex_attention._validate_device
+    setattr(*torch_private.flex_validate_device_target(), lambda *tensors: None)
 
 
 def _real_model_step(rank: int, world: int) -> dict[str, Any]:
-    import torch.distributed._functional_collectives as funcol
+    funcol = torch_private.functional_collectives()
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -50,7 +49,7 @@ def _real_model_step(rank: int, world: int) -> dict[str, Any]:
         return funcol.all_reduce(x * 2, "sum", cp) + 1
 
     # gloo counts every collective a group runs; it is the ground truth for "every one recorded"
-    before = cp._get_sequence_number_for_group()
+    before = torch_private.sequence_number(cp)
     with cg.audit.record({"cp": cp}) as rec:
         # as torch's context parallel does: a fullgraph compile inside the recording
         mask = torch.compile(create_block_mask, fullgraph=True)(_causal, 1, 1, SEQ, SEQ,
@@ -65,7 +64,7 @@ def _real_model_step(rank: int, world: int) -> dict[str, Any]:
         sharded = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])  # c10d scatter
         full = sharded.redistribute(mesh, [Replicate()]).to_local()  # functional all-gather
         reduced = compiled_reduce(torch.ones(2))  # a collective issued by compiled code
-    after = cp._get_sequence_number_for_group()
+    after = torch_private.sequence_number(cp)
     return {
         "ops": [r.op for r in rec.records],
         "groups": {r.group for r in rec.records},

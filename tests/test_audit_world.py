@@ -22,6 +22,7 @@ from torch import nn
 import commgroups as cg
 from commgroups.audit import AUDIT_DIR_ENV
 from commgroups.cli import main
+from tests import torch_private
 from tests.test_audit import SEED
 from tests.worlds import run_world
 
@@ -57,7 +58,7 @@ def _plain_device_mesh(rank: int, directory: str) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp_shard", "cp"))
-    fsdp_mesh = mesh["dp_shard", "cp"]._flatten()
+    fsdp_mesh = torch_private.flatten(mesh["dp_shard", "cp"])
     cp = mesh.get_group("cp")
     roles = {"cp": cp, "fsdp": fsdp_mesh.get_group()}
     model = _shard(_model(), fsdp_mesh)
@@ -67,7 +68,7 @@ def _plain_device_mesh(rank: int, directory: str) -> dict[str, Any]:
         spmd.all_gather(torch.ones(2) * rank, cp, src=V, dst=R)  # spmd_types CP: blocking
         out = torch.empty(8)
         dist.all_gather_into_tensor(out, torch.ones(2), group=cp, async_op=True).wait()
-    return {"cp_is_default": cp is dist.distributed_c10d._get_default_group(),
+    return {"cp_is_default": cp is torch_private.default_group(),
             "local": [h.kind for h in rec.hazards()], "loss": loss}
 
 
@@ -126,7 +127,7 @@ def _inside_custom_ops(rank: int) -> dict[str, Any]:
     (``cplib::flex_cp_allgather``, and reduce-scatters the gradients in its backward op): the
     collectives in their bodies are recorded, not only counted by gloo."""
     # Importing it registers the cplib ops.
-    import torch.distributed.tensor.experimental._context_parallel._cp_custom_ops
+    torch_private.cp_custom_ops()
 
     registry = cg.GroupRegistry(cg.load_layout(SEED)).create()
     try:

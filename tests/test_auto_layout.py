@@ -18,7 +18,10 @@ import commgroups as cg
 from commgroups import errors
 from commgroups.cli import main
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples/layouts/hsdp_restart.toml"
+LAYOUTS = Path(__file__).resolve().parent.parent / "examples" / "layouts"
+"""The shipped example layouts, found from this file (the suite runs from any directory)."""
+
+EXAMPLE = LAYOUTS / "hsdp_restart.toml"
 
 
 def _auto(**fields: Any) -> cg.AutoLayout:
@@ -167,7 +170,7 @@ def test_load_layout_reads_auto_files(tmp_path: Path) -> None:
     with pytest.raises(errors.WorldSizeMismatchError) as info:
         cg.load_layout(EXAMPLE, world_size=3)
     assert str(info.value).startswith(str(EXAMPLE)) and info.value.field == "dims"
-    assert cg.load_layout("examples/layouts/seed_cp4.toml", world_size=4).world_size == 4
+    assert cg.load_layout(LAYOUTS / "seed_cp4.toml", world_size=4).world_size == 4
 
 
 def test_every_rank_resolves_the_same_fingerprint() -> None:
@@ -185,7 +188,7 @@ def test_cli_plan_sizes_an_auto_layout(capsys: Any) -> None:
     assert "--world-size" in err and "multiple of 2" in err
     assert main(["plan", str(EXAMPLE), "--world-size", "3"]) == 2
     assert "multiple of 2" in capsys.readouterr().err
-    assert main(["plan", "examples/layouts/seed_cp4.toml", "--world-size", "8"]) == 2
+    assert main(["plan", str(LAYOUTS / "seed_cp4.toml"), "--world-size", "8"]) == 2
     assert "world size is 4" in capsys.readouterr().err
 
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 import commgroups as cg
 from commgroups.registry import GroupRegistry
+from tests import torch_private
 
 WORLD = 65_536
 DIMS = {"dp_shard": 8_192, "cp": 8}
@@ -39,15 +40,9 @@ def _layout() -> cg.Layout:
 @pytest.fixture
 def guarded_world() -> Iterator[None]:
     """A fake world of 65,536 ranks whose default group raises on any collective."""
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers backend "fake"
-    from torch._C._distributed_c10d import FakeProcessGroup
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    # The type stubs lag the binding: Options() takes no argument and has error_on_collective.
-    fake_pg_class: Any = FakeProcessGroup
-    options = fake_pg_class.Options()
-    options.error_on_collective = True
-    dist.init_process_group("fake", store=FakeStore(), rank=RANK, world_size=WORLD,
+    store = torch_private.fake_store()()  # registers backend "fake"
+    options = torch_private.fake_world_options(error_on_collective=True)
+    dist.init_process_group("fake", store=store, rank=RANK, world_size=WORLD,
                             pg_options=options)
     try:
         yield
@@ -125,7 +120,7 @@ def test_registry_vs_device_mesh(new_group_calls: list[dict[str, Any]]) -> None:
 
     new_group_calls.clear()
     mesh = init_device_mesh("cpu", tuple(DIMS.values()), mesh_dim_names=tuple(DIMS))
-    flat = mesh["dp_shard", "cp"]._flatten()
+    flat = torch_private.flatten(mesh["dp_shard", "cp"])
     mesh_calls = len(new_group_calls)
 
     assert local_calls == len(ROLES)

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from commgroups import CHECKPOINT_ROLE, GroupRegistry
 from commgroups.demo.config import seed_layout
 from commgroups.integrations import dcp as cg_dcp
+from tests import torch_private
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
@@ -53,7 +53,7 @@ def _group_name(value: Any) -> str | None:
     return None
 
 
-class C10dRecorder(TorchDispatchMode):
+class C10dRecorder(torch_private.TorchDispatchMode):
     """Records the c10d ops dispatched on this thread while active (and runs them unchanged)."""
 
     def __init__(self) -> None:
@@ -64,8 +64,9 @@ class C10dRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         # wait_tensor and _wrap_tensor_autograd follow a functional collective already recorded and
         # move no data
-        if func.namespace in ("c10d", "_c10d_functional") and func._opname not in _NOT_COLLECTIVES:
-            names = [a.name for a in func._schema.arguments]
+        if (func.namespace in ("c10d", "_c10d_functional")
+                and torch_private.op_name(func) not in _NOT_COLLECTIVES):
+            names = [a.name for a in torch_private.op_schema(func).arguments]
             bound = dict(zip(names, args)) | kwargs
             group = None
             for value in bound.values():
@@ -75,7 +76,7 @@ class C10dRecorder(TorchDispatchMode):
             if func.namespace == "_c10d_functional":
                 is_async: bool | None = True  # always the async path (facts.md; torch >= 2.8)
             elif "async_op" in names:
-                default = func._schema.arguments[names.index("async_op")].default_value
+                default = torch_private.op_schema(func).arguments[names.index("async_op")].default_value
                 is_async = bool(bound.get("async_op", default))
             else:
                 is_async = None  # send/recv: no async_op argument
@@ -84,7 +85,7 @@ class C10dRecorder(TorchDispatchMode):
 
 
 def _seq(group: dist.ProcessGroup) -> int:
-    return int(group._get_sequence_number_for_group())
+    return torch_private.sequence_number(group)
 
 
 def _state(rank: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -99,7 +100,7 @@ def _state(rank: int, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def _dcp_world(rank: int, world: int, root: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    default = dist.distributed_c10d._get_default_group()
+    default = torch_private.default_group()
     with GroupRegistry(seed_layout(world)) as registry:
         ckpt = registry.group(CHECKPOINT_ROLE)
         out["ckpt_group"], out["default_group"] = ckpt.group_name, default.group_name

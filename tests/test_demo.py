@@ -1,9 +1,8 @@
 """``commgroups demo`` end to end: the registry run is clean and exact, the DeviceMesh baseline is not.
 
-Each run is the real command in a subprocess (it spawns its own 4 gloo processes); one more runs
-under torchrun. Small step counts keep each run to seconds.
-
-Its tests that start processes are in ``tests/test_demo_world.py`` (marked ``world``).
+The pure half: a layout without an fsdp role is refused, torchrun is detected, the report renders
+hazards. The runs of the real command (subprocesses of 4 gloo processes, one under torchrun) are in
+``tests/test_demo_world.py`` (marked ``world``).
 """
 
 from __future__ import annotations
@@ -44,3 +43,17 @@ def test_report_renders_hazards() -> None:
     }
     text = render(result)
     assert "baseline" in text and "YES" in text and "aliasing: cp runs on the default group" in text
+
+
+def test_bad_options_are_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked before anything is spawned; an ArgumentError (the layout is fine), exit 2."""
+    from commgroups.cli import build_parser, main
+    from commgroups.errors import ArgumentError, LayoutError
+
+    for argv, field in ((["--steps", "0"], "--steps"), (["--timeout", "0"], "--timeout")):
+        args = build_parser().parse_args(["demo", *argv])
+        with pytest.raises(ArgumentError) as info:
+            args.run(args)
+        assert not isinstance(info.value, LayoutError) and info.value.field == field
+        assert main(["demo", *argv]) == 2
+        assert field in capsys.readouterr().err

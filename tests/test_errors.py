@@ -36,8 +36,6 @@ CASES: list[tuple[type[errors.LayoutError], Callable[[], object], str, str]] = [
     (errors.LayoutError, lambda: cg.Layout(dims={"cp": 4}, roles=[{"dims": ["cp"]}]),
      "roles[0].name", "add it"),
     (errors.LayoutError, _layout(timeout_s=-1), "roles[0].timeout_s", "in that range"),
-    (errors.LayoutError, lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4}), creation_mode="bogus"),
-     "creation_mode", "use one of"),
     (errors.LayoutFileError, _parse("[dims\ncp = 4", ".toml"), None, "correct the syntax"),
     (errors.LayoutFileError, _parse('{"dims": {"cp": 4, "cp": 2}}', ".json"), None, "keep one"),
     (errors.LayoutFileError, _parse("dims: {cp: 4}\nroles: &r [*r]\n", ".yaml"), None,
@@ -46,9 +44,6 @@ CASES: list[tuple[type[errors.LayoutError], Callable[[], object], str, str]] = [
     (errors.LayoutError, _layout(timeout_s=float("inf")), "roles[0].timeout_s", "in that range"),
     (errors.LayoutError, _layout(async_and_wait="yes"), "roles[0].async_and_wait",
      "write a boolean"),
-    (errors.LayoutError, lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4}),
-                                                  create_timeout_s=float("nan")),
-     "create_timeout_s", "in that range"),
     (errors.InvalidSizeError, lambda: cg.Layout(dims={"a": 2**20, "b": 2}), "dims.b",
      "MAX_WORLD_SIZE"),
     (errors.LayoutFileError, _parse("[dims]", ".ini"), None, "use one of"),
@@ -138,6 +133,31 @@ CASES: list[tuple[type[errors.LayoutError], Callable[[], object], str, str]] = [
     ).resolve(2), "elastic.dims.dp_replicate", "at least 4 ranks"),
 ]
 
+# A bad argument to the registry is an ArgumentError, not a LayoutError: (input, its field, a word of
+# the fix). The CLI's options: tests/test_cli_plan.py.
+ARGUMENT_CASES: list[tuple[Callable[[], object], str, str]] = [
+    (lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4}), creation_mode="bogus"),
+     "creation_mode", "use one of"),
+    (lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4}), create_timeout_s=float("nan")),
+     "create_timeout_s", "in that range"),
+    (lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4}), create_timeout_s="300"),
+     "create_timeout_s", "give seconds"),
+    (lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4}), meshes=[[3]]),  # type: ignore[list-item]
+     "meshes", "device_mesh('fsdp')"),
+]
+
+
+@pytest.mark.parametrize(("make", "field", "fix"), ARGUMENT_CASES,
+                         ids=[f for _, f, _ in ARGUMENT_CASES])
+def test_bad_argument_is_an_argument_error(make: Callable[[], object], field: str, fix: str) -> None:
+    with pytest.raises(errors.ArgumentError) as info:
+        make()
+    assert not isinstance(info.value, errors.LayoutError), info.value
+    assert isinstance(info.value, ValueError)  # callers catching ValueError keep working
+    assert info.value.field == field
+    message = str(info.value)
+    assert "fix:" in message and fix in message and field in message, message
+
 
 @pytest.mark.parametrize(
     ("error", "make", "field", "fix"), CASES,
@@ -179,3 +199,92 @@ def test_each_class_documents_its_inputs() -> None:
     for _, cls in inspect.getmembers(errors, inspect.isclass):
         if issubclass(cls, errors.LayoutError) and cls is not errors.LayoutError:
             assert cls.__doc__ and cls.__doc__ != errors.LayoutError.__doc__, cls
+
+
+ROOT = Path(__file__).resolve().parents[1]
+# Where each moved class was defined before it moved into commgroups.errors: the old path still works.
+MOVED = {
+    "commgroups.audit.merge": ("AuditFileError",),
+    "commgroups.integrations": ("MissingRoleError",),
+    "commgroups.integrations.common": ("MissingRoleError",),
+    "commgroups.integrations.dcp": ("IncompleteCheckpointError", "CheckpointExistsError"),
+    "commgroups.integrations.megatron": ("MegatronUnavailableError",),
+    "commgroups.integrations.torchtitan.titan_internals": ("TitanSeamError",),
+    "commgroups.commands.bench": ("BenchDependencyError",),
+    "commgroups.util.local_world": ("WorldInitError",),
+    "commgroups.bench.world": ("WorldFailed",),
+}
+
+
+def _exception_classes_defined_outside_errors() -> list[str]:
+    """Every class of the package, outside errors.py, whose bases make it an exception.
+
+    Read from the source (every module, the optional integrations too, without importing them):
+    a class is an exception when a base is a builtin exception or, by name, another exception
+    class of the package or of commgroups.errors.
+    """
+    import ast
+    import builtins
+
+    known = {name for name, value in vars(builtins).items()
+             if isinstance(value, type) and issubclass(value, BaseException)}
+    known |= {name for name, value in vars(errors).items()
+              if isinstance(value, type) and issubclass(value, BaseException)}
+    classes: list[tuple[str, ast.ClassDef]] = []
+    for base in (ROOT / "commgroups", ROOT / "backends"):
+        for path in sorted(base.rglob("*.py")):
+            if path.relative_to(ROOT).parts[:2] in (("commgroups", "backends"),
+                                                    ("commgroups", "errors.py")):
+                continue  # the symlink to ../backends (scanned as backends/), and errors itself
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    classes.append((f"{path.relative_to(ROOT)}:{node.lineno} {node.name}", node))
+    found: list[str] = []
+    grew = True
+    while grew:  # a fixpoint: an exception may derive from one defined later in the walk
+        grew = False
+        for where, node in classes:
+            bases = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute)
+                     else "" for b in node.bases}
+            if where not in found and bases & known:
+                found.append(where)
+                known.add(node.name)
+                grew = True
+    return sorted(found)
+
+
+def test_every_exception_class_is_defined_in_commgroups_errors() -> None:
+    assert _exception_classes_defined_outside_errors() == []
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert inspect.isclass(cls) and issubclass(cls, BaseException), name
+    defined = {name for name, cls in inspect.getmembers(errors, inspect.isclass)
+               if issubclass(cls, BaseException) and cls.__module__ == errors.__name__}
+    assert defined == set(errors.__all__)
+
+
+def test_moved_exceptions_keep_their_old_import_paths() -> None:
+    import importlib
+
+    for module, names in MOVED.items():
+        if module.startswith("commgroups.integrations.torchtitan"):
+            pytest.importorskip("torchtitan")
+        loaded = importlib.import_module(module)
+        for name in names:
+            assert getattr(loaded, name) is getattr(errors, name), (module, name)
+
+
+def test_one_class_for_a_registry_that_was_not_created() -> None:
+    """The registry's lookups, the audit and torchtitan raise it; old ``except`` clauses hold."""
+    registry = cg.GroupRegistry(cg.Layout(dims={"cp": 4}))
+    with pytest.raises(errors.RegistryNotCreatedError, match=r"fix: call registry\.create"):
+        registry.group("cp")
+    with pytest.raises(ValueError, match="no groups yet"), cg.audit.record(registry):
+        pass
+    with pytest.raises(errors.RegistryNotCreatedError, match=r"fix: call registry\.create"), \
+            cg.audit.record(registry):
+        pass
+    assert issubclass(errors.RegistryNotCreatedError, errors.RegistryStateError)
+    assert issubclass(errors.RegistryNotCreatedError, RuntimeError)
+    assert issubclass(errors.TitanSeamError, errors.CommGroupsError)
+    assert issubclass(errors.TitanSeamError, RuntimeError)

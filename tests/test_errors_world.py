@@ -69,7 +69,7 @@ def test_rank_dependent_errors_on_a_real_world() -> None:
         assert out["mesh_ranks"].startswith("MeshRequestError|dims|"), out["mesh_ranks"]
         assert "fix" in out["mesh_ranks"]
         assert out["mesh_order"].startswith("DimOrderError|dims|"), out["mesh_order"]
-        assert out["mesh_type"].startswith("MeshRequestError|dims|"), out["mesh_type"]
+        assert out["mesh_type"].startswith("ArgumentError|dims_or_role|"), out["mesh_type"]
         assert out["mesh_not_planned"].startswith("MeshNotPlannedError|meshes|"), out
         assert "fix: declare the mesh" in out["mesh_not_planned"]
         assert out["mesh_planned"] == "no error", out["mesh_planned"]

@@ -14,6 +14,7 @@ import pytest
 import torch.distributed as dist
 
 import commgroups as cg
+from tests import torch_private
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
@@ -55,7 +56,7 @@ def _die_inside_new_group(rank: int, world_size: int) -> dict[str, Any]:
         return {
             "error": f"{type(error).__name__}: {error}",
             "seconds": time.monotonic() - started,
-            "leftover_groups": len(dist.distributed_c10d._world.pg_map) - 1,
+            "leftover_groups": len(torch_private.live_groups()) - 1,
         }
 
 

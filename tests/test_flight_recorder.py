@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import commgroups as cg
+from commgroups import torch_internals
 from commgroups.collectives.role_collectives import RoleCollectives
 from commgroups.flight_recorder import entries as flight_entries
 from commgroups.flight_recorder import index as flight_index
@@ -141,7 +142,7 @@ def test_a_registry_records_every_role_and_dumps_on_request(
         key = session.publisher.key
         assert read_status(session.publisher.store, session.publisher.prefix, 0) is not None
     assert registry.flight_recorder is None
-    assert not dist.distributed_c10d._get_default_store().check([key])  # released at close
+    assert not torch_internals.default_store().check([key])  # released at close
     monkeypatch.setenv(ENV_VAR, "0")
     with cg.GroupRegistry(cg.Layout(dims={"cp": 1}, roles=[cg.RoleSpec(name="cp", dims=["cp"])])) as registry:
         assert registry.flight_recorder is None and registry.collectives("cp").flight is None

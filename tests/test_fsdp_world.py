@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -21,6 +20,7 @@ from commgroups.integrations.fsdp import (
     fully_shard_on_role,
     install_async_and_wait_comms,
 )
+from tests import torch_private
 from tests.test_dcp_world import C10dRecorder
 from tests.worlds import run_world
 
@@ -62,7 +62,7 @@ def _fsdp_world(rank: int, world: int) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    default = dist.distributed_c10d._get_default_group().group_name
+    default = torch_private.default_group().group_name
     with GroupRegistry(seed_layout(world)) as registry:
         fsdp = registry.group("fsdp").group_name
         reg_losses, (reg_ops, reg_group) = _train(lambda m: fully_shard_on_role(m, registry), rank)

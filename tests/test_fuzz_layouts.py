@@ -19,6 +19,9 @@ from commgroups import errors
 from commgroups.cli import main
 from tests.strategies import layouts
 
+LAYOUTS = Path(__file__).resolve().parent.parent / "examples" / "layouts"
+"""The shipped example layouts, found from this file (the suite runs from any directory)."""
+
 # Layout validation is pydantic alone: CI runs it on the main torch leg only.
 pytestmark = pytest.mark.version_independent
 
@@ -180,13 +183,14 @@ CORPUS_FILES = sorted(CORPUS.iterdir())
 FAST_S = 1.0
 
 
-def _refused_fast(make: Any) -> errors.LayoutError | None:
-    """Run ``make()``; return its LayoutError (None if it validated), checking it took < FAST_S."""
+def _refused_fast(make: Any) -> errors.LayoutError | errors.ArgumentError | None:
+    """Run ``make()``; return its LayoutError or ArgumentError (None if it validated), checking it
+    took < FAST_S."""
     started = time.process_time()
     try:
         make()
         caught = None
-    except errors.LayoutError as error:
+    except (errors.LayoutError, errors.ArgumentError) as error:
         caught = error
         assert "fix" in str(error), str(error)
     assert time.process_time() - started < FAST_S, f"took {time.process_time() - started:.2f}s"
@@ -244,9 +248,9 @@ def test_cli_prints_one_line_or_a_plan(tmp_path_factory: pytest.TempPathFactory,
 @pytest.mark.parametrize("argv", [
     ["demo", "--world-size", "100000"], ["demo", "--world-size", "0"], ["demo", "--steps", "0"],
     ["demo", "--timeout", "nan"], ["demo", "--timeout", "inf"], ["demo", "--timeout", "1e10"],
-    ["plan", "examples/layouts/seed_cp4.toml", "--rank", "4"],
-    ["plan", "examples/layouts/seed_cp4.toml", "--max-groups", "100000000"],
-    ["plan", "examples/layouts/seed_cp4.toml", "--measured", "examples"],
+    ["plan", str(LAYOUTS / "seed_cp4.toml"), "--rank", "4"],
+    ["plan", str(LAYOUTS / "seed_cp4.toml"), "--max-groups", "100000000"],
+    ["plan", str(LAYOUTS / "seed_cp4.toml"), "--measured", str(LAYOUTS.parent)],
     ["audit", "no/such/dir"],
 ], ids=lambda argv: " ".join(argv))
 def test_bad_cli_arguments_are_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -87,7 +87,7 @@ def test_declared_meshes_are_checked_before_any_group(fake_world: Callable[..., 
         cg.GroupRegistry(_fsdp_only(), meshes=[["tp"]])
     with pytest.raises(cg.errors.DimOrderError, match="meshes:"):
         cg.GroupRegistry(_fsdp_only(), meshes=[["cp", "dp_shard"]])
-    with pytest.raises(cg.errors.MeshRequestError, match="not a dim or role name"):
+    with pytest.raises(cg.errors.ArgumentError, match=r"meshes: \[3\] is not a dim or role name"):
         cg.GroupRegistry(_fsdp_only(), meshes=[[3]])  # type: ignore[list-item]
     assert _group_count() == before
 

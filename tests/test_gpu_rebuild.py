@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 import commgroups as cg
 from commgroups import generation as generation_module
 from commgroups import torch_internals
 from commgroups.backends.nccl import NcclAdapter, _nccl_version
 from commgroups.errors import RebuildError, StaleGenerationError
+from tests import torch_private
 from tests.gpu_support import require_cuda_and_nccl
 
 pytestmark = pytest.mark.gpu
@@ -85,13 +85,14 @@ def real_groups(monkeypatch: pytest.MonkeyPatch) -> None:
 def aborted(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The groups torch's real ``_abort_process_group`` is called on (it still runs)."""
     calls: list[Any] = []
-    real = c10d._abort_process_group
+    target = torch_private.abort_target()
+    real = getattr(*target)
 
     def spy(group: Any = None) -> None:
         calls.append(group)
         real(group)
 
-    monkeypatch.setattr(c10d, "_abort_process_group", spy)
+    monkeypatch.setattr(*target, spy)
     return calls
 
 
@@ -116,7 +117,7 @@ def test_rebuild_on_a_one_rank_nccl_world(nccl_world: None, real_groups: None,
         # tables); the gloo group was left referenced, never aborted.
         assert all(any(g is old for g in aborted) for old in old_nccl), aborted
         assert not any(g is gloo for g in aborted)
-        assert all(old not in c10d._world.pg_map for old in old_nccl)
+        assert all(old not in torch_private.live_groups() for old in old_nccl)
 
         new_group = registry.group("tp")
         assert all(new_group is not old for old in old_nccl)

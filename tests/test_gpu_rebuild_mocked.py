@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 import commgroups as cg
 from commgroups import registry as registry_module
@@ -30,6 +29,7 @@ from commgroups.creation.role_groups import CreatedRole, CreationContext
 from commgroups.errors import RebuildError
 from commgroups.generation import Generation, GenerationRequest
 from commgroups.registry import RegistryState
+from tests import torch_private
 
 BOUND_NCCL = CreationContext(default_backend="nccl", device_bound=True, accelerator=True)
 
@@ -37,7 +37,7 @@ BOUND_NCCL = CreationContext(default_backend="nccl", device_bound=True, accelera
 def _aborts_recorded(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Replace c10d's abort (NCCL/HCCL only) with a recorder; returns what it was called with."""
     calls: list[Any] = []
-    monkeypatch.setattr(c10d, "_abort_process_group", calls.append)
+    monkeypatch.setattr(*torch_private.abort_target(), calls.append)
     return calls
 
 
@@ -128,7 +128,7 @@ def test_a_failing_abort_is_logged_not_raised_mocked_nccl(
     def refuse(group: Any) -> None:
         raise RuntimeError("NCCL communicator was aborted already")
 
-    monkeypatch.setattr(c10d, "_abort_process_group", refuse)
+    monkeypatch.setattr(*torch_private.abort_target(), refuse)
     NcclAdapter().abort(object())
     assert "aborting" in caplog.text and "aborted already" in caplog.text
 
@@ -157,7 +157,7 @@ def test_retire_aborts_nccl_and_hccl_groups_and_leaves_gloo_mocked_nccl_hccl(
     registry._retire()
     assert calls == [nccl, hccl]  # gloo: kept referenced, never aborted nor destroyed
     assert registry._state == "retired"
-    assert [r.group for r in registry._retired[-1].roles.values()] == [nccl, hccl, gloo]
+    assert [r.group for r in registry._recovery.retired[-1].roles.values()] == [nccl, hccl, gloo]
 
 
 # ------------------------------------------------------------------------ bound default group
@@ -224,4 +224,5 @@ def test_unbound_nccl_is_not_refused_mocked_nccl(monkeypatch: pytest.MonkeyPatch
         lambda cls: CreationContext(default_backend="nccl", device_bound=False, accelerator=True)))
     group = object()
     registry = _registry({"tp": CreatedRole(group, "local", NcclAdapter(), [group])})  # type: ignore[arg-type]
-    registry._check_rebuildable()  # no refusal: new groups need no split of the default group
+    registry._recovery.check_rebuildable(registry._current)
+    # no refusal above: new groups need no split of the default group

@@ -20,7 +20,6 @@ another dim) runs every check, each in its own recording:
 
 from __future__ import annotations
 
-import importlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import torch.distributed as dist
 
 import commgroups as cg
 from commgroups import torch_internals
+from tests import torch_private
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
@@ -74,7 +74,7 @@ def _isolation_world(rank: int, world: int, checkpoint_dir: str) -> dict[str, An
         ckpt = registry.group("checkpoint-metadata")
         # whatever DTensor can find by layout on a registry mesh is a compute role's group
         out["flattenings"] = sorted(
-            {m.get_group().group_name for m in mesh._flatten_mapping.values()}  # PRIVATE-TORCH
+            {m.get_group().group_name for m in torch_private.flatten_mapping(mesh).values()}
         )
         out["compute_groups"] = sorted(registry.group(r).group_name for r in registry.role_names
                                        if registry.spec(r).purpose == "compute")
@@ -103,7 +103,7 @@ def _isolation_world(rank: int, world: int, checkpoint_dir: str) -> dict[str, An
         with cg.audit.record(registry) as rec:
             dist.all_reduce(torch.ones(2), group=tp)  # c10d, blocking
             collectives.all_reduce(torch.ones(2))  # through the registry, async-and-wait
-            import torch.distributed._functional_collectives as funcol
+            funcol = torch_private.functional_collectives()
 
             funcol.all_reduce(torch.ones(2), "sum", tp).wait()  # functional
             objects: list[Any] = [None] * 2
@@ -238,8 +238,7 @@ def test_checkpoint_group_carries_dcp_only(isolation: list[dict[str, Any]]) -> N
         assert out["misuse_hazards"] == [("off_purpose", ("checkpoint-metadata",))]
 
 
-MERGES_BY_LAYOUT = hasattr(importlib.import_module("torch.distributed.tensor._redistribute"),
-                           "_get_flattened_mesh_by_layout")
+MERGES_BY_LAYOUT = torch_private.merges_reductions_by_layout()
 """DTensor merges reductions over several mesh dims onto a flattening it finds by layout (private
 ``_redistribute._get_flattened_mesh_by_layout``): present on 2.13 and 2.15, absent on 2.10, which
 reduces per dim whatever is registered."""

@@ -10,6 +10,9 @@ import pytest
 import commgroups as cg
 from commgroups import errors
 
+LAYOUTS = Path(__file__).resolve().parent.parent / "examples" / "layouts"
+"""The shipped example layouts, found from this file (the suite runs from any directory)."""
+
 TOML = """
 [dims]
 dp_shard = 2
@@ -51,7 +54,7 @@ def test_three_formats_agree(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["seed_cp4.toml", "hsdp_2x2.yaml", "llm_8x8x2.json"])
 def test_shipped_examples_load(name: str) -> None:
-    layout = cg.load_layout(Path("examples/layouts") / name)
+    layout = cg.load_layout(LAYOUTS / name)
     assert cg.plan(layout).world_size == layout.world_size
 
 

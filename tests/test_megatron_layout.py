@@ -50,7 +50,8 @@ def test_embedding_groups_are_first_and_last_stage() -> None:
     assert plan.groups("pos_embd") == [(0,), (1,)]
 
 
-@pytest.mark.parametrize(("kwargs", "error", "field", "words"), [
+# (degrees, the error, its field, words of the message); tests/test_error_texts.py reads it too.
+BAD_DEGREES: list[tuple[dict[str, Any], type[LayoutError], str, str]] = [
     ({"tp": 0}, InvalidSizeError, "tp", "tp=<int >= 1>"),
     ({"dp": True}, InvalidSizeError, "dp", "dp=True"),
     ({"cp": "2"}, InvalidSizeError, "cp", "cp='2'"),
@@ -62,7 +63,10 @@ def test_embedding_groups_are_first_and_last_stage() -> None:
     ({"dp": 2, "pp": 2, "tp": 2, "ep": 2, "expt_tp": 2, "order": "tp-pp-dp-ep-cp"}, DimOrderError,
      "order", "end order in pp"),
     ({"order": 3}, DimOrderError, "order", "not a string"),
-])
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "field", "words"), BAD_DEGREES)
 def test_bad_degrees_name_field_and_fix(kwargs: dict[str, Any], error: type[LayoutError],
                                         field: str, words: str) -> None:
     with pytest.raises(error) as raised:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from commgroups.util.local_world import run_local_world
+from tests import torch_private
 
 pytestmark = [pytest.mark.world]
 
@@ -117,7 +118,7 @@ def _rank_checks(rank: int, world_size: int, post: Any, combos: list[Degrees]) -
                     if field not in ("embd", "pos_embd"):
                         problems.append(f"{name}: {field} is None")
                     continue
-                if group is dist.group.WORLD or group is dist.distributed_c10d._get_default_group():
+                if group is dist.group.WORLD or group is torch_private.default_group():
                     problems.append(f"{name}: {field} is the default group")
                 source = field if field not in mg.ALIASED_FIELDS else role
                 if id(group) in owners and owners[id(group)] != source:

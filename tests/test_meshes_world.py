@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import commgroups as cg
+from tests import torch_private
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
@@ -49,7 +50,7 @@ def _hsdp(rank: int, world_size: int) -> dict[str, Any]:
 
     from commgroups.integrations.fsdp import fully_shard_on_role
 
-    default = dist.distributed_c10d._get_default_group()
+    default = torch_private.default_group()
     with cg.GroupRegistry(HSDP) as registry:
         mesh = registry.device_mesh(["dp_replicate", "fsdp"])
         out: dict[str, Any] = {

@@ -5,6 +5,8 @@ Its tests that start processes are in ``tests/test_plan_world.py`` (marked ``wor
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,6 +15,9 @@ from hypothesis import strategies as st
 import commgroups as cg
 from tests.strategies import layouts
 
+LAYOUTS = Path(__file__).resolve().parent.parent / "examples" / "layouts"
+"""The shipped example layouts, found from this file (the suite runs from any directory)."""
+
 
 @settings(max_examples=150, deadline=None)
 @given(layouts())
@@ -20,7 +25,7 @@ def test_groups_partition_the_world(layout: cg.Layout) -> None:
     plan = cg.plan(layout)
     for role in plan.role_names:
         info = plan.role(role)
-        groups = plan.groups(role)
+        groups = plan.rank_groups(role)
         flat = [r for g in groups for r in g]
         assert sorted(flat) == list(range(plan.world_size))  # each rank in exactly one group
         assert all(len(g) == info.group_size for g in groups)
@@ -28,7 +33,7 @@ def test_groups_partition_the_world(layout: cg.Layout) -> None:
         assert all(list(g) == sorted(g) for g in groups)  # new_group's rank order
         for index, group in enumerate(groups):
             for rank in group:
-                assert plan.group_of(role, rank) == group
+                assert plan.ranks_of(role, rank) == group
                 assert plan.group_index(role, rank) == index
 
 
@@ -44,7 +49,7 @@ def test_groups_match_device_mesh_rows(layout: cg.Layout) -> None:
         axes = [plan.dim_names.index(d) for d in info.dim_names]
         others = [i for i in range(grid.ndim) if i not in axes]
         rows = np.transpose(grid, others + axes).reshape(-1, info.group_size)
-        assert [tuple(r) for r in rows.tolist()] == plan.groups(role)
+        assert [tuple(r) for r in rows.tolist()] == plan.rank_groups(role)
 
 
 @settings(max_examples=100, deadline=None)
@@ -81,10 +86,10 @@ def test_fingerprint_sees_options_backend_and_timeout() -> None:
 
 
 def test_seed_layout_plan() -> None:
-    plan = cg.plan(cg.load_layout("examples/layouts/seed_cp4.toml"))
+    plan = cg.plan(cg.load_layout(LAYOUTS / "seed_cp4.toml"))
     assert plan.role_names == ("fsdp", "cp", "checkpoint-metadata")
     for role in plan.role_names:
-        assert plan.groups(role) == [(0, 1, 2, 3)]
+        assert plan.rank_groups(role) == [(0, 1, 2, 3)]
         assert plan.role(role).spans_world
     assert plan.communicators_per_rank(2) == 3
     assert plan.coords(2) == {"dp_shard": 0, "cp": 2}
@@ -94,9 +99,9 @@ def test_explicit_rank_groups_are_irregular() -> None:
     layout = cg.Layout(dims={"pp": 4}, roles=[cg.RoleSpec(name="embed", ranks=[[3, 0]]),
                                               cg.RoleSpec(name="pp", dims=["pp"])])
     plan = cg.plan(layout)
-    assert plan.groups("embed") == [(0, 3)]
-    assert plan.group_of("embed", 3) == (0, 3)
-    assert plan.group_of("embed", 1) is None
+    assert plan.rank_groups("embed") == [(0, 3)]
+    assert plan.ranks_of("embed", 3) == (0, 3)
+    assert plan.ranks_of("embed", 1) is None
     assert not plan.role("embed").regular and plan.role("pp").regular
     assert not plan.is_regular
     assert plan.communicators_per_rank(1) == 1
@@ -110,10 +115,10 @@ def test_one_rank_of_a_million_rank_layout() -> None:
     rank = 777_777
     coords = plan.coords(rank)
     assert rank == sum(coords[d] * s for d, s in zip(plan.dim_names, plan.dim_strides))
-    tp = plan.group_of("tp", rank)
+    tp = plan.ranks_of("tp", rank)
     assert tp is not None and len(tp) == 16 and rank in tp
     assert tp == tuple(range(rank - rank % 16, rank - rank % 16 + 16))
-    fsdp = plan.group_of("fsdp", rank)
+    fsdp = plan.ranks_of("fsdp", rank)
     assert fsdp is not None and len(fsdp) == 512 * 8 and rank in fsdp
     assert np.all(np.diff(fsdp) > 0)
     assert all(plan.coords(r)["pp"] == coords["pp"] and plan.coords(r)["tp"] == coords["tp"]
@@ -125,7 +130,7 @@ def test_one_rank_of_a_million_rank_layout() -> None:
 def test_rank_out_of_range(rank: int) -> None:
     plan = cg.plan(cg.Layout(dims={"cp": 4}))
     with pytest.raises(ValueError, match="outside"):
-        plan.group_of("cp", rank)
+        plan.ranks_of("cp", rank)
 
 
 def test_cg_plan_is_the_function_and_shadows_no_module() -> None:
@@ -137,3 +142,12 @@ def test_cg_plan_is_the_function_and_shadows_no_module() -> None:
 
     assert callable(cg.plan) and cg.plan is commgroups.planning.plan.plan
     assert importlib.util.find_spec("commgroups.plan") is None
+
+
+def test_groups_and_group_of_are_the_old_names() -> None:
+    """``rank_groups`` / ``ranks_of`` (rank tuples; a ProcessGroup is the registry's ``group``)."""
+    assert cg.Plan.groups is cg.Plan.rank_groups
+    assert cg.Plan.group_of is cg.Plan.ranks_of
+    plan = cg.plan(cg.Layout(dims={"dp_shard": 2, "cp": 2}))
+    assert plan.groups("cp") == plan.rank_groups("cp") == [(0, 1), (2, 3)]
+    assert plan.group_of("dp_shard", 2) == plan.ranks_of("dp_shard", 2) == (0, 2)

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from commgroups import GroupRegistry, Layout, RoleSpec, default_roles
 from commgroups.errors import RebuildError, ReplanError, StaleGenerationError
 from commgroups.generation import Generation
+from tests import torch_private
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
@@ -78,7 +78,7 @@ def _fail_then_rebuild(rank: int, world: int, victim: int, role: str,
         fsdp_ranks=registry.ranks("fsdp"), fsdp_sum=float(total.item()),
         world_sum=float(world_sum.item()), dims=dict(registry.layout.dims),
         mesh=new_mesh.mesh.tolist(), mesh_is_new=new_mesh is not mesh,
-        default_alias=any(g is dist.distributed_c10d._get_default_group()
+        default_alias=any(g is torch_private.default_group()
                           for g in registry.process_groups().values()),
     )
     registry.close()
@@ -119,7 +119,7 @@ def test_survivors_rebuild_on_the_smaller_layout(victim: int, role: str,
             assert result["world_sum"] == 2.0
             assert result["mesh"] == [kept]
             assert result["mesh_is_new"] and not result["default_alias"]
-            assert set(result["seconds"]) == {"check_in", "replan", "retire", "create", "meshes"}
+            assert set(result["seconds"]) == {"check_in", "replan", "retire", "create", "meshes", "release"}
         else:
             assert result["place"] == "dropped"
             assert result["refused"] == "RegistryStateError"

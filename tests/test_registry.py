@@ -13,13 +13,13 @@ from commgroups import errors
 
 def test_registry_usage_errors_without_a_world() -> None:
     registry = cg.GroupRegistry(cg.Layout(dims={"cp": 4}))
-    with pytest.raises(errors.RegistryStateError, match="create"):
+    with pytest.raises(errors.RegistryNotCreatedError, match="create"):
         registry.group("cp")
     with pytest.raises(KeyError, match="known roles"):
         registry.group("tp")
     with pytest.raises(errors.RegistryStateError, match="init_process_group"):
         registry.create()
-    with pytest.raises(errors.LayoutError, match="creation"):
+    with pytest.raises(errors.ArgumentError, match="creation"):
         cg.GroupRegistry(cg.Layout(dims={"cp": 4}), creation_mode="fastest")
     with pytest.raises(TypeError, match="Layout"):
         cg.GroupRegistry({"dims": {"cp": 4}})  # type: ignore[arg-type]

@@ -6,12 +6,14 @@ from collections.abc import Callable
 
 import pytest
 import torch.distributed as dist
-import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers backend "fake"
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import commgroups as cg
+from tests import torch_private
 from tests.strategies import layouts
+
+FakeStore = torch_private.fake_store()  # registers backend "fake"
 
 
 @pytest.mark.parametrize("rank", [0, 5, 2047, 4095])
@@ -19,7 +21,7 @@ def test_4096_ranks_plan_and_groups(fake_world: Callable[..., None], rank: int) 
     fake_world(4096, rank)
     layout = cg.Layout(dims={"pp": 4, "dp_shard": 128, "cp": 2, "tp": 4})
     plan = cg.plan(layout)
-    default = dist.distributed_c10d._get_default_group()
+    default = torch_private.default_group()
     with cg.GroupRegistry(layout) as registry:
         assert registry.role_names == ("pp", "dp_shard", "cp", "tp", "fsdp", "checkpoint-metadata")
         for role in registry.role_names:
@@ -42,12 +44,10 @@ def test_4096_ranks_plan_and_groups(fake_world: Callable[..., None], rank: int) 
 @given(layouts(), st.data())
 def test_no_role_is_ever_the_default_group(layout: cg.Layout, data: st.DataObject) -> None:
     """Invariant 1 for random layouts (world-spanning roles included), on a fake world."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     rank = data.draw(st.integers(0, layout.world_size - 1))
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
     try:
-        default = dist.distributed_c10d._get_default_group()
+        default = torch_private.default_group()
         plan = cg.plan(layout)
         with cg.GroupRegistry(layout) as registry:
             for role in registry.role_names:
@@ -65,8 +65,6 @@ def test_torch_finds_only_compute_roles_on_registry_meshes(layout: cg.Layout,
     """Invariant 7: whatever DTensor or FSDP2 can find on a registry mesh, by name or by layout (the
     root mesh's flatten mapping), is the group of a compute role over exactly those dims; a role
     marked ``purpose="checkpoint"`` (a random subset here) is never among them."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     marked = {role.name for role in layout.roles if data.draw(st.booleans())}
     layout = cg.Layout(dims=layout.dims, roles=[
         role.model_copy(update={"purpose": "checkpoint" if role.name in marked else "compute"})
@@ -81,7 +79,7 @@ def test_torch_finds_only_compute_roles_on_registry_meshes(layout: cg.Layout,
             meshes = [registry.device_mesh(list(layout.dims))]
             meshes += [registry.device_mesh(r) for r in compute.values()]
             for mesh in meshes:
-                for key, flat in mesh._flatten_mapping.items():  # PRIVATE-TORCH: what DTensor reads
+                for key, flat in torch_private.flatten_mapping(mesh).items():  # what DTensor reads
                     name = flat.get_group().group_name
                     assert name in compute, (key, name, marked)
                     role = registry.spec(compute[name])

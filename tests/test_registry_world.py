@@ -5,6 +5,7 @@ The tests that start processes (marked ``world``); the pure ones are in ``tests/
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,18 +14,22 @@ import torch.distributed as dist
 
 import commgroups as cg
 from commgroups import errors
+from tests import torch_private
 from tests.worlds import run_world
+
+LAYOUTS = Path(__file__).resolve().parent.parent / "examples" / "layouts"
+"""The shipped example layouts, found from this file (the suite runs from any directory)."""
 
 pytestmark = pytest.mark.world
 
 
 def _live(group: dist.ProcessGroup) -> bool:
-    return group in dist.distributed_c10d._world.pg_map
+    return group in torch_private.live_groups()
 
 
 def _check_layout(layout: cg.Layout, rank: int) -> dict[str, Any]:
     """Create, check every role, build meshes, close; return what the parent asserts on."""
-    default = dist.distributed_c10d._get_default_group()
+    default = torch_private.default_group()
     plan = cg.plan(layout)
     registry = cg.GroupRegistry(layout).create()
     seen: dict[str, Any] = {}
@@ -75,7 +80,7 @@ def _check_layout(layout: cg.Layout, rank: int) -> dict[str, Any]:
 
 def _many_layouts(rank: int, world_size: int) -> dict[str, Any]:
     results = {
-        "seed": _check_layout(cg.load_layout("examples/layouts/seed_cp4.toml"), rank),
+        "seed": _check_layout(cg.load_layout(LAYOUTS / "seed_cp4.toml"), rank),
         "2x2": _check_layout(cg.Layout(dims={"dp_shard": 2, "cp": 2}), rank),
         "4x1": _check_layout(cg.Layout(dims={"dp_shard": 4, "cp": 1}), rank),
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +19,13 @@ import commgroups as cg
 from tests.gloo_support import NO_ALL_TO_ALL, all_to_all_or_note
 from tests.worlds import run_world
 
+LAYOUTS = Path(__file__).resolve().parent.parent / "examples" / "layouts"
+"""The shipped example layouts, found from this file (the suite runs from any directory)."""
+
 pytestmark = pytest.mark.world
 
 
-SEED = "examples/layouts/seed_cp4.toml"
+SEED = str(LAYOUTS / "seed_cp4.toml")
 
 
 class _Raw:

@@ -154,7 +154,7 @@ def test_rebuild_shrinks_the_world_role_and_splits_every_device_role_mocked_nccl
         shrink = nccl.shrinks[0]
         assert shrink["group"] is world0 and shrink["group"] is not dist.group.WORLD
         assert shrink["excluded"] == [2, 3] and shrink["flags"] == SHRINK_ABORT
-        spine = registry._spine
+        spine = registry._recovery.spine
         assert spine is not None and spine.ranks == (0, 1, 4, 5, 6, 7)
         assert dist.get_process_group_ranks(spine.group) == [0, 1, 4, 5, 6, 7]
 
@@ -197,12 +197,12 @@ def test_rebuild_shrinks_the_world_role_and_splits_every_device_role_mocked_nccl
         registry.rebuild(alive=[0, 1, 4, 6, 7])
         assert registry.members == (0, 1, 6, 7) and registry.generation == 2
         assert nccl.shrinks[-1]["group"] is first_spine and nccl.shrinks[-1]["excluded"] == [2, 3]
-        second = registry._spine
+        second = registry._recovery.spine
         assert second is not None and second.ranks == (0, 1, 6, 7)
         assert nccl.splits_from(second.group)["dp_replicate"] == [[0, 2], [1, 3]]
     finally:
         registry.close()
-    assert registry._spine is None
+    assert registry._recovery.spine is None
 
 
 @pytest.mark.parametrize("nccl", [2], indirect=True)
@@ -215,7 +215,7 @@ def test_a_rank_left_out_never_calls_shrink_group_mocked_nccl(
     world0 = registry.group("world")
     report = registry.rebuild(alive=[0, 1, 2, 4, 5, 6, 7])
     assert report.place == "dropped" and nccl.shrinks == []
-    assert any(g is world0 for g in aborted) and registry._spine is None
+    assert any(g is world0 for g in aborted) and registry._recovery.spine is None
     registry.close()
 
 

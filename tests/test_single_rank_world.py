@@ -27,6 +27,7 @@ from commgroups.backends.single_rank import (
     SingleRankProcessGroup,
     ensure_registered,
 )
+from tests import torch_private
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
@@ -99,7 +100,7 @@ def _run(work: Any, async_op: bool) -> list[torch.Tensor]:
     if not async_op:
         assert work is None
         return []
-    if isinstance(work, torch._C.Future):  # all_reduce_coalesced / all_gather_coalesced
+    if isinstance(work, torch_private.future_class()):  # all_reduce_coalesced / all_gather_coalesced
         work.wait()
         value = work.value()
     else:
@@ -145,7 +146,7 @@ def _coalesced(collective: Callable[..., Any]) -> Case:
     """``collective(out, in)`` twice inside one coalescing manager."""
     def case(g: dist.ProcessGroup, a: bool, r: int) -> list[torch.Tensor]:
         outs = [torch.zeros(6), torch.zeros(3)]
-        with dist._coalescing_manager(group=g, async_ops=a) as cm:
+        with torch_private.coalescing_manager(group=g, async_ops=a) as cm:
             for out, inp in zip(outs, [_x(r), _x(r, 3)]):
                 collective(out, inp, group=g)
         if a:
@@ -306,10 +307,10 @@ def _compare_world(rank: int, world: int) -> dict[str, Any]:
     premul: list[bool] = []
     for factor in (0.25, torch.tensor(0.25)):
         t = _x(rank)
-        dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor), group=single)
+        dist.all_reduce(t, op=torch_private.premul_sum(factor), group=single)
         premul.append(torch.equal(t, _x(rank) * 0.25))
         out = torch.zeros(6)
-        dist.reduce_scatter_tensor(out, _x(rank), op=dist._make_nccl_premul_sum(factor), group=single)
+        dist.reduce_scatter_tensor(out, _x(rank), op=torch_private.premul_sum(factor), group=single)
         premul.append(torch.equal(out, _x(rank) * 0.25))
     # Bad input fails on both, with the same exception type.
     bad = {
@@ -373,7 +374,7 @@ def test_every_collective_matches_a_real_one_rank_gloo_group(world: int) -> None
 
 
 def _local_creation(rank: int, world: int) -> dict[str, Any]:
-    store = dist.distributed_c10d._get_default_store()
+    store = torch_private.default_store()
     # Rank r creates and uses its group while every later rank is still blocked on the store: no
     # rank's creation can wait for another rank.
     if rank > 0:
@@ -432,7 +433,7 @@ def _bound_default(rank: int, world: int) -> dict[str, Any]:
     # Mock of an NCCL default group bound with init_process_group(device_id=...): on a CPU machine
     # only the binding can be mocked. new_group then passes the bound device to the new group and
     # asks its backend for that device whether it can split.
-    default = dist.distributed_c10d._get_default_group()
+    default = torch_private.default_group()
     default.bound_device_id = torch.device("cuda", 0)
     try:
         group = new_single_rank_group(group_desc="bound")
@@ -449,12 +450,9 @@ def test_creation_with_a_device_bound_default_group_mocked_nccl_binding() -> Non
 
 
 def _dtensor_world(rank: int, world: int) -> dict[str, Any]:
-    from torch.distributed._functional_collectives import (
-        all_gather_tensor,
-        all_reduce,
-        all_to_all_single,
-        reduce_scatter_tensor,
-    )
+    funcol = torch_private.functional_collectives()
+    all_gather_tensor, all_reduce = funcol.all_gather_tensor, funcol.all_reduce
+    all_to_all_single, reduce_scatter_tensor = funcol.all_to_all_single, funcol.reduce_scatter_tensor
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
@@ -566,7 +564,6 @@ def _lifecycle(rank: int, world: int) -> dict[str, Any]:
     import gc
     import weakref
 
-    c10d = dist.distributed_c10d
     fds_before = len(os.listdir("/proc/self/fd"))
     threads_before = threading.active_count()
     refs = []
@@ -581,13 +578,13 @@ def _lifecycle(rank: int, world: int) -> dict[str, Any]:
         del group
     gc.collect()
     _settle()
-    world_state = c10d._world
+    registered = set(torch_private.group_names().values())
     return {
         "alive": sum(ref() is not None for ref in refs),
-        "registered": sum(name in world_state.pg_names.values() for name in names),
+        "registered": sum(name in registered for name in names),
         "fds": len(os.listdir("/proc/self/fd")) - fds_before,
         "threads": threading.active_count() - threads_before,
-        "groups_left": len(world_state.pg_map),
+        "groups_left": len(torch_private.live_groups()),
     }
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import commgroups as cg
+from tests import torch_private
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
@@ -27,7 +28,7 @@ LAYOUT = cg.Layout(
 
 def _size_one(rank: int, world_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    before = set(dist.distributed_c10d._world.pg_names.values())
+    before = set(torch_private.group_names().values())
     with cg.GroupRegistry(LAYOUT, meshes=[["pp", "dp_shard", "cp", "tp"]]) as registry:
         out["backend"] = {r: registry.backend(r) for r in registry.role_names}
         out["method"] = registry.creation_method("tp")
@@ -52,9 +53,9 @@ def _size_one(rank: int, world_size: int) -> dict[str, Any]:
         full = torch.arange(8.0).reshape(2, 4)
         dt = distribute_tensor(full, sub, [Replicate(), Shard(1)])
         out["dtensor"] = dt.redistribute(sub, [Replicate(), Replicate()]).to_local().tolist()
-        made = set(dist.distributed_c10d._world.pg_names.values()) - before
+        made = set(torch_private.group_names().values()) - before
         out["real_groups"] = sorted(
-            dist.get_backend(g) for g, name in dist.distributed_c10d._world.pg_names.items()
+            dist.get_backend(g) for g, name in torch_private.group_names().items()
             if name in made and dist.get_backend(g) != "cg_single")
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -133,7 +134,11 @@ def test_specs_are_immutable() -> None:
 
 
 @pytest.mark.parametrize("module", [specs, layout_io], ids=lambda m: m.__name__)
-def test_docstring_examples_hold(module: ModuleType) -> None:
-    """The Example sections (what rank 0..3 get, default roles, ...) are run, so they stay true."""
+def test_docstring_examples_hold(module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Example sections (what rank 0..3 get, default roles, ...) are run, so they stay true.
+
+    From the repository root, as the examples say (their layout paths are relative to it), whatever
+    directory the suite runs from."""
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from commgroups import GroupRegistry
 from commgroups.demo.config import seed_layout
+from tests import torch_private
 from tests.test_dcp_world import C10dRecorder
 from tests.worlds import run_world
 
@@ -35,7 +36,7 @@ def _spmd_world(rank: int, world: int) -> dict[str, Any]:
     from commgroups.demo.train import spmd_seq_gather
     from commgroups.integrations.spmd import activate, current_dist
 
-    out: dict[str, Any] = {"default": dist.distributed_c10d._get_default_group().group_name}
+    out: dict[str, Any] = {"default": torch_private.default_group().group_name}
     x = torch.arange(3.0) + rank
     plain = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
     with GroupRegistry(seed_layout(world)) as registry:

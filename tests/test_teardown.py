@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import commgroups as cg
+from tests import torch_private
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
@@ -20,7 +21,7 @@ CYCLES = 100
 
 def _resources() -> tuple[int, int, int]:
     return (
-        len(dist.distributed_c10d._world.pg_map),
+        len(torch_private.live_groups()),
         threading.active_count(),
         len(os.listdir("/proc/self/fd")),
     )

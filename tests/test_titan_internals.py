@@ -178,6 +178,48 @@ def test_set_pg_timeouts_replaced_only_inside_the_block() -> None:
     assert calls == [(timedelta(seconds=5), "pd")]
 
 
+def test_a_job_wrapping_trainer_train_keeps_the_seam(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's own wrapper around Trainer.train (no functools.wraps) does not hide torchtitan's call
+    of set_pg_timeouts: the seam reads Trainer.train as torchtitan ships it."""
+    import torchtitan.distributed.utils as dist_utils
+    from torchtitan.trainer import Trainer
+
+    from commgroups.integrations.torchtitan import titan_internals as seam
+
+    shipped = Trainer.train
+
+    def counted_train(self: Any, *args: Any, **kwargs: Any) -> Any:  # a job's profiler or counter
+        return shipped(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "train", counted_train)
+    assert "set_pg_timeouts(" not in inspect.getsource(Trainer.train)  # what the old check read
+    source = seam.shipped_train_source()
+    assert source is not None and source.startswith("def train(self")
+    assert "dist_utils.set_pg_timeouts(" in source
+
+    def replacement(timeout: timedelta, parallel_dims: Any) -> None:
+        pass
+
+    with seam.replaced_set_pg_timeouts(replacement):
+        assert dist_utils.set_pg_timeouts is replacement
+    assert dist_utils.set_pg_timeouts is not replacement
+
+
+def test_a_trainer_without_the_call_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where torchtitan's shipped Trainer.train does not call set_pg_timeouts (or is gone: ""),
+    the replacement is refused instead of silently never running."""
+    import torchtitan.distributed.utils as dist_utils
+
+    from commgroups.integrations.torchtitan import titan_internals as seam
+
+    original = dist_utils.set_pg_timeouts
+    monkeypatch.setattr(seam, "shipped_train_source", lambda: "")
+    with (pytest.raises(seam.TitanSeamError, match=r"no longer calls dist_utils\.set_pg_timeouts"),
+          seam.replaced_set_pg_timeouts(lambda timeout, parallel_dims: None)):
+        pass
+    assert dist_utils.set_pg_timeouts is original
+
+
 def test_canonical_checkpoint_module() -> None:
     """The seam imports torchtitan's checkpointer package, not the 0.3.0 shim main removed."""
     text = (ROOT / SEAM).read_text()

@@ -23,13 +23,13 @@ def seed_rank(rank: int, world_size: int, post: Any) -> tuple[list[int], int, in
     import torch
 
     from commgroups.integrations.torchtitan.trainer import agree_on_seed
-    from commgroups.torch_internals import default_group, default_store
+    from tests.torch_private import default_group, default_store, sequence_number
 
     torch.manual_seed(1000 + rank)  # every rank's RNG differs; rank 0's must win
     own = int(torch.get_rng_state()[:8].clone().view(torch.uint64).item())
-    before = default_group()._get_sequence_number_for_group()
+    before = sequence_number(default_group())
     seeds = [agree_on_seed(default_store(), rank) for _ in range(2)]
-    return seeds, own, default_group()._get_sequence_number_for_group() - before
+    return seeds, own, sequence_number(default_group()) - before
 
 
 def test_seed_agreed_through_the_store_without_a_collective() -> None:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 import pytest
 import torch.distributed as dist
 
+from tests import torch_private
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torchtitan") is None,
     reason="torchtitan is not installed (pip install 'commgroups[torchtitan]')",
@@ -33,22 +35,31 @@ def test_every_torchtitan_mesh_resolves(fake_world: Callable[..., None], name: s
     import commgroups as cg
     from commgroups.integrations.torchtitan import TitanDegrees, titan_layout
     from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
+    from commgroups.integrations.torchtitan.titan_internals import single_axis_meshes
 
     pp, dp_replicate, dp_shard, cp, tp, ep, backend = LAYOUTS[name]
     degrees = TitanDegrees(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp,
                            ep=ep, spmd_backend=backend)
     assert degrees.world_size == 65_536
     fake_world(65_536, rank)
-    default = dist.distributed_c10d._get_default_group()
+    default = torch_private.default_group()
     with cg.GroupRegistry(titan_layout(degrees)) as registry:
         pd = RegistryParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp,
                                   pp=pp, ep=ep, world_size=65_536, spmd_backend=backend,
                                   registry=registry)
         pd.build_mesh()  # torchtitan's own size checks (_validate_meshes) run inside
-        for mesh_name, mesh in pd._single_axis_meshes.items():
+        for mesh_name, mesh in single_axis_meshes(pd).items():
             assert pd.get_optional_mesh(mesh_name, include_singleton_axes=True) is mesh
             if mesh_name in ("efsdp", "ep") and ep == 1:
-                continue  # torchtitan's size-only placeholders: no group at all
+                # torchtitan's size-only placeholders: no group at all, and a clear refusal
+                # (stock returns a fake-backend group whose collectives move no data)
+                with pytest.raises(cg.errors.MeshRequestError, match="ep == 1") as info:
+                    mesh.get_group()
+                assert info.value.field == "parallelism.expert_parallel_degree"
+                assert "get_optional_mesh" in str(info.value) and len(str(info.value)) <= 300
+                assert pd.get_optional_mesh(mesh_name) is None
+                assert pd.mesh_groups()[mesh_name] is None
+                continue
             group = mesh.get_group()
             assert group is not default and group.group_name != default.group_name, mesh_name
             assert rank in dist.get_process_group_ranks(group)
@@ -64,7 +75,7 @@ def test_every_torchtitan_mesh_resolves(fake_world: Callable[..., None], name: s
         if backend == "spmd_types":
             dense = pd.spmd_dense_mesh()
             assert dense.mesh_dim_names == ("dp", "cp", "tp")
-            flat = pd.get_optional_mesh(["dp_shard", "cp"])._flatten("dp_shard_cp")
+            flat = torch_private.flatten(pd.get_optional_mesh(["dp_shard", "cp"]), "dp_shard_cp")
             assert flat.get_group() is registry.group("fsdp")  # FSDP2's own flatten
         if ep > 1:
             assert pd.get_mesh("ep").get_group() is registry.group("ep")
@@ -113,4 +124,22 @@ def test_full_dtensor_is_refused(fake_world: Callable[..., None]) -> None:
         pd = RegistryParallelDims(dp_replicate=1, dp_shard=2, cp=2, tp=1, pp=1, ep=1,
                                   world_size=4, spmd_backend="full_dtensor", registry=registry)
         with pytest.raises(LayoutError, match=r"full_dtensor.*partial_dtensor, spmd_types"):
+            pd.build_mesh()
+
+
+def test_build_mesh_without_a_created_registry_is_refused(fake_world: Callable[..., None]) -> None:
+    """The one "not created" class, still a RuntimeError as this error was before."""
+    import commgroups as cg
+    from commgroups.errors import RegistryNotCreatedError
+    from commgroups.integrations.torchtitan import TitanDegrees, fit_titan_layout
+    from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
+
+    fake_world(4, 0)
+    degrees = TitanDegrees(pp=1, dp_replicate=1, dp_shard=2, cp=2, tp=1, ep=1)
+    for registry in (None, cg.GroupRegistry(fit_titan_layout(None, degrees))):
+        pd = RegistryParallelDims(dp_replicate=1, dp_shard=2, cp=2, tp=1, pp=1, ep=1,
+                                  world_size=4, registry=registry)
+        with pytest.raises(RegistryNotCreatedError, match="needs a created GroupRegistry"):
+            pd.build_mesh()
+        with pytest.raises(RuntimeError, match=r"fix: set parallel_dims\.registry"):
             pd.build_mesh()

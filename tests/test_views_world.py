@@ -11,6 +11,7 @@ import pytest
 import torch.distributed as dist
 
 import commgroups as cg
+from tests import torch_private
 from tests.test_views import MOE
 from tests.worlds import run_world
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.world
 
 
 def _moe_world(rank: int, world_size: int) -> dict[str, Any]:
-    default = dist.distributed_c10d._get_default_group()
+    default = torch_private.default_group()
     with cg.GroupRegistry(MOE, meshes=[["dp_shard", "cp"]]) as registry:
         sparse = registry.device_mesh(["efsdp", "ep"])
         dense = registry.device_mesh(["dp_shard", "cp"])
@@ -36,15 +37,15 @@ def _moe_world(rank: int, world_size: int) -> dict[str, Any]:
             registry.device_mesh(["ep", "efsdp"])
         except cg.errors.LayoutError as error:
             out["transposed"] = str(error)
-        before = len(dist.distributed_c10d._world.pg_names)
-        flat = dense["dp_shard", "cp"]._flatten()  # torch's default name: dp_shard_cp
+        before = len(torch_private.group_names())
+        flat = torch_private.flatten(dense["dp_shard", "cp"])  # torch's default name: dp_shard_cp
         out["flatten"] = {
             "default_name": flat.get_group() is registry.group("fsdp"),
-            "role_name": dense["dp_shard", "cp"]._flatten("fsdp").get_group()
+            "role_name": torch_private.flatten(dense["dp_shard", "cp"], "fsdp").get_group()
             is registry.group("fsdp"),
             "sliced": dense["fsdp"].get_group() is registry.group("fsdp"),
             "names": flat.mesh_dim_names,
-            "new_groups": len(dist.distributed_c10d._world.pg_names) - before,
+            "new_groups": len(torch_private.group_names()) - before,
         }
         ep = registry.collectives("ep")
         import torch

@@ -15,13 +15,9 @@ from typing import Any
 from commgroups.audit.hazards import find_hazards
 from commgroups.audit.records import AUDIT_DIR_ENV, FILE_FORMAT
 from commgroups.audit.report import AuditReport
-from commgroups.errors import CommGroupsError
+from commgroups.errors import AuditFileError  # defined there; importable from here as before
 
 __all__ = ["AuditFileError", "check_rank_data", "load_dir", "merge", "merge_dir"]
-
-
-class AuditFileError(CommGroupsError, ValueError):
-    """An audit directory or file cannot be read as commgroups audit output."""
 
 
 def check_rank_data(data: Any, source: str) -> dict[str, Any]:

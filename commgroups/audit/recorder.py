@@ -1,54 +1,12 @@
 """Recording every collective this rank issues, whoever issued it.
 
-Observation point: a ``TorchDispatchMode`` (the mechanism of torch's own ``CommDebugMode``). Every
-``torch.distributed`` collective reaches the dispatcher as a ``torch.ops.c10d.*`` op (``all_reduce``
--> ``c10d.allreduce_``, ``all_gather_into_tensor`` -> ``c10d._allgather_base_`` ...), whether it came
-from our wrapper, FSDP2, DCP's object collectives, spmd_types or user code; functional collectives
-(DTensor's included) arrive as ``torch.ops._c10d_functional.*``. What each observation sees:
-
-- ``c10d.*`` ops carry the ProcessGroup and, in their schema, ``bool async_op=True``: the flag the
-  caller issued (the dispatcher omits it from ``args`` when it equals the default True, so it is read
-  through the schema). ``send``/``recv_``/``recv_any_source_`` have no flag (``async_op`` is None);
-  ``monitored_barrier_`` is always blocking.
-- ``_c10d_functional.*`` ops carry the group *name*; they always take the async path (``async_op`` is
-  True). Their inner ``c10d`` calls run with the mode popped, so nothing is counted twice.
-- Ops on tensor subclasses (DTensor, AsyncCollectiveTensor) are handed to the subclass first (the
-  mode returns NotImplemented, as torch's ``CommDebugMode`` does): the subclass desugars them under
-  the mode, so the collectives DTensor issues inside its dispatch (a redistribute an op needs, the
-  reduction of a gradient norm) are recorded like any other. Without this they ran with the mode
-  popped and were never seen.
-- Each record says whether DCP issued it (``in_checkpoint``: a ``torch.distributed.checkpoint``
-  frame on the stack), so the analysis can tell a checkpoint group's proper use from misuse.
-- Cross-check: the recorder reads each group's own count of collectives
-  (:func:`commgroups.torch_internals.group_sequence_number`: gloo and NCCL keep one) when it first
-  meets the group and when the block ends; a difference from what it recorded is reported
-  (``uncounted`` hazard): calls it did not see.
-- The CUDA stream is the caller's current stream at issue time (``"cpu"`` for CPU tensors): where a
-  blocking NCCL call runs. An async call runs on the group's own stream, which no public API names;
-  the recorder models it as ``group:<name>`` (see :attr:`CollectiveRecord.exec_stream`).
-
-Real models run more than plain ops inside the recording, and the mode stays out of their way:
-
-- Custom ops (``torch.library.custom_op``) are opaque to a mode: the dispatcher would run their
-  body with the mode popped, so collectives inside one went unseen (torch's context parallel
-  all-gathers FlexAttention's K/V inside ``cplib::flex_cp_allgather``: the audit of a torchtitan cp
-  run recorded none of them). The mode runs such a body itself, under the mode
-  (:func:`commgroups.torch_internals.custom_op_body`). Ops registered another way
-  (``torch.library.Library.impl`` in C++ or Python) still run opaque: ``uncounted`` says so.
-- Higher-order operators (``flex_attention``, ``cond``, ...) are not collectives: they pass through
-  unchanged (``supports_higher_order_operators``, as in ``CommDebugMode``). torch runs a
-  higher-order operator's kernel with the mode popped (its dense kernels assert that no mode is
-  active), so collectives issued *inside* one in eager mode are not seen.
-- ``torch.compile`` (``fullgraph=True`` included, as torch's context parallel compiles
-  ``create_block_mask``) compiles as if no mode were active (``ignore_compile_internals``, as in
-  torch's ``DebugMode``): dynamo would otherwise refuse every frame while a non-infra mode is on. The
-  compiled code runs under the mode again, so collectives it issues are recorded.
-
-Not seen either: collectives issued on another thread (dispatch modes are thread-local: DCP
-``async_save``'s background thread), and calls made straight on a ``Backend`` object, which skip the
-dispatcher; the sequence cross-check reports both where the backend keeps a count. Cost: every
-aten op of the recorded thread passes through Python while recording; fine for a debug run, not
-for production throughput.
+:func:`record` runs a ``TorchDispatchMode`` (the mechanism of torch's ``CommDebugMode``) over a
+block: every ``c10d`` and functional collective the block's thread issues becomes a
+:class:`~commgroups.audit.records.CollectiveRecord` (op, group, role, ``async_op``, stream, whether
+DCP issued it), and each group's own collective count (gloo, NCCL) is compared at the end, so calls
+it could not see are reported (``uncounted``). What it sees and misses, and why: the guide,
+'Reading the audit' / 'How the recorder sees'. Debug runs only: every op of the thread passes
+through Python.
 """
 
 from __future__ import annotations
@@ -76,6 +34,7 @@ from commgroups.audit.records import (
     CollectiveRecord,
     rank_file_name,
 )
+from commgroups.errors import RegistryNotCreatedError
 from commgroups.registry import GroupRegistry
 from commgroups.torch_internals import TorchDispatchMode, tree_leaves
 from commgroups.util.call_sites import call_site, inside
@@ -137,7 +96,7 @@ def _resolve_roles(roles: Any) -> _Roles:
             f"{type(roles).__name__}"
         )
     if not roles.created:
-        raise ValueError(
+        raise RegistryNotCreatedError(
             "audit roles: the GroupRegistry has no groups yet; fix: call registry.create() on "
             "every rank before recording"
         )
@@ -422,7 +381,7 @@ def record(roles: Any = None) -> Iterator[Recorder]:
 
     Start and stop recording at the same point of the program on every rank, or the cross-rank
     sequence check compares different stretches. Nested ``record()`` blocks each see every call.
-    See the module docstring for what the observation point sees and misses.
+    What the observation point sees and misses: the guide, 'How the recorder sees'.
 
     Args:
         roles: a created :class:`~commgroups.GroupRegistry`, or a mapping role -> ProcessGroup (for
@@ -434,7 +393,7 @@ def record(roles: Any = None) -> Iterator[Recorder]:
 
     Raises:
         TypeError: ``roles`` is neither a registry nor a mapping to ProcessGroups.
-        ValueError: the registry has not created its groups yet.
+        RegistryNotCreatedError: the registry has not created its groups yet (a ValueError).
 
     Example::
 

@@ -166,7 +166,7 @@ def _create_loop(layout: Layout, counter: CallCounter) -> Created:
     groups: dict[str, Any] = {}
     for role in layout.roles:
         backend = _checkpoint_backend() if role.backend == "gloo" else None
-        for ranks in plan.groups(role.name):
+        for ranks in plan.rank_groups(role.name):
             group = dist.new_group(list(ranks), backend=backend, group_desc=role.name)
             if rank in ranks:
                 groups[role.name] = group

@@ -35,12 +35,12 @@ def devicemesh_rows(layout: Layout) -> list[list[int]] | None:
 def _plan_one_rank(layout: Layout) -> object:
     plan = Plan(layout)
     rank = layout.world_size - 1  # the last rank: no shortcut for rank 0
-    return [plan.group_of(role, rank) for role in plan.role_names]
+    return [plan.ranks_of(role, rank) for role in plan.role_names]
 
 
 def _plan_all(layout: Layout) -> object:
     plan = Plan(layout)
-    return [plan.groups(role) for role in plan.role_names]
+    return [plan.rank_groups(role) for role in plan.role_names]
 
 
 def _time(fn: Callable[[Layout], object], layout: Layout) -> float:

@@ -11,15 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from commgroups.bench.progress import NullProgress, Progress, QueueProgress, apply_message
+from commgroups.errors import WorldFailed  # defined there; importable from here as before
 from commgroups.util.local_world import Post, run_local_world
 
 __all__ = ["WorldFailed", "run_world"]
 
 _PRELOAD = ("torch", "torch.distributed", "commgroups", "commgroups.bench")
-
-
-class WorldFailed(RuntimeError):
-    """A benchmark rank raised, crashed or did not finish in time."""
 
 
 def _with_progress(fn: Callable[..., Any], simulated_world: int | None, rank: int,

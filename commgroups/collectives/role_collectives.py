@@ -36,6 +36,7 @@ from commgroups.errors import (
 )
 from commgroups.flight_recorder.entries import FlightEntry
 from commgroups.flight_recorder.recorder import RoleRecorder
+from commgroups.util.error_text import first_fitting
 
 __all__ = ["RoleCollectives"]
 
@@ -45,6 +46,21 @@ def _caller_site(frame: Any) -> str:
     from commgroups.util.call_sites import call_site  # the slow paths only
 
     return call_site(frame)
+
+
+def _short_site(site: str) -> str:
+    """A call site (``path:line in function``) with its path cut to the last two parts."""
+    path, colon, rest = site.partition(":")
+    while rest and not rest.split(" ", 1)[0].isdigit():  # a ':' inside the path (Windows drives)
+        more, colon, rest = rest.partition(":")
+        path = f"{path}:{more}"
+    parts = path.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) + colon + rest if colon else site
+
+
+def _thread_name(thread: threading.Thread, width: int = 40) -> str:
+    name = thread.name
+    return repr(name if len(name) <= width else name[: width - 3] + "...")
 
 logger = logging.getLogger(__name__)
 
@@ -151,16 +167,19 @@ class RoleCollectives:
             raise self._refusal(op, sys._getframe(1))
 
     def _refusal(self, op: str, frame: Any) -> ConcurrentRoleUseError:
+        # Why a second thread is refused (ranks pair calls by issue order): the guide, 'Threads'.
         owner = self._owner_thread
+        here, there = _caller_site(frame), self._owner_site
+
+        def text(site: Callable[[str], str]) -> str:
+            return (f"role {self.role!r}: {op} from thread {_thread_name(threading.current_thread())} "
+                    f"({site(here)}), but thread {_thread_name(owner)}"
+                    f"{' (alive)' if owner.is_alive() else ' (ended)'} owns its calls"
+                    + (f" since {site(there)}" if there else "")
+                    + "; fix: one thread per role, or adopt() first, in the same order on every rank")
+
         return ConcurrentRoleUseError(
-            f"role {self.role!r}: {op} from thread {threading.current_thread().name!r} at "
-            f"{_caller_site(frame)}, but this role's calls belong to thread {owner.name!r}"
-            f"{' (alive)' if owner.is_alive() else ' (ended)'}"
-            + (f", which took it at {self._owner_site}" if self._owner_site else "")
-            + "; ranks pair calls by issue order, and threads interleave differently on each "
-            "rank, so a second thread would meet the wrong data; fix: give each thread its own "
-            "role, or issue this role's calls from one thread (one that takes over in the same "
-            "order on every rank calls adopt() first)",
+            first_fitting(text(_short_site), text(lambda s: _short_site(s).split(" in ")[0])),
             role=self.role, op=op,
         )
 

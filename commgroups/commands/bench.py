@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from commgroups.errors import CommGroupsError
+from commgroups.errors import BenchDependencyError  # defined there; importable from here as before
 
 if TYPE_CHECKING:
     from commgroups.bench.runner import Scenario
@@ -21,10 +21,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 EXTRA_HINT = "pip install 'commgroups[benchmarks]'"
-
-
-class BenchDependencyError(CommGroupsError):
-    """An optional dependency of ``commgroups bench`` is missing."""
 
 
 def register(subparsers: Any) -> None:

@@ -7,7 +7,7 @@ import importlib.util
 from typing import Any
 
 from commgroups.demo.config import BASELINES, DemoConfig
-from commgroups.errors import LayoutError
+from commgroups.errors import ArgumentError, LayoutError
 from commgroups.layout.limits import check_timeout
 
 __all__ = ["register", "run"]
@@ -85,7 +85,7 @@ def _world_size(args: argparse.Namespace) -> int:
         raise SystemExit(f"commgroups demo: the layout {args.layout} describes {layout_world} ranks "
                          f"but the run has {world}; fix: make them agree")
     if world < 1 or (world > MAX_LOCAL_WORLD and not under_torchrun()):
-        raise LayoutError(
+        raise ArgumentError(
             f"--world-size: {world} is outside 1..{MAX_LOCAL_WORLD} (one process per rank on this "
             "machine); fix: use a smaller world, or launch with torchrun across machines",
             field="--world-size",
@@ -112,10 +112,10 @@ def _run_rank_loss(args: argparse.Namespace, timeout_s: float) -> int:
                           "after a rank loss; fix: add one (see examples/layouts/hsdp_elastic.toml)",
                           field="elastic")
     if not 0 <= args.kill_rank < world:
-        raise LayoutError(f"--kill-rank: {args.kill_rank} is outside 0..{world - 1}; fix: name a "
+        raise ArgumentError(f"--kill-rank: {args.kill_rank} is outside 0..{world - 1}; fix: name a "
                           "rank of the world", field="--kill-rank")
     if not 0 <= args.kill_step < args.steps:
-        raise LayoutError(f"--kill-step: {args.kill_step} is outside 0..{args.steps - 1} (the "
+        raise ArgumentError(f"--kill-step: {args.kill_step} is outside 0..{args.steps - 1} (the "
                           "run's steps); fix: lose the rank during a step that runs",
                           field="--kill-step")
     return run_elastic_demo(layout, args.steps, args.kill_rank, args.kill_step, timeout_s,
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     from commgroups.demo.launch import launch
 
     if not 1 <= args.steps <= MAX_STEPS:
-        raise LayoutError(f"--steps: {args.steps} is outside 1..{MAX_STEPS}; fix: a demo run needs "
+        raise ArgumentError(f"--steps: {args.steps} is outside 1..{MAX_STEPS}; fix: a demo run needs "
                           "a few steps (default 5)", field="--steps")
     timeout_s = check_timeout(args.timeout, "--timeout")
     if args.kill_rank is not None:

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from commgroups.errors import LayoutError
+from commgroups.errors import ArgumentError
 from commgroups.layout.auto_layout import AutoLayout, resolve_layout
 from commgroups.layout.layout_io import load_layout
 from commgroups.planning.memory import DEVICE_BACKENDS, MeasuredMemory, estimate_memory, load_measured
@@ -45,14 +45,14 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the plan of ``args.layout``."""
     if not 0 <= args.max_groups <= MAX_GROUPS_LISTED:
-        raise LayoutError(
+        raise ArgumentError(
             f"--max-groups: {args.max_groups} is outside 0..{MAX_GROUPS_LISTED}; fix: list fewer "
             "groups (--json prints every field of the plan)",
             field="--max-groups",
         )
     loaded = load_layout(args.layout)
     if isinstance(loaded, AutoLayout) and args.world_size is None:
-        raise LayoutError(
+        raise ArgumentError(
             f"--world-size: the layout's '{loaded.auto_dim}' is \"auto\" (restart mode) and takes "
             "its size from the world; fix: pass --world-size N, a multiple of "
             f"{loaded.fixed_size} and at least {loaded.minimum_world_size}",
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan(resolve_layout(loaded, args.world_size) if args.world_size is not None
                 or isinstance(loaded, AutoLayout) else loaded)
     if not 0 <= args.rank < plan.world_size:
-        raise LayoutError(
+        raise ArgumentError(
             f"--rank: {args.rank} is outside the layout's ranks; fix: use 0..{plan.world_size - 1}",
             field="--rank",
         )
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             text = str(error)[:300]
             # load_measured's own errors name their fix; others (a bare OSError) get one here.
             fix = "" if "fix:" in text else "; fix: pass a memory.json written by make gpu-check"
-            raise LayoutError(f"--measured: {text}{fix}", field="--measured") from None
+            raise ArgumentError(f"--measured: {text}{fix}", field="--measured") from None
     summary = plan.to_dict(rank=args.rank, max_groups=args.max_groups)
     memory = estimate_memory(plan.layout, args.rank, device_backend=args.device, measured=measured)
     if args.json:

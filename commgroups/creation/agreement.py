@@ -25,6 +25,8 @@ import torch.distributed as dist
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
 from commgroups.errors import AgreementTimeoutError, LayoutMismatchError, StoreUnreachableError
+from commgroups.util.error_text import fit_lines
+from commgroups.util.text_table import format_ranks
 
 __all__ = ["Ballot", "Verdict", "agree", "describe_differences", "store_barrier", "store_host", "store_calls"]
 
@@ -32,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 # At most this many differing or missing ranks are read back and named in an error.
 MAX_NAMED_RANKS = 16
+_TIMEOUT_FIX = ("fix: make every rank call create() (registries in one order), check that none died, "
+                "or raise create_timeout_s; create() again retries")
 
 # The arrival counter's unit for a rank that noted something (a difference or a veto): arrivals
 # stay below it (worlds of fewer than 2**31 ranks), and the counts together below 2**63.
@@ -170,12 +174,9 @@ def agree(
         if verdict["state"] != "complete":
             missing = _missing_ranks(store, world_size, "digest/")
             raise AgreementTimeoutError(
-                f"rank {rank}: not every rank reached GroupRegistry.create() within "
-                f"{timeout.total_seconds():g}s (the attempt was {verdict['state']} when its wait "
-                f"timed out); ranks that never arrived: {missing or 'unknown'}. fix: make every "
-                "rank call create() (in the same order as other registries), check that no rank "
-                "died, or raise create_timeout_s; calling create() again on every rank starts a "
-                "fresh attempt"
+                f"rank {rank}: GroupRegistry.create() timed out after {timeout.total_seconds():g}s "
+                f"(attempt {verdict['state']}); ranks that never arrived: "
+                f"{format_ranks(missing) if missing else 'unknown'}; {_TIMEOUT_FIX}"
             )
         differ = int(verdict["differ"])
         if differ == 0:
@@ -188,11 +189,10 @@ def agree(
     lines = describe_differences(reference_text, other, ("rank 0", f"rank {verdict['other']}"))
     more = f" (and {differ - len(ranks)} more)" if differ > len(ranks) else ""
     raise LayoutMismatchError(
-        f"ranks {ranks}{more} built a different layout than rank 0 "
-        f"({differ} of {world_size} ranks differ); differences:\n  "
-        + "\n  ".join(lines)
-        + "\nfix: give every rank the same layout (same file, dims, roles, options, backends) "
-        "and the same creation mode",
+        fit_lines(f"ranks {ranks}{more} built a different layout than rank 0 "
+                  f"({differ} of {world_size} ranks differ):\n  ", lines,
+                  "\nfix: give every rank the same layout and creation mode",
+                  names=[line.split(":", 1)[0] for line in lines]),
         field=lines[0].split(":")[0] if lines else None,
     )
 
@@ -283,14 +283,13 @@ def store_calls(store: Store, rank: int, started: float, what: str) -> Iterator[
     try:
         yield
     except RuntimeError as error:  # DistNetworkError, DistStoreError: torch's store failures
-        text = " ".join(str(error).split())[:200]
-        raise StoreUnreachableError(
+        # torch's own text gets what the bound leaves; why and how to survive it: the guide.
+        raise StoreUnreachableError(fit_lines(
             f"rank {rank}: the store at {store_host(store)} stopped answering after "
-            f"{time.monotonic() - started:.2f}s while waiting at {what} ({text}); fix: the store's "
-            "host died or is unreachable (rank 0 hosts it under init_process_group's env:// "
-            "rendezvous, torchrun's agent under --rdzv-backend=c10d): restart the job, and host "
-            "the store outside the training ranks to survive a rank's death"
-        ) from error
+            f"{time.monotonic() - started:.2f}s at {what} (",
+            [" ".join(str(error).split())],
+            "); fix: its host died or is unreachable (rank 0 under env://, torchrun's agent under "
+            "--rdzv-backend=c10d): restart the job", sep="")) from error
 
 
 def store_barrier(
@@ -331,11 +330,9 @@ def _wait(
             raise  # not a timeout: the store itself failed (store_calls names its host)
         missing = _missing_ranks(store, world_size, key)
         raise AgreementTimeoutError(
-            f"rank {rank}: not every rank reached {what} within "
-            f"{timeout.total_seconds():g}s; ranks that never arrived: {missing or 'unknown'}. "
-            "fix: make every rank call create() (in the same order as other registries), check "
-            "that no rank died, or raise create_timeout_s; calling create() again on every rank "
-            "starts a fresh attempt"
+            f"rank {rank}: not every rank reached {what} within {timeout.total_seconds():g}s; "
+            f"ranks that never arrived: {format_ranks(missing) if missing else 'unknown'}; "
+            f"{_TIMEOUT_FIX}"
         ) from error
 
 

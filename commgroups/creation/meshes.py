@@ -17,10 +17,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from commgroups import torch_internals
-from commgroups.errors import DimOrderError, MeshRequestError, UnknownDimError
+from commgroups.errors import ArgumentError, DimOrderError, UnknownDimError
 from commgroups.layout import limits
 from commgroups.layout.specs import Layout
 from commgroups.planning.plan import Plan
+from commgroups.util.error_text import listed
 
 __all__ = [
     "axes_in_order",
@@ -116,15 +117,16 @@ def forget_flattenings(mesh: DeviceMesh) -> None:
     torch_internals.clear_flatten_mapping(mesh)
 
 
-def mesh_names(request: object) -> tuple[str, ...]:
-    """``request`` (a name or a list of names) as a tuple of names, else a MeshRequestError."""
+def mesh_names(request: object, field: str = "dims_or_role") -> tuple[str, ...]:
+    """``request`` (a name or a list of names) as a tuple of names, else an ArgumentError naming
+    ``field`` (``device_mesh``'s argument, or ``meshes`` for a declared mesh)."""
     names = (request,) if isinstance(request, str) else (
         tuple(request) if isinstance(request, (list, tuple)) else ())
     if not names or not all(isinstance(name, str) for name in names):
-        raise MeshRequestError(
-            f"device_mesh: {limits.short_repr(request)} is not a dim or role name, nor a list of "
+        raise ArgumentError(
+            f"{field}: {limits.short_repr(request)} is not a dim or role name, nor a list of "
             "them; fix: e.g. registry.device_mesh(['dp_shard', 'cp']) or device_mesh('fsdp')",
-            field="dims",
+            field=field,
         )
     return names
 
@@ -140,8 +142,8 @@ def check_mesh_request(layout: Layout, the_plan: Plan, names: tuple[str, ...]) -
             spans.append((name,))
         else:
             raise UnknownDimError(
-                f"meshes: {name!r} is neither a dim nor a role; dims: "
-                f"{', '.join(the_plan.all_dim_names)}; roles: {', '.join(layout.role_names)}",
+                f"meshes: {name!r} is neither a dim nor a role; fix: use a dim "
+                f"({listed(the_plan.all_dim_names, 80)}) or a role ({listed(layout.role_names, 80)})",
                 field="meshes",
             )
     if not all(spans) or not axes_in_order(the_plan, spans):

@@ -110,6 +110,9 @@ class CreatedRole:
     """The backend the group was created on."""
     owned: list[dist.ProcessGroup] = field(default_factory=list)
     """Groups this rank must destroy on close."""
+    sockets: tuple[tuple[int, str], ...] = ()
+    """The sockets the groups opened, where the backend is severed through them (gloo on Linux:
+    :mod:`commgroups.rank_loss.sever`)."""
 
 
 def creation_order(plan: Plan, methods: dict[str, str] | None = None) -> list[RolePlan]:
@@ -254,14 +257,14 @@ def _planned_calls(
     for role in order[: last_local + 1]:
         method = methods.get(role.name)
         if method == "local":
-            ranks = plan.group_of(role, rank)
+            ranks = plan.ranks_of(role, rank)
             if ranks is None:  # not regular after all: never predict a group we will not create
                 return None
             local_calls[role.name] = len(calls)
             calls.append(GroupCall(tuple(ranks), local=True, member=True))
         elif method == "all_ranks":
             calls.extend(GroupCall(tuple(g), local=False, member=rank in g)
-                         for g in plan.groups(role))
+                         for g in plan.rank_groups(role))
         else:
             return None
     return calls, local_calls
@@ -390,18 +393,18 @@ def create_role_group(
     ``local`` is collective over this rank's group only; ``split`` and ``all_ranks`` over all ranks.
     """
     if method == "local":
-        mine = plan.group_of(role, rank)
+        mine = plan.ranks_of(role, rank)
         assert mine is not None, "choose_method picks local for regular roles only"
         group = _new_group(mine, adapter, options, timeout_s, group_desc, local=True)
         return CreatedRole(group=group, method="local", adapter=adapter, owned=[group])
     if method == "split":
         # The default group is the parent, so its ranks are global ranks.
-        return split_role_group([list(ranks) for ranks in plan.groups(role)], adapter, options,
+        return split_role_group([list(ranks) for ranks in plan.rank_groups(role)], adapter, options,
                                 timeout_s, group_desc)
     assert method == "all_ranks", method
     found: dist.ProcessGroup | None = None
     my_index = plan.group_index(role, rank)
-    for index, ranks in enumerate(plan.groups(role)):
+    for index, ranks in enumerate(plan.rank_groups(role)):
         group = _new_group(ranks, adapter, options, timeout_s, group_desc, local=False)
         if index == my_index:
             found = group

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -122,18 +123,21 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
         """
         self._root.compare_set(self._epoch_key, str(self.epoch), str(self.epoch + 1))
 
-    def release(self, rank: int, world_size: int) -> None:
+    def release(self, rank: int, world_size: int, lost: Sequence[int] = ()) -> None:
         """Delete this attempt's keys: this rank's own now, the shared ones by the last rank.
 
         Call once per rank, after the attempt succeeded and every wait of this rank in it returned.
-        A store that already failed is left alone: there is nothing left to clean.
+        ``lost``: ranks (positions) that will never release theirs (they died): the last of the
+        others deletes their per-rank keys too, named like this rank's (every rank writes the
+        same keys). A store that already failed is left alone: there is nothing left to clean.
         """
         own = {key for key in self.written if key.endswith(f"/{rank}")}
         try:
             for key in own:
                 self.underlying_store.delete_key(key)
-            if self.underlying_store.add("closed", 1) == world_size:
-                for key in (self.written - own) | set(_SHARED_KEYS):
+            if self.underlying_store.add("closed", 1) == world_size - len(lost):
+                theirs = {f"{key.rsplit('/', 1)[0]}/{other}" for key in own for other in lost}
+                for key in (self.written - own) | set(_SHARED_KEYS) | theirs:
                     self.underlying_store.delete_key(key)
         except RuntimeError:  # DistNetworkError: the store's host is gone, and its keys with it
             pass

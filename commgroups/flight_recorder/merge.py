@@ -25,17 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from commgroups.audit.hazards import mixed_stream_hazards
-from commgroups.errors import CommGroupsError
+from commgroups.errors import FlightDumpError
 from commgroups.flight_recorder.diagnosis import short_site
 from commgroups.util.text_table import format_ranks, format_table
 
 __all__ = ["FlightDumpError", "FlightHazard", "FlightReport", "load_dumps", "merge", "merge_dir"]
 
 GLOB = "flight-g*-rank*.json"
-
-
-class FlightDumpError(CommGroupsError, ValueError):
-    """A directory holds no readable flight-recorder dump."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,18 +113,21 @@ class StatusPublisher:
                 return
 
     def stop(self, release: bool = True, members: int = 0) -> None:
-        """Stop the thread; ``release``: delete this rank's key (``close()``), and, on the last of
-        ``members`` ranks to release, the request keys they share (every publisher has stopped
-        by then, so nothing writes them again)."""
+        """Stop the thread; ``release``: :meth:`release` the keys (``close()``)."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(1.0, 2 * self.interval_s))
-        if not release:
-            return
+        if release:
+            self.release(members)
+
+    def release(self, members: int, lost: tuple[int, ...] = ()) -> None:
+        """Delete this rank's key and, on the last of ``members`` ranks to release, the request
+        keys they share and the keys of the ``lost`` ranks (dead: they never delete theirs).
+        Every publisher of the prefix has stopped by then, so nothing writes them again."""
         try:
             self.store.delete_key(self.key)
             if members and int(self.store.add(f"{self.prefix}closed", 1)) >= members:
-                for name in ("request", "requests", "closed"):
+                for name in ("request", "requests", "closed", *map(str, lost)):
                     self.store.delete_key(f"{self.prefix}{name}")
         except Exception as error:  # the store may be gone with the job
             logger.debug("flight recorder: releasing %s: %s", self.key, error)

@@ -64,6 +64,9 @@ class FlightSession:
         self.epoch = epoch
         self.members = members
         self.last_dump = ""
+        self.interrupted = False
+        """Set when the registry interrupted the generation (a rebuild, a peer's reported loss):
+        the failures that follow are that, and are not diagnosed (nobody should wait on them)."""
         if publisher is not None:
             for role in recorder.roles.values():
                 role.diagnose = self.diagnose
@@ -104,7 +107,7 @@ class FlightSession:
         after another failure.
         """
         publisher = self.publisher
-        if publisher is None or entry is None:
+        if publisher is None or entry is None or self.interrupted:
             return failure
         try:
             diagnosis = self._compare(failure.role, entry, publisher,
@@ -150,6 +153,13 @@ class FlightSession:
         logger.warning("flight recorder, role %s: %s (recorders in %s)", role, found.text(),
                        directory)
         return found
+
+    def release(self, lost: tuple[int, ...]) -> None:
+        """After :meth:`close` without release (a retired generation), once no rank waits on it:
+        delete this rank's keys; the last survivor deletes the shared ones and the ``lost``
+        ranks' (global ranks)."""
+        if self.publisher is not None:
+            self.publisher.release(self.members - len(lost), lost)
 
     def close(self, release: bool = True) -> None:
         """Stop publishing; ``release`` deletes this rank's store keys (``close()``)."""

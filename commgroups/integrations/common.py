@@ -6,16 +6,12 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from commgroups.errors import CommGroupsError
+from commgroups.errors import MissingRoleError  # defined there; importable from here as before
 
 if TYPE_CHECKING:
     from commgroups.registry import GroupRegistry
 
 __all__ = ["MissingRoleError", "role_group"]
-
-
-class MissingRoleError(CommGroupsError, LookupError):
-    """An integration needs a role the registry's layout does not declare."""
 
 
 def role_group(registry: GroupRegistry, role: str, purpose: str, example: str) -> dist.ProcessGroup:

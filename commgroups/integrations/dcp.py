@@ -38,10 +38,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from commgroups.errors import CommGroupsError, RoleCollectiveError, RoleTimeoutError
+from commgroups.errors import (  # the two checkpoint errors are importable from here as before
+    ArgumentError,
+    CheckpointExistsError,
+    CommGroupsError,
+    IncompleteCheckpointError,
+    RoleCollectiveError,
+    RoleTimeoutError,
+)
 from commgroups.flight_recorder import index as flight_index
 from commgroups.integrations.common import role_group
 from commgroups.layout.specs import CHECKPOINT_ROLE
+from commgroups.util.error_text import fit_lines
 
 if TYPE_CHECKING:
 
@@ -71,14 +79,6 @@ _FALSE = ("", "0", "false", "no", "off")
 
 METADATA_FILE = ".metadata"
 """DCP's marker of a complete checkpoint (written last, by rename, by the coordinator)."""
-
-
-class IncompleteCheckpointError(CommGroupsError, FileNotFoundError):
-    """A checkpoint directory has no ``.metadata``: its save did not finish."""
-
-
-class CheckpointExistsError(CommGroupsError, FileExistsError):
-    """``save`` would write over a complete checkpoint without ``overwrite=True``."""
 
 
 def checkpoint_complete(checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -113,7 +113,7 @@ def use_default_group(environ: Mapping[str, str] | None = None) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(
+    raise ArgumentError(
         f"{DEFAULT_GROUP_ENV}={value!r} is not understood; fix: set it to 1 (use the default group) "
         "or 0 / unset it (use the registry's checkpoint group)"
     )
@@ -147,7 +147,7 @@ def _resolve(
 ) -> dist.ProcessGroup | None:
     if process_group is not None:
         # Two sources for one choice: refuse rather than pick one behind the caller's back.
-        raise ValueError(
+        raise ArgumentError(
             f"commgroups.integrations.dcp.{fn}: got both registry= and process_group=; fix: pass "
             f"only registry= (role {role!r} is used) or call torch.distributed.checkpoint.{fn} directly"
         )
@@ -197,18 +197,16 @@ def _named(op: str, role: str, group: dist.ProcessGroup | None, checkpoint_id: A
         raise
     except (RuntimeError, CheckpointException) as error:
         failed = error
-        text = " ".join(str(error).split())[:300] or repr(error)
+        text = " ".join(str(error).split()) or repr(error)
         timed_out = "timed out" in text.lower() or "timeout" in text.lower()
-        where = (f"role {role!r} (group {group.group_name!r})" if group is not None else
-                 f"the default group ({DEFAULT_GROUP_ENV} is set; role {role!r} not used)")
+        where = (f"group {group.group_name!r}" if group is not None else
+                 f"the default group ({DEFAULT_GROUP_ENV} is set)")
         cls = RoleTimeoutError if timed_out else RoleCollectiveError
-        raise cls(
-            f"role {role!r}: dcp.{op} of {checkpoint_id} failed on {where}: "
-            f"{type(error).__name__}: {text}; fix: check that every rank of the role is alive and "
-            "saves/loads the same checkpoint; a save that failed is never complete (load the "
-            "previous one)",
-            role=role, op=f"dcp.{op}", seq=0,
-        ) from error
+        # torch's own text gets what the bound leaves (the whole error stays the __cause__).
+        head = f"role {role!r}: dcp.{op} of {checkpoint_id} failed on {where}: {type(error).__name__}: "
+        tail = ("; fix: check that every rank of the role is alive and uses the same checkpoint "
+                "(a failed save is never complete: load the previous one)")
+        raise cls(fit_lines(head, [text], tail), role=role, op=f"dcp.{op}", seq=0) from error
     except BaseException as error:
         failed = error
         raise

@@ -82,7 +82,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import commgroups as cg
-from commgroups.errors import CommGroupsError, DimOrderError, InvalidSizeError, UnknownDimError
+from commgroups.errors import (  # MegatronUnavailableError is importable from here as before
+    DimOrderError,
+    InvalidSizeError,
+    MegatronUnavailableError,
+    UnknownDimError,
+)
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -188,10 +193,6 @@ UNFILLED_FIELDS: dict[str, str] = {
     "(num_distributed_optimizer_instances > 1 is not supported by megatron_layout)",
 }
 """Fields :func:`process_group_collection` leaves unset (they read as None), and why."""
-
-
-class MegatronUnavailableError(CommGroupsError, ImportError):
-    """Megatron-Core cannot be imported; the message names ``pip install 'commgroups[megatron]'``."""
 
 
 def _degree(field: str, value: Any) -> int:
@@ -311,7 +312,7 @@ def megatron_layout(
         >>> layout = megatron_layout(tp=2, cp=2, dp=2)
         >>> list(layout.dims)
         ['pp', 'dp', 'cp', 'gtp_remat', 'tp']
-        >>> cg.plan(layout).groups("cp")[:2]
+        >>> cg.plan(layout).rank_groups("cp")[:2]
         [(0, 2), (1, 3)]
     """
     sizes = {"tp": _degree("tp", tp), "pp": _degree("pp", pp), "cp": _degree("cp", cp),
@@ -414,7 +415,8 @@ def process_group_collection(registry: cg.GroupRegistry) -> Any:
     Raises:
         MegatronUnavailableError: Megatron-Core is not importable.
         MissingRoleError: the layout lacks a role a field needs (not a megatron_layout layout).
-        RegistryStateError: the registry has not created its groups (or is closed).
+        RegistryStateError: the registry has not created its groups (RegistryNotCreatedError)
+            or is closed (RegistryClosedError).
     """
     collection_class = _collection_class()
     from dataclasses import fields

@@ -260,8 +260,7 @@ class AutoLayout(SpecModel):
             raise WorldSizeMismatchError(
                 f"dims: the fixed dims ({fixed_dims}) cover {fixed} ranks, which does not divide "
                 f"the world size {world_size}, so '{name}' = \"auto\" has no whole size; fix: run "
-                f"on a multiple of {fixed} ranks (e.g. {hint}; torchrun --nnodes / "
-                "--nproc-per-node), or change the fixed dims",
+                f"on a multiple of {fixed} ranks (e.g. {hint}), or change the fixed dims",
                 field="dims",
             )
         size = world_size // fixed

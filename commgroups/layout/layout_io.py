@@ -331,4 +331,6 @@ def _read(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise LayoutFileError(f"{path}: cannot read layout file ({error}); fix: check the path") from None
+        # strerror, not str(error): the OSError's own text repeats the path.
+        reason = getattr(error, "strerror", None) or error
+        raise LayoutFileError(f"{path}: cannot read layout file ({reason}); fix: check the path") from None

@@ -139,27 +139,29 @@ def _path_of(entry: tuple[Any, int, Any, Any]) -> str:
 
 def _too_deep(path: str) -> errors.LayoutError:
     return errors.LayoutError(
-        f"{path}: nested more than {MAX_NESTING} levels deep (MAX_NESTING; a value that contains "
-        "itself is infinitely deep); fix: a layout nests at most 7 levels "
-        "(roles[0].options.hccl.config.key), so flatten it",
+        f"{path}: nested more than {MAX_NESTING} levels deep (MAX_NESTING, or it contains itself); "
+        "fix: flatten it (a layout nests at most 7 levels)",
         field=path,
     )
 
 
 def check_timeout(value: Any, field: str) -> float:
-    """``value`` as seconds when it is a real timeout, else a LayoutError naming ``field``.
+    """``value`` as seconds when it is a real timeout, else an ArgumentError naming ``field``.
+
+    For arguments (the registry's timeouts, command-line options); a layout's ``timeout_s`` is
+    checked by its spec and raises a LayoutError.
 
     A timeout is an int or float (not a bool, not text), finite, within
     [:data:`MIN_TIMEOUT_S`, :data:`MAX_TIMEOUT_S`].
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise errors.LayoutError(
+        raise errors.ArgumentError(
             f"{field}: a timeout is a number of seconds, got {type(value).__name__} "
             f"{short_repr(value)}; fix: give seconds such as 300",
             field=field,
         )
     if not (math.isfinite(value) and MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S):
-        raise errors.LayoutError(
+        raise errors.ArgumentError(
             f"{field}: {value!r} s is outside [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}] "
             "(MIN_TIMEOUT_S..MAX_TIMEOUT_S: torch counts milliseconds and overflows past ~9.2e9 s); "
             "fix: give seconds in that range, e.g. 300",

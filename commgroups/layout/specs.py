@@ -31,6 +31,7 @@ from commgroups import errors
 from commgroups.layout import limits
 from commgroups.layout.validation_errors import layout_error_from, problem
 from commgroups.planning.shapes import dim_shapes
+from commgroups.util.error_text import listed
 
 __all__ = [
     "CHECKPOINT_ROLE",
@@ -561,7 +562,7 @@ class Layout(SpecModel):
         >>> from commgroups.planning.plan import plan
         >>> p = plan(layout)
         >>> for rank in range(layout.world_size):
-        ...     print(rank, {role: p.group_of(role, rank) for role in ("dp_shard", "cp", "fsdp")})
+        ...     print(rank, {role: p.ranks_of(role, rank) for role in ("dp_shard", "cp", "fsdp")})
         0 {'dp_shard': (0, 2), 'cp': (0, 1), 'fsdp': (0, 1, 2, 3)}
         1 {'dp_shard': (1, 3), 'cp': (0, 1), 'fsdp': (0, 1, 2, 3)}
         2 {'dp_shard': (0, 2), 'cp': (2, 3), 'fsdp': (0, 1, 2, 3)}
@@ -790,7 +791,7 @@ class Layout(SpecModel):
                     errors.UnknownDimError,
                     "role '{role}' uses dim '{dim}' that the layout lacks; fix: use one of "
                     "{known} or add '{dim}' to dims",
-                    f"roles[{index}].dims[{d}]", role=role, dim=dim, known=", ".join(known),
+                    f"roles[{index}].dims[{d}]", role=role, dim=dim, known=listed(known, width=80),
                 )
         home = next((f for f in factorizations.values() if set(dims) <= set(f)), None)
         if home is None:

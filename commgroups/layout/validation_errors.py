@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from commgroups import errors
 from commgroups.layout import limits
+from commgroups.util.error_text import fit_lines
 
 __all__ = ["Problem", "layout_error_from", "problem"]
 
@@ -204,10 +205,8 @@ def _classify_one(
     got = limits.short_repr(item.get("input"))
     if last == "timeout_s":
         return errors.LayoutError, field, (
-            f"a timeout is a number of seconds in [{limits.MIN_TIMEOUT_S:g}, "
-            f"{limits.MAX_TIMEOUT_S:g}] (MIN_TIMEOUT_S..MAX_TIMEOUT_S; not a bool, text, inf or "
-            f"nan), got {got}; fix: give seconds in that range, e.g. 600, or leave it unset for "
-            "the backend default"
+            f"a timeout is seconds in [{limits.MIN_TIMEOUT_S:g}, {limits.MAX_TIMEOUT_S:g}], got "
+            f"{got}; fix: give seconds in that range, e.g. 600, or leave it unset"
         )
     if kind == "bool_type":
         return errors.LayoutError, field, (
@@ -239,6 +238,7 @@ def layout_error_from(error: ValidationError, model: type[BaseModel]) -> errors.
     cls, field, _ = problems[0]
     lines = [f"{f}: {m}" for _, f, m in problems]
     heading = f"invalid {model.__name__}: " if len(lines) == 1 else f"invalid {model.__name__}:\n  "
-    result = cls(heading + "\n  ".join(lines), field=field)
+    # Every problem stays in ``problems``; the text lists those that fit and names the others.
+    result = cls(fit_lines(heading, lines, names=[f for _, f, _ in problems]), field=field)
     result.problems = problems
     return result

@@ -336,7 +336,7 @@ def estimate_memory(
             continue
         group_size = info.group_size
         if info.dim_names is None and member:  # explicit groups may differ in size: use this rank's
-            group_size = len(plan.group_of(spec.name, rank) or ())
+            group_size = len(plan.ranks_of(spec.name, rank) or ())
         shared = split_share if split_share is not None else bool(
             spec.options.nccl is not None and spec.options.nccl.split_share
         )

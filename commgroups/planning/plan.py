@@ -274,17 +274,18 @@ class Plan:
         }
 
     def group_index(self, role: str | RolePlan, rank: int) -> int | None:
-        """Index (in :meth:`groups` order) of the group of ``role`` holding ``rank``; None if none."""
+        """Index (in :meth:`rank_groups` order) of the group of ``role`` holding ``rank``; None if none."""
         info = self._info(role)
         position = self.position(rank)
         if info.dim_names is None:
             return self._explicit_index[info.name].get(position)
         return self.index_along(rank, self._other_dims(info))
 
-    def group_of(self, role: str | RolePlan, rank: int) -> tuple[int, ...] | None:
+    def ranks_of(self, role: str | RolePlan, rank: int) -> tuple[int, ...] | None:
         """Global ranks of the group of ``role`` that holds ``rank`` (None: the rank has none).
 
-        Computed from ``rank``'s coordinates alone: O(group size), whatever the world size.
+        What ``registry.ranks(role)`` returns for this rank, planned without a job. Computed from
+        ``rank``'s coordinates alone: O(group size), whatever the world size.
 
         Example: dims ``{"dp_shard": 2, "cp": 2}``, role ``cp``: rank 0 and 1 get ``(0, 1)``,
         rank 2 and 3 get ``(2, 3)``; role ``dp_shard``: rank 0 and 2 get ``(0, 2)``.
@@ -301,8 +302,15 @@ class Plan:
         base = self._first_position(position, info.dim_names)
         return tuple(self.global_ranks(self.offsets(info.dim_names) + base).tolist())
 
-    def groups(self, role: str | RolePlan) -> list[tuple[int, ...]]:
-        """Every group of ``role`` in canonical (creation) order; materialises the whole role."""
+    group_of = ranks_of
+    """Alias of :meth:`ranks_of` (the name before 0.2)."""
+
+    def rank_groups(self, role: str | RolePlan) -> list[tuple[int, ...]]:
+        """The global ranks of every group of ``role``, in canonical (creation) order.
+
+        Rank tuples, not process groups (``registry.group(role)`` is this rank's ProcessGroup).
+        Materialises the whole role.
+        """
         info = self._info(role)
         if info.dim_names is None:
             return [tuple(self.global_ranks(np.asarray(group, dtype=np.int64)).tolist())
@@ -310,6 +318,9 @@ class Plan:
         bases = self.offsets(self._other_dims(info))
         members = self.global_ranks(bases[:, None] + self.offsets(info.dim_names)[None, :])
         return [tuple(row) for row in members.tolist()]
+
+    groups = rank_groups
+    """Alias of :meth:`rank_groups` (the name before 0.2)."""
 
     def communicators_per_rank(self, rank: int) -> int:
         """How many role communicators ``rank`` joins (one per role it is a member of)."""
@@ -359,11 +370,11 @@ class Plan:
             }
             listed = info.num_groups * info.group_size <= MAX_LISTED_RANKS
             if (max_groups is None or info.num_groups <= max_groups) and listed:
-                entry["groups"] = [list(g) for g in self.groups(name)]
+                entry["groups"] = [list(g) for g in self.rank_groups(name)]
             if rank is not None:
                 # A group of more than MAX_LISTED_RANKS ranks is not listed (rank_group_listed).
                 small = info.group_size <= MAX_LISTED_RANKS
-                mine = self.group_of(name, rank) if small else None
+                mine = self.ranks_of(name, rank) if small else None
                 entry["rank_group"] = list(mine) if mine is not None else None
                 entry["rank_group_listed"] = small
             roles.append(entry)

@@ -1,35 +1,43 @@
 """The survivors' check-in after a rank loss: every survivor learns the same set of live ranks.
 
-Each survivor appends its global rank to one store key and waits for the decision. The set is decided
-exactly once, by one compare-and-set on the key ``decided``:
+Each survivor appends its global rank to one store key and looks for the decision. The set is
+decided exactly once, by one compare-and-set on the key ``decided``, by the first rank that sees:
 
-- as soon as every rank it expects (``expected``: the ranks the caller knows to be alive, else every
-  member of the old generation) has checked in, by the rank that saw the list complete; or
-- when a rank's window (counted from its own check-in) runs out, by that rank: the ranks that
-  checked in by then are the survivors, the others count as dead.
+- every rank it expects (``expected``: the ranks the caller knows to be alive, else every member
+  of the old generation) checked in; or
+- with heartbeats (:class:`~commgroups.rank_loss.liveness.Liveness`): every absent member stopped
+  beating (dead), so nobody waits for a window to end; or
+- its window (counted from its own check-in, the backstop) ended: the ranks in by then are the
+  survivors, if they are a majority of the live members (an absent member that still beats is
+  alive). A minority decides nothing and raises: a lone ``rebuild()`` never splits the job.
 
 Every survivor reads the one decided set, so all get the same answer. A rank that checks in after the
 decision is not in it and raises :class:`~commgroups.errors.RebuildError` (the others rebuilt without
 it); it never forms a world of its own. Only the store is used (no process group: the old groups hold
-a dead rank), at O(1) store operations per rank plus one read of the list.
+a dead rank): per look (every 20 ms) one read of the list and one ``add`` per absent member's beat.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported
 
 from commgroups.creation.agreement import store_calls
-from commgroups.errors import RebuildError
+from commgroups.errors import LeftOutError, RebuildError
+from commgroups.layout import limits
+from commgroups.layout.specs import Layout
+from commgroups.rank_loss.liveness import Liveness
 
-__all__ = ["check_in"]
+__all__ = ["check_in", "check_in_window", "forget_check_ins", "record_made"]
 
 _JOINED = "joined"
 _DECIDED = "decided"
+_POLL_S = 0.02  # between looks at the check-in: the decision waits at most this much longer
 
 
 def _joined(store: Store) -> list[int]:
@@ -50,6 +58,8 @@ def check_in(
     members: Sequence[int],
     window: timedelta,
     expected: Sequence[int] | None = None,
+    liveness: Liveness | None = None,
+    made_key: str | None = None,
 ) -> tuple[int, ...]:
     """Check ``rank`` in under ``prefix`` and return the decided survivors (global ranks, ascending).
 
@@ -59,41 +69,97 @@ def check_in(
         prefix: a namespace every survivor of this rebuild attempt uses, and no other attempt.
         rank: this rank's global rank.
         members: the old generation's global ranks (the only ranks that may check in).
-        window: how long this rank waits, from its own check-in, for the others.
+        window: how long this rank waits, from its own check-in, for the others (the backstop).
         expected: ranks known to be alive; the set is decided as soon as all of them are in.
+        liveness: the ranks' heartbeats: the set is decided as soon as every member is in or has
+            stopped beating; at the window's end only a majority of the live members decides.
+        made_key: where the survivors record each generation they made (:func:`record_made`);
+            one made since this rank's generation means the check-in was decided long ago and its
+            keys may be gone: this rank is out (it is not in that generation, or it would be in it).
 
     Raises:
-        RebuildError: this rank checked in after the set was decided without it.
+        LeftOutError: this rank checked in after the set was decided without it.
+        RebuildError: the window ended with the ranks in a minority of the live members (nothing
+            decided).
         StoreUnreachableError: the store stopped answering (its host died).
     """
     store = PrefixStore(prefix, root)
     wanted = set(expected if expected is not None else members)
     member_set = set(members)
     started = time.monotonic()
+    deadline = started + window.total_seconds()
+    joined: list[int] = []
+    absent_alive: list[int] = []
     with store_calls(root, rank, started, "registry.rebuild()'s check-in"):
         # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
         store.append(_JOINED, f"{rank},")  # type: ignore[attr-defined,unused-ignore]
         decided: tuple[int, ...] | None = None
-        if wanted <= set(_joined(store)):
-            decided = _decide(store, [r for r in _joined(store) if r in member_set])
-        else:
-            try:
-                store.wait([_DECIDED], window)
-            except (RuntimeError, TimeoutError):
-                if time.monotonic() - started < window.total_seconds() - 0.05:
-                    raise  # the store failed, not the wait: store_calls names its host
-                decided = _decide(store, [r for r in _joined(store) if r in member_set])
-        if decided is None:
-            decided = tuple(json.loads(bytes(store.get(_DECIDED)).decode()))
-    if rank not in decided:
+        while decided is None:
+            if made_key is not None and root.check([made_key]):
+                made = json.loads(bytes(root.get(made_key)).decode())
+                if made["after"] != list(members):  # a generation was made since ours
+                    decided = tuple(made["members"])
+                    break
+            if store.check([_DECIDED]):
+                decided = tuple(json.loads(bytes(store.get(_DECIDED)).decode()))
+                break
+            joined = [r for r in _joined(store) if r in member_set]
+            missing = sorted(wanted - set(joined))
+            dead = liveness.dead(missing, started) if liveness is not None and missing else set()
+            if not missing or set(missing) <= dead:
+                decided = _decide(store, joined)
+            elif time.monotonic() >= deadline:
+                absent_alive = [r for r in missing if r not in dead] if liveness else []
+                if len(joined) <= len(absent_alive):
+                    break  # no majority of the live members: deciding would split the job
+                decided = _decide(store, joined)
+            else:
+                time.sleep(_POLL_S)
+    if decided is None:
         raise RebuildError(
-            f"rank {rank}: checked in to registry.rebuild() after the survivors were decided "
-            f"without it ({len(decided)} ranks: {_short(decided)}); the others rebuilt without "
-            "this rank. fix: give rebuild() a longer timeout (the check-in window must cover the "
-            "time every survivor takes to notice the loss: the roles' collective timeouts), or "
-            "pass alive= when the lost ranks are known"
+            f"rank {rank}: ranks {_short(absent_alive)} are alive but did not call rebuild() "
+            f"within {window.total_seconds():g}s, and the {len(joined)} in are no majority; "
+            "nothing was decided. fix: call rebuild() on every rank")
+    if rank not in decided:
+        raise LeftOutError(
+            f"rank {rank}: checked in to rebuild() after the survivors were decided without it "
+            f"({len(decided)} ranks: {_short(decided)}); this rank is out of the job. fix: exit, "
+            "or give rebuild() a longer timeout= (its check-in window)"
         )
     return decided
+
+
+def record_made(root: Store, made_key: str, members: Sequence[int],
+                after: Sequence[int]) -> None:
+    """Record that the generation on ``members`` was made from the one on ``after`` (one key,
+    overwritten by each rebuild): a rank of ``after`` that checks in later learns it is out."""
+    root.set(made_key, json.dumps({"members": list(members), "after": list(after)}))
+
+
+def forget_check_ins(root: Store, prefix: str, attempts: int) -> None:
+    """Delete the keys of the check-ins ``prefix + "0/" .. prefix + f"{attempts - 1}/"``; call on
+    one rank, a generation later (a rank that late reads :func:`record_made`'s key instead)."""
+    for attempt in range(attempts):
+        store = PrefixStore(f"{prefix}{attempt}/", root)
+        for key in (_JOINED, _DECIDED):
+            with contextlib.suppress(RuntimeError):  # never written (that rank was not first)
+                store.delete_key(key)
+
+
+def check_in_window(timeout: float | timedelta | None, layout: Layout,
+                    overrides: Mapping[str, timedelta], create_timeout_s: float) -> timedelta:
+    """The check-in window: ``timeout`` (validated), else the longest role timeout the job set
+    (a ``timeout_s`` or ``set_timeout()``), else ``create_timeout_s``.
+
+    With heartbeats the window only bounds the wait for a rank that is alive but slow to call
+    ``rebuild()``: one step, which a role timeout bounds. Never torch's 30-minute default.
+    """
+    if timeout is not None:
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        return timedelta(seconds=limits.check_timeout(seconds, "timeout"))
+    given = [role.timeout_s for role in layout.roles if role.timeout_s is not None]
+    given += [value.total_seconds() for value in overrides.values()]
+    return timedelta(seconds=max(given, default=create_timeout_s))
 
 
 def _short(ranks: Sequence[int], limit: int = 16) -> str:

@@ -8,10 +8,11 @@ from commgroups.layout.specs import Layout
 
 __all__ = ["PHASES", "RebuildReport"]
 
-PHASES: tuple[str, ...] = ("check_in", "replan", "retire", "create", "meshes")
+PHASES: tuple[str, ...] = ("check_in", "replan", "retire", "create", "meshes", "release")
 """The phases of a rebuild, in order: agree on the survivors through the store, derive the smaller
 layout and its rank map (:func:`commgroups.rank_loss.replan`), retire the old generation's groups, create
-every role's group on the survivors, rebuild the meshes asked for."""
+every role's group on the survivors, rebuild the meshes asked for, release the old generation (its
+groups destroyed, its store keys deleted)."""
 
 
 @dataclass(frozen=True)

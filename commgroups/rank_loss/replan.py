@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,9 +100,16 @@ def as_rank_array(ranks: Iterable[int]) -> np.ndarray:
     """``ranks`` as a 1-d int64 array, without a Python step per rank for lists and arrays.
 
     Raises TypeError for anything that is not integers (``operator.index`` semantics: no floats,
-    no strings, no booleans, no nested lists).
+    no strings, no booleans, no nested lists), and for strings, bytes and mappings as a whole.
     """
-    if isinstance(ranks, (list, tuple, range)):
+    if isinstance(ranks, (str, bytes, bytearray, memoryview, Mapping)):
+        raise TypeError(f"a {type(ranks).__name__} is not a list of ranks")
+    if isinstance(ranks, (list, tuple)):
+        # numpy reads True as 1: one pass to refuse bools (about 30 ns per rank).
+        if any(type(r) is bool or type(r) is np.bool_ for r in ranks):
+            raise TypeError("a bool is not a rank")
+        ranks = np.asarray(ranks)
+    elif isinstance(ranks, range):
         ranks = np.asarray(ranks)
     if not isinstance(ranks, np.ndarray):  # sets, generators: one step per rank
         return np.fromiter((operator.index(r) for r in ranks), dtype=np.int64)
@@ -150,7 +157,11 @@ def replan_arrays(layout: Layout, alive: Iterable[int]) -> ReplanArrays:
     world = layout.world_size
     # Masks rather than np.unique/np.isin: those import numpy.ma on first use (0.2-1.5 s, paid
     # inside a rebuild).
-    given = as_rank_array(alive)
+    try:
+        given = as_rank_array(alive)
+    except (TypeError, ValueError) as error:
+        raise ReplanError(f"alive: {limits.short_repr(alive)} is not a list of global ranks "
+                          f"({error}); fix: pass e.g. alive=[0, 1, 3]") from None
     if given.size and (given.min() < 0 or given.max() >= world):
         outside = sorted({int(r) for r in given if r < 0 or r >= world})
         raise ReplanError(f"alive: ranks {outside} are outside the world 0..{world - 1}; fix: "
@@ -221,9 +232,9 @@ def alive_ranks(alive: Iterable[int], plan: Plan, rank: int) -> np.ndarray:
     included; else a :class:`~commgroups.errors.RebuildError` naming what is wrong."""
     try:
         given = as_rank_array(alive)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError) as error:
         raise RebuildError(f"alive: {limits.short_repr(alive)} is not a list of global "
-                           "ranks; fix: pass e.g. alive=[0, 1, 3]") from None
+                           f"ranks ({error}); fix: pass e.g. alive=[0, 1, 3]") from None
     ranks = np.sort(given)
     if ranks.size:  # duplicates ignored (masks, not np.unique: see replan)
         ranks = ranks[np.concatenate(([True], ranks[1:] != ranks[:-1]))]

@@ -44,7 +44,7 @@ group) selects this path; :meth:`~commgroups.backends.BackendAdapter.shrink_bloc
 
 What was run: nothing of this on a GPU. CI runs it with NCCL mocked (``shrink_group`` and
 ``split_group`` replaced by recorders that make fake-backend groups, in
-``tests/test_gpu_rebuild_mocked.py``); ``tests/test_gpu_rebuild.py`` has a one-GPU check of the
+``tests/test_shrink.py``); ``tests/test_gpu_rebuild.py`` has a one-GPU check of the
 split-from-spine half (a one-rank world loses nobody, so nothing is shrunk), never run so far.
 Not known from a run: whether torch's shrink_group, which destroys the parent (``destroy_process_group``
 on a communicator with a dead peer, after NCCL aborted its work), returns promptly.
@@ -65,6 +65,7 @@ from commgroups.creation.role_groups import CreatedRole, CreationContext, create
 from commgroups.errors import GroupCreationError, RebuildError
 from commgroups.layout.specs import RoleOptions
 from commgroups.planning.plan import Plan, RolePlan
+from commgroups.util.error_text import listed
 from commgroups.util.text_table import format_ranks
 
 __all__ = ["Spine", "prepare_spine", "splits_from_default"]
@@ -74,9 +75,7 @@ logger = logging.getLogger(__name__)
 RoleCreator = Callable[..., CreatedRole]
 """The signature of :func:`commgroups.creation.role_groups.create_role_group`."""
 
-_FIX = ("restart the job under torchrun elastic (restart mode), or do not bind the default group "
-        "(init_process_group without device_id): then rebuild() aborts the old groups and "
-        "creates new ones on the survivors")
+_FIX = "use restart mode (torchrun elastic), or init_process_group without device_id"
 
 
 def splits_from_default(adapter: BackendAdapter, context: CreationContext) -> bool:
@@ -224,7 +223,7 @@ class Spine:
         """
         parent = self.parent()
         position = {global_rank: index for index, global_rank in enumerate(self.ranks)}
-        groups = plan.groups(role)
+        groups = plan.rank_groups(role)
         outside = sorted({r for ranks in groups for r in ranks}.difference(position))
         if outside:
             raise GroupCreationError(
@@ -240,11 +239,9 @@ class Spine:
         rank (``_new_process_group_helper``, torch 2.10-2.15), so it would hang."""
         if method == "all_ranks" and not role.spans_world:
             raise GroupCreationError(
-                f"role {role.name!r} ({adapter.name}) would be created by every rank, and torch "
-                "sends the non-members of each of its groups to a split of the bound default "
-                "communicator, which still holds the lost rank; fix: let it be created by its "
-                "members (creation_mode 'auto' or 'local', regular rank groups), or "
-                f"{_FIX}")
+                f"role {role.name!r} ({adapter.name}) would be created by every rank, through a "
+                "split of the bound default group, which holds the lost rank; fix: let its "
+                f"members create it (creation_mode 'auto' or 'local'), or {_FIX}")
         return create_role_group(plan, role, adapter, options, timeout_s, rank, method,
                                  group_desc=group_desc)
 
@@ -281,8 +278,8 @@ def prepare_spine(roles: dict[str, CreatedRole], plan: Plan, spine: Spine | None
     if not bound:
         return spine
     first, adapter = bound[0], roles[bound[0]].adapter
-    where = (f"role {first!r}: its {adapter.name} groups come from the bound default group's "
-             "communicator (ncclCommSplit), which still holds the lost rank")
+    where = (f"role {first!r}: its {adapter.name} groups are ncclCommSplit of the bound default "
+             "group, which holds the lost rank")
     if spine is not None and spine.broken is not None:
         raise RebuildError(f"{where}; the NCCL spine commgroups shrinks instead cannot serve "
                            f"({spine.broken}). fix: {_FIX}")
@@ -292,7 +289,7 @@ def prepare_spine(roles: dict[str, CreatedRole], plan: Plan, spine: Spine | None
         if world:
             created = roles[world[0]]
             assert created.group is not None
-            spine = Spine(group=created.group, ranks=tuple(sorted(plan.groups(world[0])[0])),
+            spine = Spine(group=created.group, ranks=tuple(sorted(plan.rank_groups(world[0])[0])),
                           adapter=created.adapter, source=f"role {world[0]!r}", owner=created)
     probe = spine.group if spine is not None else torch_internals.default_group()
     blocker = adapter.shrink_blocker(probe)
@@ -301,18 +298,13 @@ def prepare_spine(roles: dict[str, CreatedRole], plan: Plan, spine: Spine | None
                            f"lacks: {blocker}. fix: {_FIX}")
     if spine is None:
         raise RebuildError(
-            f"{where}; this torch and NCCL can shrink (shrink_group, supports_shrinking), but "
-            f"commgroups shrinks only a non-default {adapter.name} group spanning the world that "
-            "the registry owns (shrinking the default group would make it the new default, "
-            "renumbering every rank and destroying every other group), and no role here spans "
-            f"the world on {adapter.name} (roles: {', '.join(bound)}). fix: add one, e.g. "
-            "cg.RoleSpec(name='world', dims='world') (backend 'device'); or " + _FIX)
+            f"{where}; torch can shrink, but not the default group (renumbering every rank), "
+            f"and no role here spans the world on {adapter.name}. fix: add "
+            "cg.RoleSpec(name='world', dims='world'); or " + _FIX)
     irregular = [name for name in plan.role_names if not plan.role(name).regular
                  and not roles[name].adapter.created_by_members]
     if irregular:
         raise RebuildError(
-            f"{where}; commgroups can shrink it, but roles {irregular} have explicit rank groups, "
-            "which would be created by every rank: torch sends their non-members to a split of "
-            "the default communicator (dead rank included), or a split would need disjoint "
-            "groups covering the spine. fix: give those roles dims instead of ranks; or " + _FIX)
+            f"{where}; roles {listed(irregular, 60)} have explicit rank groups, which every rank "
+            "would create through the dead default communicator. fix: give them dims; or " + _FIX)
     return spine

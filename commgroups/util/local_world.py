@@ -28,6 +28,8 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime
 
+from commgroups.errors import WorldInitError  # defined there; importable from here as before
+
 __all__ = ["Post", "RankReport", "WorldInitError", "run_local_world"]
 
 _INIT_ALL = "commgroups/local_world/init/all"
@@ -50,10 +52,6 @@ class RankReport:
     traceback: str | None
     init_failed: bool = False
     """The rank (or a peer) failed before the function ran: joining the world failed."""
-
-
-class WorldInitError(RuntimeError):
-    """A peer failed to join the world, so this rank did not run the function."""
 
 
 def _join_world(store: Any, rank: int, world_size: int, backend: str,

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from tests import torch_private
+
 __all__ = ["GroupKey", "Tally", "snapshot"]
 
 GroupKey = tuple[str, tuple[int, ...]]
@@ -27,12 +29,10 @@ GroupKey = tuple[str, tuple[int, ...]]
 
 def snapshot() -> dict[GroupKey, int]:
     """The sequence number of every gloo process group of this process, keyed by name and ranks."""
-    world = dist.distributed_c10d._world
     counts: dict[GroupKey, int] = {}
-    for group, name in list(world.pg_names.items()):
-        try:
-            number = int(group._get_sequence_number_for_group())
-        except (RuntimeError, AttributeError, NotImplementedError):
+    for group, name in torch_private.group_names().items():
+        number = torch_private.group_sequence_number(group)
+        if number is None:
             continue  # fake or single-rank backend: no sequence number, no traffic
         counts[(name, tuple(dist.get_process_group_ranks(group)))] = number
     return counts

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests import torch_private
+
 __all__ = ["apply_cpu_patches", "force_sum_reduction"]
 
 _APPLIED = "__commgroups_titan_cpu_patched__"
@@ -51,14 +53,15 @@ def _cpu_device_module() -> None:
 def _flex_attention_eager() -> None:
     import torch.nn.attention.flex_attention as flex
 
-    original = flex._validate_device
+    target = torch_private.flex_validate_device_target()
+    original = getattr(*target)
 
     def validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         if query.device.type == "cpu":
             return  # eager flex attention is differentiable on CPU; only the check refuses
         original(query, key, value)
 
-    flex._validate_device = validate_device
+    setattr(*target, validate_device)
 
     from torchtitan.models.common import attention
 
@@ -88,18 +91,12 @@ def apply_cpu_patches() -> None:
         raise RuntimeError("apply_cpu_patches() must run before torchtitan is imported")
     if not hasattr(dist, "set_timeout"):  # torch 2.13
         def set_timeout(timeout: timedelta, group: Any = None) -> None:
-            dist.distributed_c10d._set_pg_timeout(timeout, group)
+            torch_private.set_pg_timeout(timeout, group)
 
         dist.set_timeout = set_timeout  # type: ignore[attr-defined]
     _cpu_device_module()
-    import torch._utils as torch_utils
-
-    original = torch_utils._get_available_device_type
-    torch_utils._get_available_device_type = lambda: "cpu"
-    try:
+    with torch_private.replaced(torch_private.available_device_type_target(), lambda: "cpu"):
         import torchtitan.tools.utils  # noqa: F401  binds device_type = "cpu" at import
-    finally:
-        torch_utils._get_available_device_type = original
     import torchtitan.tools.utils as titan_utils
 
     assert titan_utils.device_type == "cpu", titan_utils.device_type

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from tests import torch_private
 from tests.titan.counts import GroupKey, Tally
 from tests.titan.cpu import apply_cpu_patches, force_sum_reduction
 
@@ -115,15 +116,17 @@ def clear_dtensor_caches() -> None:
 
 def _default_sequence() -> int:
     # Gloo counts every collective (functional ones and barriers too) per group.
-    return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+    return torch_private.sequence_number(torch_private.default_group())
 
 
 def _mesh_facts(trainer: Any) -> dict[str, Any]:
     """For each 1-D mesh torchtitan holds: its ranks, whether it is the default group, its backend."""
-    default = dist.distributed_c10d._get_default_group()
+    from commgroups.integrations.torchtitan.titan_internals import single_axis_meshes
+
+    default = torch_private.default_group()
     facts: dict[str, Any] = {}
     pd = trainer.parallel_dims
-    for name, mesh in pd._single_axis_meshes.items():
+    for name, mesh in single_axis_meshes(pd).items():
         try:
             group = mesh.get_group()
         except Exception as error:  # a placeholder mesh without a group
@@ -171,6 +174,8 @@ class SpmdDistProbe:
 
 def _registry_facts(trainer: Any) -> dict[str, Any]:
     """Which registry group each torchtitan mesh name is on, FSDP2 flatten, the async-and-wait comms."""
+    from commgroups.integrations.torchtitan.titan_internals import single_axis_meshes
+
     registry = trainer.registry
     pd = trainer.parallel_dims
     facts: dict[str, Any] = {
@@ -178,14 +183,14 @@ def _registry_facts(trainer: Any) -> dict[str, Any]:
         "fsdp_async_wait_modules": trainer.fsdp_async_wait_modules,
     }
     mesh_roles = {}
-    for name, mesh in pd._single_axis_meshes.items():
+    for name, mesh in single_axis_meshes(pd).items():
         if name in registry.role_names and mesh.size() > 1:
             mesh_roles[name] = mesh.get_group() is registry.group(name)
     facts["mesh_is_role_group"] = mesh_roles
     if pd.spmd_backend == "spmd_types":
         shard_cp = pd.get_optional_mesh(["dp_shard", "cp"])  # None where cp is 1
         if shard_cp is not None:
-            flat = shard_cp._flatten("dp_shard_cp")
+            flat = torch_private.flatten(shard_cp, "dp_shard_cp")
             facts["dp_shard_cp_is_fsdp"] = flat.get_group() is registry.group("fsdp")
     return facts
 
@@ -277,7 +282,7 @@ def _train_rank(rank: int, world_size: int, run: TitanRun) -> RankResult:
 
     config = ConfigManager().parse_args(run.args())
     result = RankResult(rank)
-    result.default_group = _group_key(dist.distributed_c10d._get_default_group())
+    result.default_group = _group_key(torch_private.default_group())
     before = _default_sequence()
     tally = Tally()
     tally.start()

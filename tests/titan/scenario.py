@@ -26,8 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
+from tests import torch_private
 from tests.titan.run import TitanRun, train_rank
 
 __all__ = ["RUN_NAMES", "resume_step", "scenario_rank"]
@@ -38,7 +37,7 @@ RUN_NAMES = ("registry", "stock", "registry_resume", "stock_resume")
 def _store_barrier(name: str, rank: int, world_size: int) -> None:
     from commgroups.creation.agreement import store_barrier
 
-    store = dist.distributed_c10d._get_default_store()
+    store = torch_private.default_store()
     store_barrier(store, f"tests/titan/{name}", rank, world_size, timedelta(seconds=300), name)
 
 

@@ -20,12 +20,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from commgroups.integrations.torchtitan.layout import TitanDegrees, resolve_layout, titan_layout
+from commgroups.integrations.torchtitan.layout import (
+    TitanDegrees,
+    fit_titan_layout,
+    resolve_layout,
+    titan_layout,
+)
 
 if TYPE_CHECKING:
     from commgroups.integrations.torchtitan.trainer import RegistryTrainer
 
-__all__ = ["RegistryTrainer", "TitanDegrees", "resolve_layout", "titan_layout", "with_registry"]
+__all__ = ["RegistryTrainer", "TitanDegrees", "fit_titan_layout", "resolve_layout", "titan_layout",
+           "with_registry"]
 
 
 def with_registry(config: Any, *, layout: Any = None, audit: Any = None,

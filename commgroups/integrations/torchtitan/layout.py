@@ -26,6 +26,7 @@ from typing import Any
 from commgroups.errors import InvalidSizeError, InvalidViewError, UnknownDimError
 from commgroups.layout.layout_io import load_layout_data
 from commgroups.layout.specs import Layout, RoleSpec, checkpoint_role, dim_roles
+from commgroups.util.error_text import first_fitting
 
 __all__ = [
     "DENSE_DIMS",
@@ -33,6 +34,7 @@ __all__ = [
     "LayoutArg",
     "TitanDegrees",
     "derived_roles",
+    "fit_titan_layout",
     "resolve_layout",
     "titan_layout",
 ]
@@ -179,28 +181,33 @@ def _check_dims(given: Any, degrees: TitanDegrees) -> None:
     have = {dim: given.get(dim, 1) for dim in DENSE_DIMS}
     if have == wanted:
         return
-    listed = {dim: given[dim] for dim in DENSE_DIMS if dim in given}
     layout_ranks = math.prod(v for v in have.values() if isinstance(v, int))
     flags = " ".join(f"--parallelism.{option} {have[dim]}" for option, dim in _CONFIG_FIELDS.items()
                      if dim in wanted and have[dim] != wanted[dim])
     if layout_ranks == degrees.world_size:
-        launch = f"or launch with {flags}"
+        launches = [f"or launch with {flags}",
+                    "or launch with the layout's degrees (--parallelism.*_degree)"]
     else:
-        launch = (f"(the layout covers {layout_ranks} ranks, the job {degrees.world_size}, so no "
-                  "launch option can match it)")
-    raise InvalidSizeError(
-        f"layout dims {_shown(listed)} (size-1 dims left out are 1: {_shown(have)}, "
-        f"{layout_ranks} ranks) disagree with torchtitan's parallelism {_shown(wanted)} "
-        f"({degrees.world_size} ranks); fix: set the layout's dims to "
-        f"{{ {', '.join(f'{d} = {s}' for d, s in wanted.items() if s > 1) or 'pp = 1'} }} "
-        f"{launch}",
-        field="dims",
-    )
+        launches = [f"(it covers {layout_ranks} ranks, the job {degrees.world_size}, so no launch "
+                    "option can match it)"] * 2
+    # The whole of both factorizations (size-1 dims left out count as 1), not the first mismatch.
+    target = f"{{ {', '.join(f'{d} = {s}' for d, s in wanted.items() if s > 1) or 'pp = 1'} }}"
+    candidates = [
+        f"layout dims {_shown(have)} ({layout_ranks} ranks) vs torchtitan's parallelism {titan}; "
+        f"fix: set the layout's dims to {target} {launch}"
+        for titan in (f"{_shown(wanted)} ({degrees.world_size} ranks)", f"({degrees.world_size} ranks)")
+        for launch in launches
+    ]
+    raise InvalidSizeError(first_fitting(*candidates), field="dims")
 
 
-def resolve_layout(layout: LayoutArg, degrees: TitanDegrees, *,
-                   async_and_wait: bool = True) -> Layout:
+def fit_titan_layout(layout: LayoutArg, degrees: TitanDegrees, *,
+                     async_and_wait: bool = True) -> Layout:
     """The layout a torchtitan job runs on: derived from ``degrees``, or ``layout`` checked against them.
+
+    Not :func:`commgroups.resolve_layout` (which sizes an AutoLayout's ``"auto"`` dim by the world
+    size): this one fits a layout to torchtitan's parallelism degrees. ``resolve_layout`` here is
+    its old name, kept as an alias.
 
     A given layout (a :class:`~commgroups.Layout`, a dict in the layout-file shape, or a TOML/YAML/
     JSON file) names torchtitan dims with torchtitan's sizes; dims of size 1 may be left out, also
@@ -249,3 +256,8 @@ def resolve_layout(layout: LayoutArg, degrees: TitanDegrees, *,
     if not async_and_wait:
         roles = [r.model_copy(update={"async_and_wait": False}) for r in roles]
     return _layout(degrees.dense, roles, degrees)
+
+
+resolve_layout = fit_titan_layout
+"""Alias of :func:`fit_titan_layout` (the name before 0.2; :func:`commgroups.resolve_layout` is
+another function)."""

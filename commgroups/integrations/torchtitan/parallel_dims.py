@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.distributed.device_mesh import DeviceMesh
 
-from commgroups.errors import LayoutError
+from commgroups.errors import LayoutError, MeshRequestError, RegistryNotCreatedError
 from commgroups.integrations.torchtitan.titan_internals import (
     SPMD_BACKENDS,
     ParallelDims,
@@ -31,17 +31,41 @@ from commgroups.torch_internals import groupless_mesh
 if TYPE_CHECKING:
     from commgroups.registry import GroupRegistry
 
-__all__ = ["RegistryParallelDims", "placeholder_mesh"]
+__all__ = ["PlaceholderMesh", "RegistryParallelDims", "placeholder_mesh"]
 
 DENSE = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+class PlaceholderMesh(DeviceMesh):
+    """A size-only DeviceMesh (the MoE ``efsdp``/``ep`` view when ep == 1): asking it for a group
+    raises :class:`~commgroups.errors.MeshRequestError` that names the dims and what to use.
+
+    Stock torchtitan returns a fake-backend group there, whose collectives silently move no data;
+    commgroups refuses instead (the guide's torchtitan section lists this difference).
+    """
+
+    def get_group(self, mesh_dim: int | str | None = None) -> Any:
+        """Refused: the placeholder has no process group (see the class docs)."""
+        names = ", ".join(self.mesh_dim_names or ())
+        raise MeshRequestError(
+            f"torchtitan's {names} mesh is a placeholder with ep == 1: it has no process group; "
+            "fix: use parallel_dims.get_optional_mesh(...) (None when ep == 1) or set "
+            "parallelism.expert_parallel_degree > 1",
+            field="parallelism.expert_parallel_degree",
+        )
+
+    def get_all_groups(self) -> list[Any]:
+        """Refused, as :meth:`get_group`."""
+        return [self.get_group()]
 
 
 def placeholder_mesh(shape: tuple[int, ...], names: tuple[str, ...], device: str) -> DeviceMesh:
     """A DeviceMesh with torchtitan's shape and names but no process group at all.
 
     torchtitan keeps meshes it never communicates on (the MoE ``efsdp``/``ep`` view when ep == 1)
-    only for their sizes, on torch's fake backend. Here they get no group: a collective on one raises
-    instead of running anywhere. The mesh holds this rank's block of the world, row-major.
+    only for their sizes, on torch's fake backend. Here they get no group: ``get_group()`` raises
+    :class:`~commgroups.errors.MeshRequestError` (a :class:`PlaceholderMesh`) and nothing runs
+    anywhere. The mesh holds this rank's block of the world, row-major.
 
     (:func:`commgroups.torch_internals.groupless_mesh`.)
     """
@@ -55,6 +79,9 @@ def placeholder_mesh(shape: tuple[int, ...], names: tuple[str, ...], device: str
     first = rank - rank % size
     mesh = torch.arange(first, first + size, dtype=torch.int).reshape(shape)
     placeholder: DeviceMesh = groupless_mesh(device, mesh, names)
+    # torch_internals builds the mesh (DeviceMesh's private constructor arguments); the subclass
+    # changes only what asking it for a group says.
+    placeholder.__class__ = PlaceholderMesh
     return placeholder
 
 
@@ -80,7 +107,7 @@ class RegistryParallelDims(ParallelDims):
 
     def _registry(self) -> GroupRegistry:
         if self.registry is None or not self.registry.created:
-            raise RuntimeError(
+            raise RegistryNotCreatedError(
                 "RegistryParallelDims.build_mesh() needs a created GroupRegistry; fix: set "
                 "parallel_dims.registry (commgroups.integrations.torchtitan.with_registry does)"
             )
@@ -92,6 +119,7 @@ class RegistryParallelDims(ParallelDims):
         Logs torchtitan's own two mesh lines (parallelism, then the active dimensions), as stock.
 
         Raises:
+            RegistryNotCreatedError: ``registry`` is unset or not created (a RuntimeError).
             LayoutError: ``spmd_backend`` is not one commgroups builds meshes for
                 (``full_dtensor``, which torchtitan main removed, is not).
         """
@@ -166,7 +194,7 @@ class RegistryParallelDims(ParallelDims):
         for name, one in single_axis_meshes(self).items():
             try:
                 groups[name] = one.get_group()
-            except (RuntimeError, AttributeError, AssertionError, IndexError):
+            except (MeshRequestError, RuntimeError, AttributeError, AssertionError, IndexError):
                 groups[name] = None
         return groups
 

@@ -17,8 +17,10 @@ silently: a signature commgroups copies or replaces is compared with torchtitan'
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any
@@ -31,6 +33,8 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.tools.logging import logger as titan_logger
 from torchtitan.tools.utils import GarbageCollection
 from torchtitan.trainer import Trainer
+
+from commgroups.errors import TitanSeamError  # defined there; importable from here as before
 
 __all__ = [
     "CHECKED_VERSIONS",
@@ -51,6 +55,7 @@ __all__ = [
     "log_meshes_built",
     "replaced_set_pg_timeouts",
     "require_parameters",
+    "shipped_train_source",
     "single_axis_meshes",
     "titan_logger",
     "validate_meshes",
@@ -81,10 +86,6 @@ SET_PG_TIMEOUTS_PARAMETERS = ("timeout", "parallel_dims")
 replacement takes (0.3.0 and main@b5bcd76)."""
 
 
-class TitanSeamError(RuntimeError):
-    """The installed torchtitan differs from what commgroups was checked on (see the message)."""
-
-
 def require_parameters(function: Callable[..., Any], expected: Sequence[str], what: str) -> None:
     """Raise :class:`TitanSeamError` unless ``function`` takes exactly ``expected`` parameters.
 
@@ -110,6 +111,30 @@ def require_parameters(function: Callable[..., Any], expected: Sequence[str], wh
         )
 
 
+def shipped_train_source() -> str | None:
+    """``Trainer.train``'s source as torchtitan ships it, read from the file of the module that
+    defines ``Trainer`` (``torchtitan.trainer`` on 0.3.0 and main@b5bcd76).
+
+    Not ``inspect.getsource(Trainer.train)``: a job may have replaced ``Trainer.train`` with its own
+    wrapper (a profiler, a counter, without ``functools.wraps``), and the seam checks torchtitan's
+    code, not the job's. "" where that module defines no ``Trainer.train`` (a seam change); None
+    where no source is shipped (then the signature check is all there is).
+    """
+    module = sys.modules.get(Trainer.__module__)
+    try:
+        source = inspect.getsource(module) if module is not None else None
+    except (OSError, TypeError):
+        source = None
+    if source is None:
+        return None
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name == Trainer.__name__:
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "train":
+                    return ast.get_source_segment(source, item) or ""
+    return ""
+
+
 @contextlib.contextmanager
 def replaced_set_pg_timeouts(replacement: Callable[..., None]) -> Iterator[None]:
     """Stand ``replacement`` in for torchtitan's ``set_pg_timeouts`` while the block runs.
@@ -118,15 +143,13 @@ def replaced_set_pg_timeouts(replacement: Callable[..., None]) -> Iterator[None]
     after the first step (0.3.0 and main@b5bcd76), looking the module attribute up at call time, and
     offers no hook; its body barriers on the default group. The replacement takes the same
     parameters. Refused with :class:`TitanSeamError` when torchtitan's signature changed or its
-    ``Trainer.train`` no longer calls it through the module (the replacement would silently not run).
+    ``Trainer.train`` as shipped (:func:`shipped_train_source`; a job's wrapper around it does not
+    count) no longer calls it through the module (the replacement would silently not run).
     """
     original = _dist_utils.set_pg_timeouts
     require_parameters(original, SET_PG_TIMEOUTS_PARAMETERS,
                        "torchtitan.distributed.utils.set_pg_timeouts")
-    try:
-        source = inspect.getsource(Trainer.train)
-    except (OSError, TypeError):
-        source = None  # no source shipped: the signature check above is all there is
+    source = shipped_train_source()
     if source is not None and "dist_utils.set_pg_timeouts(" not in source:
         raise TitanSeamError(
             "torchtitan's Trainer.train no longer calls dist_utils.set_pg_timeouts (checked on "

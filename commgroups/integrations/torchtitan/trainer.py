@@ -37,7 +37,7 @@ from commgroups.creation.agreement import store_barrier
 from commgroups.integrations.fsdp import async_and_wait_comms, install_async_and_wait_comms
 from commgroups.integrations.spmd import current_dist
 from commgroups.integrations.torchtitan.checkpoint import RegistryCheckpointManager
-from commgroups.integrations.torchtitan.layout import LayoutArg, TitanDegrees, resolve_layout
+from commgroups.integrations.torchtitan.layout import LayoutArg, TitanDegrees, fit_titan_layout
 from commgroups.integrations.torchtitan.parallel_dims import RegistryParallelDims
 from commgroups.integrations.torchtitan.titan_internals import (
     CLI_HIDDEN,
@@ -104,8 +104,8 @@ class RegistryTrainer(Trainer):
 
     def _layout(self, degrees: TitanDegrees) -> Layout:
         config = self.config
-        return resolve_layout(getattr(config, "commgroups_layout", None), degrees,
-                              async_and_wait=getattr(config, "commgroups_async_and_wait", True))
+        return fit_titan_layout(getattr(config, "commgroups_layout", None), degrees,
+                                async_and_wait=getattr(config, "commgroups_async_and_wait", True))
 
     def init_distributed(self) -> ParallelDims:
         """torchtitan's distributed init, then a created registry and a RegistryParallelDims."""

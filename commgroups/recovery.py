@@ -1,0 +1,221 @@
+"""The registry's rank-loss side: what one rank keeps from a generation to the next, and the rebuild.
+
+A :class:`Recovery` belongs to one :class:`~commgroups.GroupRegistry` on one rank. It holds the
+heartbeat (:mod:`commgroups.rank_loss.liveness`), the NCCL shrink spine
+(:mod:`commgroups.rank_loss.shrink`), the retired generations not yet released and the check-in
+attempts, and runs :meth:`Recovery.rebuild`: report the loss, interrupt the old groups, check in,
+replan, retire, make generation g+1, release g. The registry keeps the lifecycle state and delegates.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import numpy as np
+import torch.distributed as dist
+
+from commgroups import torch_internals
+from commgroups.creation.role_groups import CreationContext
+from commgroups.errors import RebuildError
+from commgroups.generation import STORE_PREFIX, Generation
+from commgroups.layout.specs import Layout
+from commgroups.planning.plan import Plan, plan
+from commgroups.rank_loss.check_in import check_in, forget_check_ins, record_made
+from commgroups.rank_loss.liveness import Liveness, own_connection
+from commgroups.rank_loss.rebuild_report import RebuildReport
+from commgroups.rank_loss.replan import replan_arrays
+from commgroups.rank_loss.shrink import Spine, prepare_spine
+
+__all__ = ["Recovery"]
+
+logger = logging.getLogger(__name__)
+
+MakeGeneration = Callable[[int, Layout, Plan, int], Generation]
+"""``make(number, layout, plan, lost)``: agree on and create generation ``number``. Collective."""
+
+
+@dataclass
+class Recovery:
+    """One registry's rank-loss state on one rank (see the module docstring)."""
+
+    rank: int
+    registry_id: int
+    """The agreement epoch of ``create()``: the same on every rank, a namespace of its own."""
+    liveness: Liveness | None = None
+    spine: Spine | None = None
+    retired: list[Generation] = field(default_factory=list)
+    """Retired generations not yet released (see :meth:`release_retired`)."""
+    attempts: int = 0
+    """Decided rebuilds toward the next generation that failed afterwards."""
+    attempts_made: int = 0
+    """How many check-ins the last successful rebuild took."""
+    previous_check_ins: tuple[str, int] | None = None
+    """The last successful rebuild's check-in prefix and attempt count, deleted one rebuild later."""
+
+    # ------------------------------------------------------------------------------- heartbeat
+    def start_liveness(self, current: Generation, members: Sequence[int], heartbeat_s: float | None,
+                       dead_after_s: float, connect_timeout_s: float,
+                       live: Callable[[], Generation | None]) -> None:
+        """Start this rank's heartbeat watching ``current``; nothing where there is nobody to
+        watch (one rank, the fake backend, a store that is not a TCPStore, heartbeats off).
+        ``live`` returns the registry's current generation (read from the heartbeat thread)."""
+        if heartbeat_s is None or len(members) == 1 or str(dist.get_backend()) == "fake":
+            return
+        client = own_connection(torch_internals.default_store(),
+                                timedelta(seconds=connect_timeout_s))
+        if client is None:
+            logger.debug("rank %d: the job's store is not a TCPStore: no heartbeats", self.rank)
+            return
+
+        def on_loss(number: int) -> None:  # the heartbeat thread: no lock, the main thread may
+            generation = live()            # be blocked in a collective of this generation
+            if generation is not None and generation.number == number:
+                logger.info("rank %d: a loss was reported in generation %d: interrupting it",
+                            self.rank, number)
+                generation.interrupt(self._kept(generation, from_thread=True))
+
+        self.liveness = Liveness(client, f"{STORE_PREFIX}/live/{self.registry_id}/", self.rank,
+                                 interval_s=heartbeat_s, dead_after_s=dead_after_s,
+                                 on_loss=on_loss)
+        self.liveness.start()
+        self.liveness.watch(current.number, members)
+
+    def _kept(self, generation: Generation, from_thread: bool = False) -> list[dist.ProcessGroup]:
+        """Groups an interrupt leaves alone: the spine a shrink needs; from the heartbeat thread on
+        a bound default group, every device group (the spine is chosen by ``rebuild()``)."""
+        spine = self.spine
+        keep = [] if spine is None else [spine.group]
+        if from_thread and generation.request.context.device_bound:
+            keep += [group for made in generation.roles.values() if made.adapter.aborts
+                     for group in made.owned]
+        return keep
+
+    def stop_liveness(self) -> None:
+        """Stop the heartbeat (a rank out of the job, or ``close()``)."""
+        if self.liveness is not None:
+            self.liveness.close()
+            self.liveness = None
+
+    # --------------------------------------------------------------------------------- rebuild
+    def rebuild(self, current: Generation, members: tuple[int, ...], known: np.ndarray | None,
+                window: timedelta, make: MakeGeneration) -> tuple[RebuildReport, Generation | None]:
+        """Make generation g+1 from ``current`` (g) on the survivors. Collective over them.
+
+        Returns the report and the new generation (None where this rank has no place in it; the
+        report's ``place`` says spare or dropped). ``current`` is retired on return, and on any
+        error raised after the survivors were decided.
+        """
+        seconds: dict[str, float] = {}
+        started = time.monotonic()
+        the_plan = current.plan
+        if self.liveness is not None:
+            self.liveness.report(current.number, f"rank {self.rank} called rebuild()")
+        current.interrupt(self._kept(current))  # ours too: another thread may be blocked on g
+        if str(dist.get_backend()) == "fake":
+            if known is None:
+                raise RebuildError("rebuild() under the fake backend simulates one rank: fix: pass "
+                                   "alive= (there is nobody to check in with)")
+            survivors = known
+        else:
+            prefix = (f"{STORE_PREFIX}/rebuild/{self.registry_id}/{current.number + 1}/"
+                      f"{self.attempts}/")
+            survivors = np.asarray(check_in(
+                torch_internals.default_store(), prefix, self.rank, members, window,
+                None if known is None else known.tolist(), self.liveness, self._made_key),
+                dtype=np.int64)
+        seconds["check_in"] = time.monotonic() - started
+
+        mark = time.monotonic()
+        # Arrays from here on: at 65,536 ranks each Python step per rank costs milliseconds.
+        decision = replan_arrays(current.layout, the_plan.positions(survivors))
+        new_members = the_plan.global_ranks(decision.ranks)
+        lost, spares, dropped = (tuple(the_plan.global_ranks(positions).tolist())
+                                 for positions in (decision.lost, decision.spares, decision.dropped))
+        new_plan = plan(decision.layout, new_members)
+        seconds["replan"] = time.monotonic() - mark
+
+        mark = time.monotonic()
+        if self.spine is not None:  # taken from its role before the retire aborts it
+            self.spine = self.spine.retarget(new_plan.members or (), self.rank)
+        self.retire(current)
+        seconds["retire"] = time.monotonic() - mark
+        # Every rank of the decision moves on to the next attempt if what follows fails.
+        self.attempts += 1
+        number = current.number + 1
+        if not bool(new_plan.holds(np.array([self.rank]))[0]):
+            self.release_retired(decision.lost.tolist(), first=False)
+            self.stop_liveness()
+            place = "spare" if self.rank in spares else "dropped"
+            return RebuildReport(number, decision.layout, new_plan.members or (), lost, spares,
+                                 dropped, place, seconds), None
+
+        mark = time.monotonic()
+        generation = make(number, decision.layout, new_plan, len(lost))
+        self.attempts_made, self.attempts = self.attempts, 0
+        seconds["create"] = time.monotonic() - mark
+        new = new_plan.members or ()
+        return RebuildReport(number, decision.layout, new, lost, spares, dropped, "member",
+                             seconds), generation
+
+    def finish(self, report: RebuildReport, members: Sequence[int], after: Sequence[int],
+               lost_positions: Sequence[int]) -> float:
+        """After the new generation is current: watch it, release the old one and the check-in
+        keys of a rebuild ago; returns the seconds it took (the report's ``release`` phase)."""
+        mark = time.monotonic()
+        if self.liveness is not None:
+            self.liveness.watch(report.generation, members)
+        first = bool(members) and members[0] == self.rank
+        self.release_retired(lost_positions, first)
+        if first and str(dist.get_backend()) != "fake":
+            root = torch_internals.default_store()
+            record_made(root, self._made_key, members, after)
+            if self.previous_check_ins is not None:  # a generation ago: nobody reads them now
+                forget_check_ins(root, *self.previous_check_ins)
+        self.previous_check_ins = (
+            f"{STORE_PREFIX}/rebuild/{self.registry_id}/{report.generation}/", self.attempts_made)
+        return time.monotonic() - mark
+
+    def check_rebuildable(self, current: Generation) -> None:
+        """Refuse, on every rank alike, backends whose groups cannot be made without the dead
+        rank; on a bound NCCL default group, find the spine to shrink."""
+        self.spine = prepare_spine(current.roles, current.plan, self.spine, CreationContext.detect())
+
+    # ------------------------------------------------------------------------------ teardown
+    def retire(self, current: Generation) -> None:
+        """Retire ``current``; it is released once this rank is past the check-in."""
+        if not current.ended:
+            current.retire()
+            self.retired.append(current)
+
+    def release_retired(self, lost_positions: Sequence[int] = (), first: bool = False) -> None:
+        """Release every retired generation: its groups are interrupted on every survivor (no
+        collective waits on them) and every survivor is past the check-in that read its keys.
+        ``first``: this rank deletes the shared keys (one rank does)."""
+        released = False
+        for old in self.retired:
+            if old.release(lost_positions):
+                released = True
+                if first and self.liveness is not None:
+                    self.liveness.release(old.number)
+        self.retired = [old for old in self.retired if old.ended != "released"]
+        if released:
+            # The groups' last references sit in reference cycles (torch's own, measured on 2.13):
+            # without a collection their threads and sockets outlive them until the next one.
+            gc.collect()
+
+    def close(self) -> None:
+        """``close()``: stop the heartbeat, release the retired generations, close the spine."""
+        self.stop_liveness()
+        self.release_retired()
+        if self.spine is not None:
+            self.spine.close()
+            self.spine = None
+
+    @property
+    def _made_key(self) -> str:
+        return f"{STORE_PREFIX}/rebuild/{self.registry_id}/made"

@@ -1,0 +1,218 @@
+"""commgroups.rank_loss.liveness: a rank loss recovered without waiting out the role timeouts, without
+being told who died, without a split job, and without leaking a generation.
+
+Real gloo worlds (the launcher hosts the store). Every role times out after 600 s, a production
+value: a survivor that waited out a collective would take minutes, so "rebuilt in under a minute"
+is a functional bound here, not a speed assertion (benchmarks/ and ``commgroups bench`` time it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from commgroups import GroupRegistry, torch_internals
+from commgroups.creation.agreement import store_barrier
+from commgroups.errors import LeftOutError, RebuildError
+from tests.test_generation import _group_count
+from tests.test_rebuild import hsdp_layout
+from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
+
+PRODUCTION_TIMEOUT_S = 600.0
+WELL_UNDER_THE_TIMEOUT_S = 60.0  # a survivor that waited out a 600 s collective is far past it
+
+
+def _train_until_killed(rank: int, world: int, victim: int, kill_step: int) -> dict[str, Any]:
+    """Steps of collectives on three roles; the victim SIGKILLs itself mid-step. Survivors
+    rebuild without alive= and carry on for one more step on the new groups."""
+    layout = hsdp_layout({"dp_replicate": world // 2, "dp_shard": 2},
+                         timeout_s=PRODUCTION_TIMEOUT_S)
+    registry = GroupRegistry(layout, create_timeout_s=60).create()
+    for step in range(kill_step + 3):
+        try:
+            registry.collectives("dp_shard").all_reduce(torch.ones(1 << 12))
+            if rank == victim and step == kill_step:
+                killed_at = time.time()
+                print(f"KILLED_AT {killed_at}", flush=True)
+                with open(os.environ["KILL_FILE"], "w") as out:
+                    out.write(repr(killed_at))
+                os.kill(os.getpid(), signal.SIGKILL)
+            # Ranks whose replica group lacks the victim block here on live peers who left.
+            registry.collectives("dp_replicate").all_reduce(torch.ones(1 << 12))
+            registry.collectives("checkpoint-metadata").all_reduce(torch.ones(1))
+        except Exception as error:  # any failure of a step means: rebuild
+            failed_at = time.time()
+            report = registry.rebuild()  # no alive=: nobody says who died
+            rebuilt_at = time.time()
+            if report.place != "member":
+                registry.close()
+                return {"place": report.place, "rebuilt_at": rebuilt_at}
+            total = torch.ones(1)
+            registry.collectives("checkpoint-metadata").all_reduce(total)
+            registry.close()
+            return {"place": "member", "failed_at": failed_at, "rebuilt_at": rebuilt_at,
+                    "lost": report.lost, "members": report.members, "sum": float(total.item()),
+                    "error": type(error).__name__, "seconds": report.seconds}
+    registry.close()
+    return {"place": "no loss"}
+
+
+@pytest.mark.parametrize("victim", [5, 0], ids=["rank5", "rank0"])
+def test_a_killed_rank_is_replaced_in_seconds_with_production_timeouts(
+        victim: int, tmp_path: Any) -> None:
+    kill_file = tmp_path / "killed_at"
+    results = run_world(_train_until_killed, 8, victim, 1, timeout=240, expect_errors=True,
+                        env={"KILL_FILE": str(kill_file)})
+    killed_at = float(kill_file.read_text())
+    survivors = {r: results[r] for r in range(8) if r != victim}
+    for rank, result in survivors.items():
+        assert isinstance(result, dict), (rank, result)
+    members = {r for r, result in survivors.items() if result["place"] == "member"}
+    partner = victim ^ 1  # its replica (dp_shard pair) goes with it: HSDP's elastic dim
+    assert members == set(range(8)) - {victim, partner}
+    assert survivors[partner]["place"] == "dropped"
+    for rank in members:
+        result = survivors[rank]
+        assert result["lost"] == (victim,)
+        assert result["members"] == tuple(sorted(members))
+        assert result["sum"] == float(len(members))  # the new checkpoint group works
+        assert result["rebuilt_at"] - killed_at < WELL_UNDER_THE_TIMEOUT_S, (rank, result)
+
+
+def _lone_rebuild(rank: int, world: int) -> dict[str, Any]:
+    """Rank 0 rebuilds after a local error; the others are training and alive."""
+    registry = GroupRegistry(hsdp_layout(timeout_s=PRODUCTION_TIMEOUT_S),
+                             create_timeout_s=60).create()
+    if rank == 0:
+        report = registry.rebuild()  # e.g. `except Exception: registry.rebuild()` on a local bug
+    else:
+        report = None
+        for _ in range(200):
+            try:
+                registry.collectives("checkpoint-metadata").all_reduce(torch.ones(1))
+                time.sleep(0.05)
+            except Exception:  # interrupted: rank 0 reported a loss
+                report = registry.rebuild()
+                break
+    assert report is not None
+    total = torch.ones(1)
+    registry.collectives("checkpoint-metadata").all_reduce(total)
+    registry.close()
+    return {"generation": report.generation, "members": report.members, "lost": report.lost,
+            "sum": float(total.item())}
+
+
+def test_a_lone_rebuild_brings_every_live_rank_into_the_same_generation() -> None:
+    results = run_world(_lone_rebuild, 4, timeout=120)
+    assert all(r == {"generation": 1, "members": (0, 1, 2, 3), "lost": (), "sum": 4.0}
+               for r in results), results
+
+
+def _lone_rebuild_nobody_answers(rank: int, world: int) -> str:
+    registry = GroupRegistry(hsdp_layout(timeout_s=PRODUCTION_TIMEOUT_S),
+                             create_timeout_s=60).create()
+    if rank == 0:
+        try:
+            registry.rebuild(timeout=2)  # the others are alive and never reach a collective
+        except RebuildError as error:
+            outcome = f"refused: {error}"
+        else:
+            outcome = "rebuilt alone"
+    else:
+        time.sleep(4)
+        outcome = "waited"
+    store_barrier(torch_internals.default_store(), "test/lone-done", rank, world,
+                  timedelta(seconds=60), "the test's end")
+    registry.close()
+    return outcome
+
+
+def test_a_lone_rebuild_that_nobody_joins_fails_on_that_rank_and_splits_nothing() -> None:
+    results = run_world(_lone_rebuild_nobody_answers, 4, timeout=120)
+    assert results[0].startswith("refused") and "majority" in results[0], results[0]
+    assert results[1:] == ["waited"] * 3
+
+
+def _late_and_retrying(rank: int, world: int) -> dict[str, Any]:
+    registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
+    if rank == 3:
+        os._exit(0)
+    if rank == 2:
+        time.sleep(4)  # left out: the majority decided without it after its 1.5 s window
+    outcomes = []
+    for _ in range(2):  # a left-out rank that retries gets the same answer, never its own world
+        try:
+            report = registry.rebuild(timeout=1.5)
+            outcomes.append(f"{report.place} {report.members}")
+            break
+        except LeftOutError:
+            outcomes.append("left out")
+        except RebuildError as error:
+            outcomes.append(f"refused: {error}")
+    return {"outcomes": outcomes, "state": registry.state.value}
+
+
+def test_a_left_out_rank_stays_out_when_it_retries() -> None:
+    results = run_world(_late_and_retrying, 4, timeout=90, expect_errors=True)
+    assert results[0]["outcomes"] == results[1]["outcomes"] == ["member (0, 1)"]
+    late = results[2]
+    assert late["outcomes"][0] == "left out"
+    assert late["outcomes"][1].startswith("refused") and "dropped" in late["outcomes"][1]
+    assert late["state"] == "dropped"
+
+
+def _resources() -> dict[str, int]:
+    return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
+            "groups": _group_count(),
+            "keys": int(torch_internals.default_store().num_keys())}
+
+
+def _keys_one_generation_leaves(rank: int) -> int:
+    """The store keys that creating and closing one registry of the same layout leaves behind:
+    torch's own rendezvous keys of each new group (their names are torch's, never ours to
+    delete), measured here."""
+    store = torch_internals.default_store()
+    dist.barrier()
+    before = int(store.num_keys())
+    GroupRegistry(hsdp_layout(), create_timeout_s=60).create().close()
+    dist.barrier()
+    time.sleep(0.3)
+    return int(store.num_keys()) - before
+
+
+def _rebuild_cycles(rank: int, world: int, cycles: int) -> list[dict[str, int]]:
+    torch_keys = _keys_one_generation_leaves(rank)
+    registry = GroupRegistry(hsdp_layout(), create_timeout_s=60).create()
+    registry.device_mesh(["dp_replicate", "fsdp"])
+    seen = []
+    for _ in range(cycles):
+        with contextlib.suppress(RuntimeError):  # a faster rank's rebuild() interrupts it
+            registry.collectives("fsdp").all_reduce(torch.ones(4))
+        registry.rebuild()  # every rank: nobody lost, a new generation each time
+        dist.barrier(group=registry.group("checkpoint-metadata"))
+        time.sleep(0.3)  # let the store's counts settle (the last releaser deletes shared keys)
+        seen.append({**_resources(), "torch_keys": torch_keys})
+    registry.close()
+    return seen
+
+
+def test_rebuilds_leak_nothing_over_ten_cycles() -> None:
+    results = run_world(_rebuild_cycles, 4, 10, timeout=240)
+    for rank, seen in enumerate(results):
+        first, last = seen[0], seen[-1]
+        assert last["groups"] == first["groups"], (rank, seen)
+        assert last["fds"] <= first["fds"] + 2, (rank, seen)
+        assert last["threads"] <= first["threads"] + 2, (rank, seen)
+        # Ours stay flat; torch's rendezvous keys of each new group stay behind (theirs).
+        assert last["keys"] - first["keys"] <= (len(seen) - 1) * first["torch_keys"] + 2, (
+            rank, seen)
