@@ -133,16 +133,21 @@ def test_a_different_op_at_the_same_sequence_number_is_a_mismatch_with_both_site
 def test_a_dead_rank_is_named_silent(scenarios: Any) -> None:
     results, _ = scenarios
     assert isinstance(results[DIES]["end"], TimeoutError)  # it exited without reporting
+    diagnosed = 0
     for rank in (0, 1, 2):
         got = results[rank]["dies"]
-        assert got["flight"] is not None, got
-        assert DIES in got["flight"]["silent"], got  # ranks that left before: left or silent
-        assert got["flight"]["behind"] == [] and got["flight"]["mismatch"] == []
-        assert "silent: rank 3 (no fresh status: dead or frozen" in got["text"]
         # a timeout (RoleHangError) or a closed connection (RoleCollectiveError), each named
         # within the role timeout plus a few seconds
         assert got["cls"] in ("RoleHangError", "RoleCollectiveError"), got
         assert got["waited_s"] < 2 + 4, got
+        if got["flight"] is None:  # the heartbeat reported the loss first: interrupted, no wait
+            assert got["cls"] == "RoleCollectiveError", got
+            continue
+        diagnosed += 1
+        assert DIES in got["flight"]["silent"], got  # ranks that left before: left or silent
+        assert got["flight"]["behind"] == [] and got["flight"]["mismatch"] == []
+        assert "silent: rank 3 (no fresh status: dead or frozen" in got["text"]
+    assert diagnosed >= 1  # its direct peers see the closed connection before any heartbeat
 
 
 def test_the_merged_dumps_name_each_hang(scenarios: Any) -> None:
