@@ -60,7 +60,7 @@ from commgroups.layout.specs import Layout
 from commgroups.planning.plan import Plan, RolePlan
 from commgroups.rank_loss.sever import new_sockets, open_sockets, sever
 from commgroups.rank_loss.shrink import Spine
-from commgroups.util.error_text import listed
+from commgroups.util.error_text import first_fitting, listed
 
 if TYPE_CHECKING:
     from commgroups.collectives.role_collectives import RoleCollectives
@@ -300,7 +300,8 @@ class Generation:
         ballot = local_vote(request.plan, order, methods, request.rank, world) if vote else None
         verdict = agree(store, position, world, payload,
                         timedelta(seconds=request.create_timeout_s), finish=store.finish,
-                        ballot=ballot, counter=torch_internals.next_counter_name() or "")
+                        ballot=ballot, counter=torch_internals.next_counter_name() or "",
+                        members=request.plan.members if request.number > 0 else None)
         decided = decide_local(methods, ballot, verdict, request.rank)
         every_rank = sorted(role for role, method in decided.items() if method != "local")
         if vote and verdict.counter_split and every_rank:
@@ -350,10 +351,12 @@ class Generation:
             _destroy_groups(created.values())  # leave nothing half-made
             step = (f"creating role {current.name!r} ({methods[current.name]})"
                     if current is not None else f"noting the end of creation at {what}")
-            raise GroupCreationError(
-                f"rank {request.rank}: {step} failed: {error}; fix: check that every rank is "
-                "alive and makes the same registry calls in the same order (creation waits "
-                f"create_timeout_s={request.create_timeout_s:g}s)"
+            fix = ("call rebuild() again on every survivor (it rebuilds without a rank that "
+                   "died meanwhile)" if request.number > 0 else "check that every rank is alive "
+                   "and makes the same registry calls in the same order")
+            raise GroupCreationError(first_fitting(
+                f"rank {request.rank}: {step} failed: {error}; fix: {fix}",
+                f"rank {request.rank}: {step} failed: {str(error)[:80]}...; fix: {fix}"),
             ) from error
         return created
 

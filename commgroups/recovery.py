@@ -126,7 +126,8 @@ class Recovery:
                       f"{self.attempts}/")
             survivors = np.asarray(check_in(
                 torch_internals.default_store(), prefix, self.rank, members, window,
-                None if known is None else known.tolist(), self.liveness, self._made_key),
+                None if known is None else known.tolist(), self.liveness, self._made_key,
+                current.number),
                 dtype=np.int64)
         seconds["check_in"] = time.monotonic() - started
 
@@ -162,7 +163,7 @@ class Recovery:
         return RebuildReport(number, decision.layout, new, lost, spares, dropped, "member",
                              seconds), generation
 
-    def finish(self, report: RebuildReport, members: Sequence[int], after: Sequence[int],
+    def finish(self, report: RebuildReport, members: Sequence[int],
                lost_positions: Sequence[int]) -> float:
         """After the new generation is current: watch it, release the old one and the check-in
         keys of a rebuild ago; returns the seconds it took (the report's ``release`` phase)."""
@@ -173,7 +174,7 @@ class Recovery:
         self.release_retired(lost_positions, first)
         if first and str(dist.get_backend()) != "fake":
             root = torch_internals.default_store()
-            record_made(root, self._made_key, members, after)
+            record_made(root, self._made_key, report.generation, members)
             if self.previous_check_ins is not None:  # a generation ago: nobody reads them now
                 forget_check_ins(root, *self.previous_check_ins)
         self.previous_check_ins = (

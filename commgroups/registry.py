@@ -69,7 +69,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CREATE_TIMEOUT_S = 300.0
 DEFAULT_HEARTBEAT_S = 0.1
-DEFAULT_DEAD_AFTER_S = 1.5
+DEFAULT_DEAD_AFTER_S = 1.0
 
 MeshNames = tuple[str, ...]
 
@@ -288,7 +288,7 @@ class GroupRegistry:
         self._start(generation)
         report.seconds["meshes"] = time.monotonic() - mark
         lost = current.plan.positions(np.asarray(report.lost, dtype=np.int64)).tolist()
-        report.seconds["release"] = self._recovery.finish(report, self.members, before, lost)
+        report.seconds["release"] = self._recovery.finish(report, self.members, lost)
         logger.info("rank %d: rebuilt generation %d on %d ranks in %.3fs", self._rank,
                     self._number, len(self.members), report.total_seconds)
         return report

@@ -93,6 +93,8 @@ def _lone_rebuild(rank: int, world: int) -> dict[str, Any]:
     """Rank 0 rebuilds after a local error; the others are training and alive."""
     registry = GroupRegistry(hsdp_layout(timeout_s=PRODUCTION_TIMEOUT_S),
                              create_timeout_s=60).create()
+    mesh = registry.device_mesh(["dp_replicate", "fsdp"])
+    old_groups = {"group": registry.group("checkpoint-metadata"), "mesh": mesh.get_group(1)}
     if rank == 0:
         report = registry.rebuild()  # e.g. `except Exception: registry.rebuild()` on a local bug
     else:
@@ -107,15 +109,28 @@ def _lone_rebuild(rank: int, world: int) -> dict[str, Any]:
     assert report is not None
     total = torch.ones(1)
     registry.collectives("checkpoint-metadata").all_reduce(total)
+    stale = {}
+    for name, group in old_groups.items():  # generation 0's groups fail loudly, never silently
+        try:
+            dist.all_reduce(torch.ones(1), group=group)
+            stale[name] = "ran"
+        except (RuntimeError, ValueError) as error:
+            stale[name] = f"{type(error).__name__}: {str(error).split('>', 1)[-1][:80]}"
     registry.close()
     return {"generation": report.generation, "members": report.members, "lost": report.lost,
-            "sum": float(total.item())}
+            "sum": float(total.item()), "stale": stale}
 
 
 def test_a_lone_rebuild_brings_every_live_rank_into_the_same_generation() -> None:
     results = run_world(_lone_rebuild, 4, timeout=120)
-    assert all(r == {"generation": 1, "members": (0, 1, 2, 3), "lost": (), "sum": 4.0}
-               for r in results), results
+    for result in results:
+        stale = result.pop("stale")
+        assert result == {"generation": 1, "members": (0, 1, 2, 3), "lost": (), "sum": 4.0}
+        # released: torch no longer knows the groups (and their sockets were shut down before)
+        assert set(stale) == {"group", "mesh"} and all(
+            text.startswith("ValueError") and "not initialized in the world group map" in text
+            for text in stale.values()
+        ), stale
 
 
 def _lone_rebuild_nobody_answers(rank: int, world: int) -> str:
@@ -171,6 +186,31 @@ def test_a_left_out_rank_stays_out_when_it_retries() -> None:
     assert late["state"] == "dropped"
 
 
+def _far_behind(rank: int, world: int) -> str:
+    """Rank 2 reaches rebuild() two generations late, after the check-in it missed was deleted."""
+    registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
+    store = torch_internals.default_store()
+    if rank == 3:
+        os._exit(0)
+    if rank == 2:
+        store.wait(["test/far-behind-go"], timedelta(seconds=60))
+        try:
+            registry.rebuild(timeout=1.5)
+        except LeftOutError:
+            return "left out"
+        return "rebuilt alone"
+    registry.rebuild(timeout=1.5)  # generation 1 on [0, 1]
+    registry.rebuild()  # generation 2: generation 1's check-in keys are deleted now
+    store.set("test/far-behind-go", "1")
+    registry.close()
+    return f"generation {registry.generation}"
+
+
+def test_a_rank_generations_behind_is_left_out_too() -> None:
+    results = run_world(_far_behind, 4, timeout=90, expect_errors=True)
+    assert results[:3] == ["generation 2", "generation 2", "left out"], results
+
+
 def _resources() -> dict[str, int]:
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
             "groups": _group_count(),
@@ -216,3 +256,21 @@ def test_rebuilds_leak_nothing_over_ten_cycles() -> None:
         # Ours stay flat; torch's rendezvous keys of each new group stay behind (theirs).
         assert last["keys"] - first["keys"] <= (len(seen) - 1) * first["torch_keys"] + 2, (
             rank, seen)
+
+
+def _audited_rebuild(rank: int, world: int) -> list[tuple[str, ...]]:
+    import commgroups as cg
+
+    registry = GroupRegistry(hsdp_layout({"dp_replicate": 2, "dp_shard": 1}),
+                             create_timeout_s=60).create()
+    with cg.audit.record(registry) as recorder:
+        registry.collectives("checkpoint-metadata").all_reduce(torch.ones(1))
+        registry.rebuild()  # both ranks: a new generation, new groups under the same roles
+        registry.collectives("checkpoint-metadata").all_reduce(torch.ones(1))
+    registry.close()
+    return [record.roles for record in recorder.records]
+
+
+def test_the_audit_names_a_rebuilt_generations_groups_by_role() -> None:
+    for roles in run_world(_audited_rebuild, 2, timeout=120):
+        assert roles[0] == roles[-1] == ("checkpoint-metadata",), roles

@@ -140,6 +140,9 @@ class Recorder:
         self._watched: dict[str, dist.ProcessGroup] = {}
         self._sequence_start: dict[str, int] = {}
         self._sequence_end: dict[str, int] | None = None
+        # A registry that rebuilds makes new groups under the same roles: followed by generation.
+        self._registry = roles if isinstance(roles, GroupRegistry) else None
+        self._generation = roles.generation if isinstance(roles, GroupRegistry) else 0
         for role, group in self._role_groups.items():
             self._roles_by_group.setdefault(group.group_name, []).append(role)
             self._group_info(group)
@@ -149,6 +152,22 @@ class Recorder:
             self._watch(group)
 
     # ---------------------------------------------------------------------------- observation
+    def _follow_rebuilds(self) -> None:
+        """After ``registry.rebuild()``: name the new generation's groups by their roles too."""
+        registry = self._registry
+        if registry is None or registry.generation == self._generation or not registry.created:
+            return
+        self._generation = registry.generation
+        made = registry.process_groups()
+        for role, group in made.items():
+            if role in registry.role_names:
+                self._role_groups[role] = group
+                self._roles_by_group.setdefault(group.group_name, []).append(role)
+                self._group_info(group)
+        self._made = sorted({*(self._made or ()), *(g.group_name for g in made.values())})
+        for group in made.values():
+            self._watch(group)
+
     def _watch(self, group: dist.ProcessGroup) -> None:
         name = group.group_name
         if name in self._watched:
@@ -244,6 +263,8 @@ class Recorder:
         else:
             exec_stream = f"{device}/stream:{stream}" if device.type == "cuda" else str(device)
         self._group_seq[group_name] = self._group_seq.get(group_name, 0) + 1
+        if group_name not in self._roles_by_group:
+            self._follow_rebuilds()
         roles = tuple(self._roles_by_group.get(group_name, ()))
         self.records.append(CollectiveRecord(
             index=len(self.records),

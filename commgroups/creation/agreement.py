@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -114,6 +114,7 @@ def agree(
     finish: Callable[[], None] | None = None,
     ballot: Ballot | None = None,
     counter: str = "",
+    members: Sequence[int] | None = None,
 ) -> Verdict:
     """Check that every rank holds an identical ``payload``; raise on every rank otherwise.
 
@@ -173,6 +174,12 @@ def agree(
         verdict = json.loads(store.get("all").decode())
         if verdict["state"] != "complete":
             missing = _missing_ranks(store, world_size, "digest/")
+            if members is not None:  # a rebuild: name global ranks, and the call to make
+                raise AgreementTimeoutError(
+                    f"rank {members[rank]}: rebuild() timed out after "
+                    f"{timeout.total_seconds():g}s creating the next generation; ranks that never "
+                    f"arrived: {format_ranks([members[m] for m in missing]) if missing else 'unknown'}"
+                    "; fix: call rebuild() again on every survivor (it rebuilds without them)")
             raise AgreementTimeoutError(
                 f"rank {rank}: GroupRegistry.create() timed out after {timeout.total_seconds():g}s "
                 f"(attempt {verdict['state']}); ranks that never arrived: "

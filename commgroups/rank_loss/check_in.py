@@ -60,6 +60,7 @@ def check_in(
     expected: Sequence[int] | None = None,
     liveness: Liveness | None = None,
     made_key: str | None = None,
+    generation: int = 0,
 ) -> tuple[int, ...]:
     """Check ``rank`` in under ``prefix`` and return the decided survivors (global ranks, ascending).
 
@@ -73,9 +74,11 @@ def check_in(
         expected: ranks known to be alive; the set is decided as soon as all of them are in.
         liveness: the ranks' heartbeats: the set is decided as soon as every member is in or has
             stopped beating; at the window's end only a majority of the live members decides.
-        made_key: where the survivors record each generation they made (:func:`record_made`);
-            one made since this rank's generation means the check-in was decided long ago and its
-            keys may be gone: this rank is out (it is not in that generation, or it would be in it).
+        made_key: where the survivors record the last generation they made (:func:`record_made`);
+            one newer than ``generation`` (this rank's) means this check-in was decided long ago
+            and its keys may be gone: this rank is out (were it in that generation, it would be
+            at it).
+        generation: the number of the generation this rank is rebuilding from.
 
     Raises:
         LeftOutError: this rank checked in after the set was decided without it.
@@ -97,7 +100,7 @@ def check_in(
         while decided is None:
             if made_key is not None and root.check([made_key]):
                 made = json.loads(bytes(root.get(made_key)).decode())
-                if made["after"] != list(members):  # a generation was made since ours
+                if made["generation"] > generation:  # made from ours, or later: we are out
                     decided = tuple(made["members"])
                     break
             if store.check([_DECIDED]):
@@ -129,11 +132,10 @@ def check_in(
     return decided
 
 
-def record_made(root: Store, made_key: str, members: Sequence[int],
-                after: Sequence[int]) -> None:
-    """Record that the generation on ``members`` was made from the one on ``after`` (one key,
-    overwritten by each rebuild): a rank of ``after`` that checks in later learns it is out."""
-    root.set(made_key, json.dumps({"members": list(members), "after": list(after)}))
+def record_made(root: Store, made_key: str, generation: int, members: Sequence[int]) -> None:
+    """Record that generation ``generation`` was made on ``members`` (one key, overwritten by
+    each rebuild): a rank of an older generation that checks in later learns it is out."""
+    root.set(made_key, json.dumps({"generation": generation, "members": list(members)}))
 
 
 def forget_check_ins(root: Store, prefix: str, attempts: int) -> None:

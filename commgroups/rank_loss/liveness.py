@@ -8,7 +8,9 @@ One daemon thread per registry (:class:`Liveness`), on its own connection to the
    there, it calls ``on_loss(g)`` (the registry interrupts ``g``'s groups, so no rank of the job waits
    out a collective timeout on them);
 3. **watches** the next member of ``g`` (in a ring, so each rank is watched by one other): a beat
-   that has not moved for ``dead_after_s`` is reported as a loss of that rank.
+   that has not moved for ``report_after_s`` (ten times ``dead_after_s``) is reported as a loss of
+   that rank. A backstop: a dead rank's peers see their collective fail within milliseconds and
+   report first; a watcher that reported a rank holding the GIL for a second would stop the job.
 
 Each step is one non-blocking ``add`` (O(1) store operations per rank per interval). A rank that is
 only slow (its process alive, in Python or in a collective) goes on beating from this thread and is
@@ -67,6 +69,7 @@ class Liveness:
         self.rank = rank
         self.interval_s = interval_s
         self.dead_after_s = dead_after_s
+        self.report_after_s = 10 * dead_after_s
         self._on_loss = on_loss
         self._lock = threading.Lock()  # one operation at a time on the one connection
         self._watched: tuple[int, int | None] | None = None  # generation, the member watched
@@ -183,7 +186,9 @@ class Liveness:
         # never beat is still finishing create(), or died in it (create() fails then).
         if successor is None:
             return
-        stopped = successor in self.dead([successor], time.monotonic())
-        if stopped and self._seen.get(successor, (0, 0.0))[0] > 0:
+        now = time.monotonic()
+        self.dead([successor], now)  # notes when its beat last moved
+        beat, moved = self._seen.get(successor, (0, now))
+        if beat > 0 and now - moved >= self.report_after_s:
             self.report(generation, f"rank {successor} stopped beating for "
-                        f"{self.dead_after_s:g}s", suspect=successor)
+                        f"{self.report_after_s:g}s", suspect=successor)
