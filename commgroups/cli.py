@@ -13,7 +13,7 @@ from commgroups.errors import CommGroupsError
 __all__ = ["build_parser", "main", "one_line"]
 
 # Sub-command modules; each has register(subparsers) and is imported only when the CLI starts.
-COMMAND_MODULES = ("plan", "demo", "audit", "bench")
+COMMAND_MODULES = ("plan", "demo", "audit", "bench", "flight")
 
 
 def build_parser() -> argparse.ArgumentParser:

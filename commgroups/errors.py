@@ -11,6 +11,8 @@ fingerprints, so nothing hangs.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AgreementTimeoutError",
     "ArgumentError",
@@ -24,6 +26,7 @@ __all__ = [
     "DimsOrRanksError",
     "DuplicateRoleError",
     "EmptyDimsError",
+    "FlightDumpError",
     "GroupCreationError",
     "IncompleteCheckpointError",
     "InvalidAutoDimError",
@@ -48,6 +51,7 @@ __all__ = [
     "RegistryStateError",
     "ReplanError",
     "RoleCollectiveError",
+    "RoleHangError",
     "RoleTimeoutError",
     "StaleGenerationError",
     "StoreUnreachableError",
@@ -325,15 +329,28 @@ class RoleCollectiveError(CommGroupsError, RuntimeError):
     Names the role, the op and the call's sequence number on that role.
     """
 
-    def __init__(self, message: str, *, role: str, op: str, seq: int) -> None:
+    def __init__(self, message: str, *, role: str, op: str, seq: int,
+                 flight: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.role = role
         self.op = op
         self.seq = seq
+        self.flight = flight
+        """With the flight recorder on: every rank of the role compared with this call (behind,
+        ahead, mismatch, silent: :class:`commgroups.flight_recorder.diagnosis.Diagnosis`)."""
 
 
 class RoleTimeoutError(RoleCollectiveError, TimeoutError):
     """A collective on a role's group timed out; names the role, the op and the sequence number."""
+
+
+class RoleHangError(RoleTimeoutError):
+    """A role's collective timed out and the flight recorder names why: the ranks that did not
+    reach it (what each last issued on the role, and where it is now), ranks that issued another
+    op at the same sequence number (both call sites), ranks with no fresh status (dead or frozen)
+    and ranks ahead. The text is short; ``flight`` holds every rank's details and ``flight["dump"]``
+    the file this rank's recorder was written to.
+    """
 
 
 class ConcurrentRoleUseError(CommGroupsError, RuntimeError):
@@ -377,6 +394,10 @@ class MeshNotPlannedError(MeshRequestError):
     Lookups never create groups (the guide, 'Creation happens in create() and rebuild()'):
     declare the mesh, ``GroupRegistry(layout, meshes=[[...]])``, or add a role over the dim.
     """
+
+
+class FlightDumpError(CommGroupsError, ValueError):
+    """A directory holds no readable flight-recorder dump (``commgroups flight merge DIR``)."""
 
 
 class AuditFileError(CommGroupsError, ValueError):

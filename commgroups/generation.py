@@ -56,6 +56,8 @@ from commgroups.errors import (
     MeshRequestError,
     UnknownDimError,
 )
+from commgroups.flight_recorder.session import FlightSession, open_flight
+from commgroups.flight_recorder.settings import flight_enabled
 from commgroups.layout.specs import Layout
 from commgroups.planning.plan import Plan, RolePlan
 from commgroups.rank_loss.sever import new_sockets, open_sockets, sever
@@ -175,6 +177,8 @@ class Generation:
     """:meth:`interrupt` ran: the groups are aborted or severed, none carries traffic any more."""
     aborted: set[int] = field(default_factory=set)
     """``id()`` of each group aborted already (abort runs once per group)."""
+    flight: FlightSession | None = None
+    """The flight recorder of this generation's roles (None: off; see commgroups.flight_recorder)."""
 
     @property
     def layout(self) -> Layout:
@@ -260,6 +264,12 @@ class Generation:
                          dim_groups={d: made[d] for d in request.mesh_dims},
                          attempts=[store] if store is not None else [],
                          epoch=store.epoch if store is not None else -1)
+        generation.flight = open_flight(
+            {name: made[name].group for name in request.layout.role_names},
+            enabled=flight_enabled(request.layout), generation=request.number,
+            epoch=generation.epoch, store_prefix=STORE_PREFIX, publish=store is not None,
+            members=request.layout.world_size,
+            backends={name: made[name].adapter.name for name in request.layout.role_names})
         return generation
 
     @staticmethod
@@ -511,6 +521,8 @@ class Generation:
         if self.ended:
             return
         self.interrupted = True
+        if self.flight is not None:  # the failures that follow are this interruption's
+            self.flight.interrupted = True
         _abort_groups([*self.roles.values(), *self.dim_groups.values()], self.aborted, keep)
 
     def retire(self) -> None:
@@ -521,6 +533,8 @@ class Generation:
         """
         number = self.number
         self.interrupted = True
+        if self.flight is not None:
+            self.flight.interrupted = True
         self._teardown("retired", lambda handle: handle.retire(number),
                        lambda made: _abort_groups(made, self.aborted))
 
@@ -539,6 +553,9 @@ class Generation:
                    or not role.adapter.connects_on_create for role in made):
             return False
         _destroy_groups(made)
+        if self.flight is not None:
+            members = self.plan.members or tuple(range(self.layout.world_size))
+            self.flight.release(tuple(members[position] for position in lost))
         if self.request.rank >= 0:
             for attempt in self.attempts:
                 attempt.release(self.request.position, self.layout.world_size, lost)
@@ -588,6 +605,8 @@ class Generation:
         for handle in self.handles.values():
             end_handle(handle)
         self.handles.clear()
+        if self.flight is not None:
+            self.flight.close(release=how == "destroyed")
         end_groups([*self.roles.values(), *self.dim_groups.values()])
         for mesh in self.meshes.values():
             forget_flattenings(mesh)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import sys
 import threading
 import time
@@ -60,6 +61,7 @@ from commgroups.util.text_table import format_ranks, format_table
 
 if TYPE_CHECKING:
     from commgroups.collectives.role_collectives import RoleCollectives
+    from commgroups.flight_recorder.session import FlightSession
 
 __all__ = ["GroupRegistry", "RegistryState"]
 
@@ -455,9 +457,11 @@ class GroupRegistry:
         handles = self._live().handles
         # One object per role, so its call count (the sequence number errors name) is per role.
         if role not in handles:
+            flight = self._live().flight
             handles[role] = RoleCollectives(group, role=role,
                                             async_and_wait=self.spec(role).async_and_wait,
-                                            owner=self._creator, owner_site=self._creator_site)
+                                            owner=self._creator, owner_site=self._creator_site,
+                                            flight=flight.recorder.role(role) if flight else None)
         return handles[role]
 
     @serialized
@@ -486,6 +490,19 @@ class GroupRegistry:
         return mesh
 
     # ------------------------------------------------------------------------------ reporting
+    @property
+    def flight_recorder(self) -> FlightSession | None:
+        """The live generation's flight recorder (None: off, or no live generation)."""
+        live = self._current if self._state is RegistryState.CREATED else None
+        return live.flight if live is not None else None
+
+    def dump_flight_recorder(self, directory: str | os.PathLike[str] | None = None) -> str | None:
+        """Write this rank's flight recorder (JSON) into ``directory`` (default: ``$COMMGROUPS_
+        FLIGHT_DIR``, else a temporary folder); returns the file's path, None when it is off.
+        Local; ``commgroups flight merge DIR`` reads every rank's file."""
+        flight = self.flight_recorder
+        return flight.dump(directory) if flight is not None else None
+
     def describe(self) -> str:
         """A readable table: each role's dims, backend, size, groups, this rank's ranks, timeout."""
         header = ("role", "dims", "backend", "size", "groups", "creation", "timeout",

@@ -109,10 +109,12 @@ def _collective_faults(rank: int, world_size: int, fault: str) -> dict[str, Any]
     except cg.errors.RoleCollectiveError as error:
         return {
             "type": type(error).__name__,
+            "timeout": isinstance(error, cg.errors.RoleTimeoutError),
             "role": error.role,
             "op": error.op,
             "seq": error.seq,
             "message": str(error),
+            "flight": error.flight,
             "seconds": time.monotonic() - started,
         }
 
@@ -124,12 +126,19 @@ def test_rank_killed_mid_collective_survivors_name_the_role() -> None:
         assert result["role"] == "cp" and result["op"] == "all_reduce" and result["seq"] == 4
         assert "role 'cp'" in result["message"] and "all_reduce #4" in result["message"]
         assert result["seconds"] < 3 * ROLE_TIMEOUT_S
+        # The flight recorder names the dead rank (it never answers), unless the heartbeat had
+        # reported the loss first: then the generation was interrupted and nobody waits on it
+        assert result["flight"] is None or 3 in result["flight"]["silent"], result["message"]
+    assert any(result["flight"] is not None for result in results[:3])  # its direct peers
 
 
 def test_silent_rank_times_out_within_role_timeout() -> None:
     results = run_world(_collective_faults, 4, "silent", timeout=90, expect_errors=True)
     for result in results[:3]:
         assert result.get("error", "x") is not None
-        assert result["type"] == "RoleTimeoutError", result["message"]
+        # RoleHangError: the RoleTimeoutError the flight recorder diagnosed
+        assert result["type"] in ("RoleTimeoutError", "RoleHangError"), result["message"]
+        assert result["timeout"] is True, result["message"]
+        assert result["flight"]["behind"] == [3], result["message"]  # alive, stuck in Python
         assert (result["role"], result["op"], result["seq"]) == ("cp", "all_reduce", 4)
         assert result["seconds"] < 3 * ROLE_TIMEOUT_S  # the type above says it was the timeout

@@ -24,6 +24,7 @@ from commgroups.bench import (
     audit_cost,
     checkpoint,
     creation,
+    flight_cost,
     memory,
     planning,
     rebuild,
@@ -122,6 +123,8 @@ def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig
         out["async_and_wait"] = async_wait_cost.measure(rank, world_size, progress, config)
     if "audit" in sections:
         out["audit"] = audit_cost.measure(rank, world_size, progress, config)
+    if "flight" in sections:
+        out["flight"] = flight_cost.measure(rank, world_size, progress, config)
     if "dcp" in sections or "exchange" in sections:
         with GroupRegistry(Layout(dims={"cp": world_size})) as registry:
             if "exchange" in sections:
@@ -138,7 +141,7 @@ def expected_units(config: BenchConfig, scenarios: Sequence[Scenario] = ()) -> i
     per_gloo_world = (config.creation_repetitions + len(config.metadata_items)
                       + config.rebuild_repetitions)
     first_world = (len(config.async_and_wait_ops) * len(config.async_and_wait_sizes)
-                   + config.dcp_repetitions + len(audit_cost.WORKLOADS))
+                   + config.dcp_repetitions + len(audit_cost.WORKLOADS) + 1)  # + flight
     extra_units = sum(scenario.units(config) for scenario in scenarios)
     return (extra_units + len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
             + len(config.fake_worlds) * config.fake_repetitions + config.rebuild_repetitions
@@ -195,7 +198,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
                        for repetition in range(config.creation_repetitions)]
             sections: tuple[str, ...] = ("exchange",)
             if world == smallest:
-                sections += ("async_and_wait", "audit", "dcp")
+                sections += ("async_and_wait", "audit", "flight", "dcp")
             logger.info("gloo world of %d: %s", world, ", ".join(sections))
             gloo[world] = run_world(gloo_job, world, config, sections, directory,
                                     timeout_s=config.timeout_s, progress=bar)[0]
@@ -213,12 +216,15 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
         [gloo[w]["rebuild"] for w in config.gloo_worlds] + rebuild_results)
     async_and_wait_table, async_and_wait_summary = async_wait_cost.tables(gloo[smallest]["async_and_wait"])
     audit_table, audit_summary = audit_cost.tables(gloo[smallest]["audit"])
+    flight_table, flight_summary = flight_cost.tables(gloo[smallest]["flight"])
     checkpoint_tables, checkpoint_summary = checkpoint.tables(
         [gloo[smallest]["dcp"]], [gloo[w]["exchange"] for w in config.gloo_worlds]
     )
     result.tables = [creation_table, rebuild_table, planning_table, async_and_wait_table, audit_table,
+                     flight_table,
                      *checkpoint_tables, memory_table, *(table for tables, _ in extras for table in tables)]
-    for part in (creation_summary, rebuild_summary, planning_summary, async_and_wait_summary, audit_summary,
+    for part in (creation_summary, rebuild_summary, planning_summary, async_and_wait_summary,
+                 audit_summary, flight_summary,
                  checkpoint_summary, memory_summary, *(summary for _, summary in extras)):
         result.summary.update(part)
     result.duration_s = time.perf_counter() - started

@@ -26,7 +26,9 @@ import contextlib
 import functools
 import inspect
 import logging
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -35,6 +37,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from commgroups import torch_internals
+from commgroups.flight_recorder import index as flight_index
 
 __all__ = [
     "ASYNC_OP_FUNCTIONS",
@@ -42,6 +45,7 @@ __all__ = [
     "AsyncWaitDist",
     "async_and_wait_scope",
     "issue_and_wait",
+    "issue_and_wait_on",
     "p2p_issuer",
     "source_rank",
     "wrap_async_wait",
@@ -109,6 +113,36 @@ def issue_and_wait(
     return work
 
 
+def issue_and_wait_on(group: Any, fn: Callable[..., Any], /, *args: Any, async_op: bool = False,
+                      flight_op: str | None = None, **kwargs: Any) -> Any:
+    """:func:`issue_and_wait` of a call on ``group`` (also among ``args``/``kwargs``), recorded
+    in the flight recorder when ``group`` is a recorded registry group.
+
+    For paths that reach commgroups with a group but no ``registry.collectives`` handle: the
+    async-and-wait wrappers of torch.distributed (the scope, :class:`AsyncWaitDist`) and FSDP2's
+    comms; ``flight_op`` names the op in the recorder (default: ``fn``'s name). A recorded call
+    that times out raises the diagnosed
+    :class:`~commgroups.errors.RoleHangError` (from torch's error); other failures keep torch's.
+    """
+    recorder = flight_index.lookup(group)
+    if recorder is None:
+        return issue_and_wait(fn, *args, async_op=async_op, **kwargs)
+    entry = recorder.start(flight_op or str(getattr(fn, "__name__", "collective")), args, True,
+                           async_op, sys._getframe(1))
+    try:
+        work = issue_and_wait(fn, *args, async_op=async_op, **kwargs)
+    except RuntimeError as error:
+        failure = recorder.failure(entry, error)
+        if failure is None:
+            raise
+        raise failure from error
+    except BaseException as error:
+        recorder.end(entry, error)
+        raise
+    entry.end_ns = time.monotonic_ns()
+    return work
+
+
 def p2p_issuer(nonblocking: Callable[..., Any]) -> Callable[..., Any]:
     """``isend``/``irecv`` with an ``async_op`` parameter (ignored: they are always async)."""
 
@@ -134,6 +168,7 @@ def wrap_async_wait(fn: Callable[..., Any]) -> Callable[..., Any]:
         raise TypeError(f"{getattr(fn, '__name__', fn)!r} has no async_op parameter")
     index = params.index("async_op")
     later = params[index + 1:]
+    group_at = params.index("group") if "group" in params else len(params)
 
     @functools.wraps(fn)
     def async_wait(*args: Any, **kwargs: Any) -> Any:
@@ -141,7 +176,8 @@ def wrap_async_wait(fn: Callable[..., Any]) -> Callable[..., Any]:
             kwargs.update(zip(later, args[index + 1:]))
             kwargs["async_op"], args = args[index], args[:index]
         caller_async = bool(kwargs.pop("async_op", False))
-        work = issue_and_wait(fn, *args, async_op=caller_async, **kwargs)
+        group = kwargs.get("group", args[group_at] if group_at < len(args) else None)
+        work = issue_and_wait_on(group, fn, *args, async_op=caller_async, **kwargs)
         return work if caller_async else None
 
     setattr(async_wait, _MARK, True)
@@ -154,7 +190,7 @@ def _wrap_send(isend: Callable[..., Any], original: Callable[..., Any]) -> Calla
     @functools.wraps(original)
     def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
              group_dst: int | None = None) -> None:
-        issue_and_wait(issue, tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
+        issue_and_wait_on(group, issue, tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
 
     setattr(send, _MARK, True)
     return send
@@ -166,7 +202,8 @@ def _wrap_recv(irecv: Callable[..., Any], original: Callable[..., Any]) -> Calla
     @functools.wraps(original)
     def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
              group_src: int | None = None) -> int:
-        work = issue_and_wait(issue, tensor, src=src, group=group, tag=tag, group_src=group_src)
+        work = issue_and_wait_on(group, issue, tensor, src=src, group=group, tag=tag,
+                                 group_src=group_src)
         return source_rank(work, src, group, group_src)
 
     setattr(recv, _MARK, True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
@@ -33,6 +34,8 @@ from commgroups.errors import (
     RoleTimeoutError,
     StaleGenerationError,
 )
+from commgroups.flight_recorder.entries import FlightEntry
+from commgroups.flight_recorder.recorder import RoleRecorder
 from commgroups.util.error_text import first_fitting
 
 __all__ = ["RoleCollectives"]
@@ -85,7 +88,8 @@ class RoleCollectives:
     """
 
     def __init__(self, group: dist.ProcessGroup, *, role: str, async_and_wait: bool,
-                 owner: threading.Thread | None = None, owner_site: str = "") -> None:
+                 owner: threading.Thread | None = None, owner_site: str = "",
+                 flight: RoleRecorder | None = None) -> None:
         if not isinstance(group, dist.ProcessGroup):
             raise TypeError(
                 f"RoleCollectives for role {role!r} needs a ProcessGroup, got "
@@ -103,6 +107,8 @@ class RoleCollectives:
         self._claim_lock = threading.Lock()
         self._closed: str | None = None
         self._retired_generation: int | None = None
+        self.flight = flight
+        """The role's flight recorder (None: off); every call is recorded in it."""
 
     def close(self, reason: str) -> None:
         """Refuse every later call with :class:`RegistryClosedError` saying ``reason``.
@@ -192,19 +198,27 @@ class RoleCollectives:
         return int(self.group.rank())
 
     # ------------------------------------------------------------------------------- the rule
-    def _failure(self, op: str, seq: int, error: RuntimeError) -> RoleCollectiveError:
-        """The error naming the role, op and sequence number for a failed call."""
+    def _failure(self, op: str, seq: int, error: RuntimeError,
+                 entry: FlightEntry | None = None) -> RoleCollectiveError:
+        """The error naming the role, op and sequence number for a failed call (with the flight
+        recorder on: the ranks behind, ahead and mismatched, from their published status)."""
         text = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         timed_out = "timed out" in text.lower() or "timeout" in text.lower()
         cls = RoleTimeoutError if timed_out else RoleCollectiveError
         what = "timed out" if timed_out else "failed"
-        return cls(
+        failure = cls(
             f"role {self.role!r}: {op} #{seq} on group {self.group.group_name!r} {what}: {text}"
             f"; fix: check that every rank of the role is alive and issues the same "
             f"collectives in the same order"
             + (", or raise the role's timeout_s" if timed_out else ""),
             role=self.role, op=op, seq=seq,
         )
+        if self.flight is not None:
+            if entry is not None:
+                self.flight.end(entry, error)
+            if self.flight.diagnose is not None:
+                return self.flight.diagnose(failure, entry)
+        return failure
 
     @contextmanager
     def _named(self, op: str) -> Iterator[None]:
@@ -212,12 +226,21 @@ class RoleCollectives:
         self._enter(op)
         self.calls += 1
         seq = self.calls
+        flight = self.flight
+        entry = (flight.start(op, (), self.async_and_wait, False, sys._getframe(1))
+                 if flight is not None else None)
         try:
             yield
         except RoleCollectiveError:
             raise
         except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
-            raise self._failure(op, seq, error) from error
+            raise self._failure(op, seq, error, entry) from error
+        except BaseException as error:  # refused arguments (ValueError): no longer in flight
+            if entry is not None:
+                flight.end(entry, error)  # type: ignore[union-attr]  # set with entry
+            raise
+        if entry is not None:
+            flight.end(entry)  # type: ignore[union-attr]  # set with entry
 
     def _issue(self, fn: Callable[..., Any], async_op: bool, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, group=self.group, **kwargs)`` with torch's return shape (Work or None)."""
@@ -234,12 +257,23 @@ class RoleCollectives:
         self._enter(fn.__name__)
         self.calls += 1
         seq = self.calls
+        flight = self.flight
+        entry = (flight.start(fn.__name__, args, self.async_and_wait or async_op, async_op,
+                              sys._getframe(1)) if flight is not None else None)
         try:
             if not self.async_and_wait:
-                return fn(*args, group=self.group, async_op=async_op, **kwargs)
-            return issue_and_wait(fn, *args, group=self.group, async_op=async_op, **kwargs)
+                work = fn(*args, group=self.group, async_op=async_op, **kwargs)
+            else:
+                work = issue_and_wait(fn, *args, group=self.group, async_op=async_op, **kwargs)
         except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
-            raise self._failure(fn.__name__, seq, error) from error
+            raise self._failure(fn.__name__, seq, error, entry) from error
+        except BaseException as error:  # refused arguments (ValueError): no longer in flight
+            if entry is not None:
+                flight.end(entry, error)  # type: ignore[union-attr]  # set with entry
+            raise
+        if entry is not None:
+            entry.end_ns = time.monotonic_ns()  # RoleRecorder.end, inline: the hot path
+        return work
 
     @contextmanager
     def _object_scope(self, op: str) -> Iterator[None]:

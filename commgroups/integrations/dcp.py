@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +46,7 @@ from commgroups.errors import (  # the two checkpoint errors are importable from
     RoleCollectiveError,
     RoleTimeoutError,
 )
+from commgroups.flight_recorder import index as flight_index
 from commgroups.integrations.common import role_group
 from commgroups.layout.specs import CHECKPOINT_ROLE
 from commgroups.util.error_text import fit_lines
@@ -184,11 +186,17 @@ def _named(op: str, role: str, group: dist.ProcessGroup | None, checkpoint_id: A
     """
     from torch.distributed.checkpoint.api import CheckpointException
 
+    recorder = flight_index.lookup(group)  # one flight-recorder entry per save or load
+    entry = (recorder.start(f"dcp.{op}", (), True, False, sys._getframe(1))
+             if recorder is not None else None)
+    failed: BaseException | None = None
     try:
         yield
-    except CommGroupsError:
+    except CommGroupsError as error:
+        failed = error
         raise
     except (RuntimeError, CheckpointException) as error:
+        failed = error
         text = " ".join(str(error).split()) or repr(error)
         timed_out = "timed out" in text.lower() or "timeout" in text.lower()
         where = (f"group {group.group_name!r}" if group is not None else
@@ -199,6 +207,12 @@ def _named(op: str, role: str, group: dist.ProcessGroup | None, checkpoint_id: A
         tail = ("; fix: check that every rank of the role is alive and uses the same checkpoint "
                 "(a failed save is never complete: load the previous one)")
         raise cls(fit_lines(head, [text], tail), role=role, op=f"dcp.{op}", seq=0) from error
+    except BaseException as error:
+        failed = error
+        raise
+    finally:
+        if recorder is not None and entry is not None:
+            recorder.end(entry, failed)
 
 
 def save(

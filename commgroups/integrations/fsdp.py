@@ -26,7 +26,7 @@ import logging
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from commgroups import torch_internals
-from commgroups.collectives.async_wait import issue_and_wait
+from commgroups.collectives.async_wait import issue_and_wait_on
 from commgroups.integrations.common import role_group
 
 if TYPE_CHECKING:
@@ -81,8 +81,8 @@ def async_and_wait_comms() -> tuple[Any, Any] | None:
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any,
                      async_op: bool = False) -> Any:
             # The caller's (all-gather) stream waits on the group's stream.
-            work = issue_and_wait(super().__call__, output_tensor, input_tensor, group,
-                                  async_op=async_op)
+            work = issue_and_wait_on(group, super().__call__, output_tensor, input_tensor, group,
+                                     async_op=async_op, flight_op="fsdp.all_gather")
             return work if async_op else None
 
     class AsyncWaitReduceScatter(DefaultReduceScatter):  # type: ignore[misc,valid-type]
@@ -90,8 +90,8 @@ def async_and_wait_comms() -> tuple[Any, Any] | None:
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,
                      async_op: bool = False) -> Any:
-            work = issue_and_wait(super().__call__, output_tensor, input_tensor, group, op,
-                                  async_op=async_op)
+            work = issue_and_wait_on(group, super().__call__, output_tensor, input_tensor, group,
+                                     op, async_op=async_op, flight_op="fsdp.reduce_scatter")
             return work if async_op else None
 
     return AsyncWaitAllGather(), AsyncWaitReduceScatter()

@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictBool, field_validator, model_validator
 from typing_extensions import Self
 
 from commgroups import errors
@@ -116,6 +116,9 @@ class AutoLayout(SpecModel):
     )
     elastic: ElasticSpec | None = Field(
         default=None, description='Dims that may shrink; must name the "auto" dim.'
+    )
+    flight_recorder: StrictBool = Field(
+        default=True, description="As in Layout: the flight recorder, default on."
     )
 
     @field_validator("dims", mode="before")

@@ -536,6 +536,8 @@ class Layout(SpecModel):
             ``{pp, dp_replicate, efsdp, ep}``; a role takes its dims from ``dims`` or one view.
         elastic (ElasticSpec, optional): which dims may shrink after a rank loss (see
             :func:`commgroups.rank_loss.replan`); omitted: none.
+        flight_recorder (bool, optional): the flight recorder (:mod:`commgroups.flight_recorder`);
+            default on (``COMMGROUPS_FLIGHT_RECORDER=0`` turns it off for a process).
 
     Raises:
         EmptyDimsError: ``dims`` or a view is empty (or a role's ``dims`` is).
@@ -583,6 +585,10 @@ class Layout(SpecModel):
     )
     elastic: ElasticSpec | None = Field(
         default=None, description="Dims that may shrink after a rank loss; omitted: none."
+    )
+    flight_recorder: StrictBool = Field(
+        default=True, description="Record every role's collectives in a ring buffer and name "
+        "the ranks behind when a role times out (commgroups.flight_recorder); false: off."
     )
 
     @field_validator("dims", "views", mode="before")

@@ -340,6 +340,8 @@ class Plan:
             # Likewise only when present: ranks that disagree on what may shrink must not agree.
             **({"elastic": self.layout.elastic.model_dump(mode="json")}
                if self.layout.elastic is not None else {}),
+            # Only when off: every rank must publish its status for a timeout to name who is behind.
+            **({"flight_recorder": False} if not self.layout.flight_recorder else {}),
         }
 
     @cached_property

@@ -54,8 +54,10 @@ __all__ = [
     "devicemesh_rows",
     "flatten_mesh",
     "fsdp_default_comm_classes",
+    "flight_trace_entries",
     "functional_all_reduce",
     "group_naming_state",
+    "group_sequence_counter",
     "group_sequence_number",
     "hccl_process_group_class",
     "import_fake_backend",
@@ -415,6 +417,64 @@ def group_sequence_number(group: dist.ProcessGroup) -> int | None:
         return int(group._get_sequence_number_for_group())  # type: ignore[attr-defined]
     except (RuntimeError, AttributeError, NotImplementedError, ValueError, TypeError):
         return None
+
+
+def flight_trace_entries(groups: dict[str, str], limit: int = 64) -> list[dict[str, Any]]:
+    """The newest ``limit`` entries per group of torch's own flight recorders on ``groups``, each
+    with its role; ``groups`` maps c10d group names to role names.
+
+    torch keeps two recorders: the generic one, ``torch._C._distributed_c10d._dump_fr_trace_json``
+    (from 2.8, every build; 2.13's gloo records into it by default, 2000 entries,
+    ``TORCH_FR_BUFFER_SIZE`` sets the size, 0 turns it off), and ProcessGroupNCCL's own,
+    ``_dump_nccl_trace_json`` (CUDA builds; torch 2.15's default ``ProcessGroupNCCL2`` records
+    only from pytorch#192233). Both are read, with no arguments (their defaults: everything), and
+    each is skipped where missing or failing. They see every call on a group, plain, functional
+    (DTensor) and object collectives included. Run on 2.13.0 (CPU: the generic recorder);
+    NOT CHECKED here on 2.10, 2.14.1, 2.15.0 (no wheel of them on this machine) nor on CUDA.
+    """
+    import json
+
+    module = torch._C._distributed_c10d
+    out: list[dict[str, Any]] = []
+    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+        dump = getattr(module, name, None)
+        if dump is None:
+            continue
+        try:
+            data = json.loads(dump())
+        except (RuntimeError, ValueError, TypeError) as error:
+            logger.debug("torch's flight recorder %s failed: %s", name, error)
+            continue
+        per_group: dict[str, list[dict[str, Any]]] = {}
+        for entry in data.get("entries", []) if isinstance(data, dict) else []:
+            where = entry.get("process_group") or ["", ""]
+            role = groups.get(str(where[0]))
+            if role is None:
+                continue
+            per_group.setdefault(str(where[0]), []).append({
+                "role": role, "group": str(where[0]), "op": str(entry.get("profiling_name", "")),
+                "group_seq": entry.get("collective_seq_id"), "state": entry.get("state"),
+                "input_sizes": entry.get("input_sizes"), "input_dtypes": entry.get("input_dtypes"),
+                "time_created_s": (entry.get("time_created_ns") or 0) / 1e9,
+                "thread": entry.get("thread_name"), "recorder": name,
+            })
+        for entries in per_group.values():
+            out += entries[-limit:]
+    return out
+
+
+def group_sequence_counter(group: dist.ProcessGroup) -> Callable[[], int] | None:
+    """A callable returning :func:`group_sequence_number` cheaply (the bound method, 0.2 us on
+    2.13), or None where the backend keeps no count (checked once, here).
+
+    The flight recorder reads it on every recorded call. The same attribute as
+    :func:`group_sequence_number`, ``ProcessGroup._get_sequence_number_for_group`` (2.10, 2.13,
+    2.14.1, 2.15.0); the bound method itself was run on 2.13.0 only.
+    """
+    if group_sequence_number(group) is None:
+        return None
+    counter: Callable[[], int] = group._get_sequence_number_for_group  # type: ignore[attr-defined]
+    return counter
 
 
 def functional_all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup) -> torch.Tensor:

@@ -30,6 +30,7 @@ PLUMBING_MODULES: tuple[str, ...] = (
     "commgroups.backends",
     "commgroups.collectives.role_collectives",
     "commgroups.creation.role_groups",
+    "commgroups.flight_recorder",
     "commgroups.integrations",
     "commgroups.creation.meshes",
     "commgroups.registry",

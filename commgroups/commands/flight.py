@@ -1,0 +1,27 @@
+"""``commgroups flight merge DIR``: merge a job's flight-recorder dumps into a table per role."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from commgroups.flight_recorder.merge import merge_dir
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``flight`` sub-command."""
+    parser = subparsers.add_parser(
+        "flight", help="the flight recorder: merge the ranks' dumps and name who is behind")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    merge = actions.add_parser("merge", help="print a table per role and the hazards")
+    merge.add_argument("directory", help="the directory holding flight-g*-rank*.json")
+    merge.add_argument("--json", action="store_true", help="print JSON instead of text")
+    merge.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the merged report; exit status 1 when hazards were found, 0 otherwise."""
+    report = merge_dir(args.directory)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render())
+    return 0 if report.ok else 1

@@ -1,0 +1,174 @@
+"""Who is behind: a failed call on a role compared with what every rank of the role published.
+
+Pure: from this rank's failed entry and the statuses read from the store (see
+:mod:`commgroups.flight_recorder.publisher`) to a :class:`Diagnosis`, its short text and its
+JSON-ready details. Ranks are compared by the group's own collective count (torch counts every
+call on the group, plain and functional ones too), or by the role's recorded calls where the
+backend keeps no count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["Diagnosis", "RankState", "diagnose", "short_site"]
+
+# Ranks listed by name in the error's text (the details list all of them).
+_LISTED = 3
+
+
+def short_site(caller: str) -> str:
+    """``train.py:12`` from ``/path/to/train.py:12 in step`` (the error's text keeps it short)."""
+    where = caller.split(" in ")[0]
+    return os.path.basename(where) if where else caller
+
+
+@dataclasses.dataclass(frozen=True)
+class RankState:
+    """One rank of the role as its published status shows it.
+
+    Args:
+        rank: the global rank.
+        position: ``behind``, ``ahead``, ``reached``, ``mismatch``, ``silent`` (a stale status:
+            dead, or its process frozen) or ``left`` (no status: it closed its registry).
+        count: its count on the role (group count, else recorded calls); None when silent.
+        last: its last recorded call on the role (op, seq, group_seq, caller, state), if any.
+        now: a call of another role it is in right now (role, op, seq, caller), if any.
+    """
+
+    rank: int
+    position: str
+    count: int | None
+    last: dict[str, Any] | None = None
+    now: dict[str, Any] | None = None
+
+    def text(self) -> str:
+        """``rank 2 (last all_reduce #4 at train.py:12; now in fsdp all_gather #3 at m.py:40)``."""
+        parts = []
+        if self.position == "silent":
+            parts.append("no fresh status: dead or frozen")
+        if self.position == "left":
+            parts.append("closed its registry")
+        if self.last is not None:
+            parts.append(f"last {self.last['op']} #{self.last['seq']} at "
+                         f"{short_site(str(self.last['caller']))}")
+        elif self.position not in ("silent", "left"):
+            parts.append("nothing recorded on the role")
+        if self.now is not None:
+            parts.append(f"now in {self.now['role']} {self.now['op']} #{self.now['seq']} at "
+                         f"{short_site(str(self.now['caller']))}")
+        return f"rank {self.rank} ({'; '.join(parts)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """Every rank of a role compared with this rank's failed call.
+
+    Args:
+        role: the role.
+        rank: this rank.
+        op, seq, count: the failed call (its group count, or role count).
+        caller: where this rank issued it.
+        ranks: the other ranks' states.
+        dump: where this rank's recorder was written, if it was.
+    """
+
+    role: str
+    rank: int
+    op: str
+    seq: int
+    count: int | None
+    caller: str
+    ranks: tuple[RankState, ...]
+    dump: str = ""
+
+    def where(self, position: str) -> list[RankState]:
+        """The ranks in ``position``."""
+        return [state for state in self.ranks if state.position == position]
+
+    def text(self) -> str:
+        """The diagnosis in a few words: behind, mismatched, silent and ahead ranks."""
+        out = []
+        for position, label in (("behind", "behind"), ("silent", "silent"),
+                                ("mismatch", "different op at this seq"), ("left", "left"),
+                                ("ahead", "ahead")):
+            states = self.where(position)
+            if not states:
+                continue
+            shown = [state.text() if position not in ("ahead", "left") else f"rank {state.rank}"
+                     for state in states[:_LISTED]]
+            more = f" +{len(states) - _LISTED} more" if len(states) > _LISTED else ""
+            out.append(f"{label}: {', '.join(shown)}{more}")
+        if not out:
+            out.append("every rank reached it")
+        return "; ".join(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready details (the error's ``flight`` attribute, and the dump)."""
+        return {
+            "role": self.role, "rank": self.rank, "op": self.op, "seq": self.seq,
+            "count": self.count, "caller": self.caller, "dump": self.dump,
+            "ranks": [dataclasses.asdict(state) for state in self.ranks],
+            **{position: [state.rank for state in self.where(position)]
+               for position in ("behind", "ahead", "mismatch", "silent", "left", "reached")},
+        }
+
+
+def _count(status: Mapping[str, Any]) -> int | None:
+    value = status.get("group_seq")
+    return int(value) if value is not None else None
+
+
+def diagnose(role: str, rank: int, failed: Mapping[str, Any],
+             published: Mapping[int, Mapping[str, Any] | None], asked: int) -> Diagnosis:
+    """Compare this rank's failed call on ``role`` with every other rank's published status.
+
+    Args:
+        role: the role the call failed on.
+        rank: this rank.
+        failed: the failed entry (``op``, ``seq``, ``group_seq``, ``caller``).
+        published: rank -> its published value (``{"t", "answered", "status"}``) or None.
+        asked: the request number a live rank's ``answered`` has reached.
+
+    Example::
+
+        diagnose("cp", 0, {"op": "all_reduce", "seq": 5, "group_seq": 5, "caller": "t.py:9"},
+                 {1: {"answered": 1, "status": {"cp": {"seq": 4, "group_seq": 4, "last": ...}}}},
+                 asked=1).text()
+        # 'behind: rank 1 (last all_reduce #4 at t.py:7)'
+    """
+    by_group = failed.get("group_seq") is not None
+    mine = int(failed["group_seq"] if by_group else failed["seq"])
+    states = []
+    for other, value in sorted(published.items()):
+        if other == rank:
+            continue
+        status = (value or {}).get("status") or {}
+        mine_there = status.get(role) or {}
+        now = next(({"role": name, **info["last"]} for name, info in status.items()
+                    if name != role and (info.get("last") or {}).get("state") == "in flight"),
+                   None)
+        last = mine_there.get("last")
+        if value is None:
+            states.append(RankState(other, "left", None))
+            continue
+        if int(value.get("answered", 0)) < asked:
+            states.append(RankState(other, "silent", None, last, now))
+            continue
+        count = _count(mine_there) if by_group else mine_there.get("seq")
+        if count is None:
+            states.append(RankState(other, "silent", None, last, now))
+        elif count < mine:
+            states.append(RankState(other, "behind", int(count), last, now))
+        elif count > mine:
+            states.append(RankState(other, "ahead", int(count), last, now))
+        elif last is not None and (last.get("group_seq") if by_group else last.get("seq")) == mine \
+                and last.get("op") != failed["op"]:
+            states.append(RankState(other, "mismatch", int(count), last, now))
+        else:
+            states.append(RankState(other, "reached", int(count), last, now))
+    return Diagnosis(role=role, rank=rank, op=str(failed["op"]), seq=int(failed["seq"]),
+                     count=mine, caller=str(failed.get("caller", "")), ranks=tuple(states))

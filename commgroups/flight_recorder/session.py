@@ -1,0 +1,245 @@
+"""One generation's flight recorder at work: the recorder, its status publisher, the diagnosis of a
+failed call and the dumps.
+
+:func:`open_flight` is the one hook a :class:`~commgroups.generation.Generation` calls after
+creating its groups; :meth:`FlightSession.close` the one it calls at teardown. Store keys live under
+``<STORE_PREFIX>/flight/<epoch>/`` (one namespace per generation; each rank deletes its own at
+``close()``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from commgroups import torch_internals
+from commgroups.errors import RoleCollectiveError, RoleHangError, RoleTimeoutError
+from commgroups.flight_recorder import index
+from commgroups.flight_recorder.diagnosis import Diagnosis, diagnose, short_site
+from commgroups.flight_recorder.entries import FlightEntry
+from commgroups.flight_recorder.publisher import DEFAULT_INTERVAL_S, StatusPublisher, read_status
+from commgroups.flight_recorder.recorder import FlightRecorder
+
+__all__ = ["DIR_ENV_VAR", "FlightSession", "dump_file_name", "open_flight"]
+
+logger = logging.getLogger(__name__)
+
+DIR_ENV_VAR = "COMMGROUPS_FLIGHT_DIR"
+"""Where recorders are written on a timeout (default: see :meth:`FlightSession.default_dir`)."""
+
+_MAX_TEXT = 300  # commgroups' error texts stay this short; the details are in ``flight``
+
+
+def dump_file_name(generation: int, rank: int) -> str:
+    """``flight-g0-rank00003.json``: one file per rank and generation."""
+    return f"flight-g{generation}-rank{rank:05d}.json"
+
+
+class FlightSession:
+    """A generation's :class:`FlightRecorder`, published and diagnosed.
+
+    Args:
+        recorder: the recorder.
+        publisher: this rank's status publisher (None under the fake backend: no peers to read).
+        epoch: the generation's agreement epoch (names the store namespace and default dump dir).
+        members: how many ranks the generation has (the last of them to close deletes the
+            shared keys).
+    """
+
+    def __init__(self, recorder: FlightRecorder, publisher: StatusPublisher | None,
+                 epoch: int, members: int = 0) -> None:
+        self.recorder = recorder
+        self.publisher = publisher
+        self.epoch = epoch
+        self.members = members
+        self.last_dump = ""
+        self.interrupted = False
+        """Set when the registry interrupted the generation (a rebuild, a peer's reported loss):
+        the failures that follow are that, and are not diagnosed (nobody should wait on them)."""
+        if publisher is not None:
+            for role in recorder.roles.values():
+                role.diagnose = self.diagnose
+        index.register(recorder.roles.values())
+        self._at_exit = _exit_dump(weakref.ref(self))
+        atexit.register(self._at_exit)
+
+    def default_dir(self) -> str:
+        """``$COMMGROUPS_FLIGHT_DIR``, else ``<tmp>/commgroups-flight-<run>-<epoch>``: the run is
+        torchrun's ``TORCHELASTIC_RUN_ID``, else ``MASTER_PORT`` (the same on every rank, and
+        another job on the machine has another), else ``local``."""
+        run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT") or "local"
+        return os.environ.get(DIR_ENV_VAR) or str(
+            Path(tempfile.gettempdir()) / f"commgroups-flight-{run}-{max(self.epoch, 0)}")
+
+    def dump(self, directory: str | os.PathLike[str] | None = None) -> str:
+        """Write this rank's recorder as JSON into ``directory``; returns the file's path."""
+        folder = Path(directory if directory is not None else self.default_dir())
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / dump_file_name(self.recorder.generation, self.recorder.rank)
+        data = self.recorder.to_dict()
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+        temporary.replace(path)  # a reader never sees half a file
+        self.last_dump = str(path)
+        return str(path)
+
+    def _on_request(self, request: dict[str, Any]) -> None:
+        if request.get("dump"):
+            self.dump(str(request["dump"]))
+
+    def diagnose(self, failure: RoleCollectiveError, entry: FlightEntry | None
+                 ) -> RoleCollectiveError:
+        """``failure`` rewritten to name the ranks behind, ahead, mismatched and silent, after
+        asking every rank to publish (and dump) now; ``failure`` itself if the store cannot say.
+
+        Waits for the other ranks' answers: at most about 2.5 intervals after a timeout, 1.5
+        after another failure.
+        """
+        publisher = self.publisher
+        if publisher is None or entry is None or self.interrupted:
+            return failure
+        try:
+            diagnosis = self._compare(failure.role, entry, publisher,
+                                      wait=isinstance(failure, RoleTimeoutError))
+        except Exception as error:  # the store's host died: the plain error is all there is
+            logger.debug("flight recorder: no diagnosis: %s", error)
+            return failure
+        return _rewritten(failure, diagnosis)
+
+    def _compare(self, role: str, entry: FlightEntry, publisher: StatusPublisher,
+                 wait: bool) -> Diagnosis:
+        """Ask every rank to publish and dump, and wait for their answers (a rank that gives
+        none is silent): a live rank answers within one interval, its thread runs whatever its
+        main thread does. After a timeout up to 2.5 intervals (a loaded machine delays threads);
+        after another failure (a peer's connection closed: rank-loss handling is waiting) up to
+        1.5. Without the wait a status can be an interval old: a rank would look behind."""
+        directory = self.default_dir()
+        publisher.publish_now(force=True)
+        asked = publisher.ask({"dump": directory})
+        members = [r for r in self.recorder.ranks(role) if r != self.recorder.rank]
+        deadline = time.monotonic() + (2.5 if wait else 1.5) * publisher.interval_s + 0.3
+        published: dict[int, Mapping[str, Any] | None] = {}
+        while True:
+            for other in members:
+                value = published.get(other)
+                if value is None or int(value.get("answered", 0)) < asked:
+                    published[other] = read_status(publisher.store, publisher.prefix, other)
+            answered = all(v is not None and int(v.get("answered", 0)) >= asked
+                           for v in published.values())
+            if answered or time.monotonic() > deadline:
+                break
+            time.sleep(min(0.1, publisher.interval_s / 4))
+        path = self.dump(directory)
+        # The group's count now, not the entry's: an object collective issues several calls,
+        # and the one that hung is the last one counted.
+        recorder = self.recorder.roles[role]
+        count = recorder.group_seq()
+        failed = {"op": entry.op, "seq": entry.seq,
+                  "group_seq": count if count is not None else entry.group_seq,
+                  "caller": entry.caller}
+        found = diagnose(role, self.recorder.rank, failed, published, asked)
+        found = dataclasses.replace(found, dump=path)
+        logger.warning("flight recorder, role %s: %s (recorders in %s)", role, found.text(),
+                       directory)
+        return found
+
+    def release(self, lost: tuple[int, ...]) -> None:
+        """After :meth:`close` without release (a retired generation), once no rank waits on it:
+        delete this rank's keys; the last survivor deletes the shared ones and the ``lost``
+        ranks' (global ranks)."""
+        if self.publisher is not None:
+            self.publisher.release(self.members - len(lost), lost)
+
+    def close(self, release: bool = True) -> None:
+        """Stop publishing; ``release`` deletes this rank's store keys (``close()``)."""
+        index.unregister(self.recorder.roles.values())
+        atexit.unregister(self._at_exit)
+        # Break the session <-> recorder and publisher cycles: a group must be freed (its gloo
+        # sockets closed) when the registry is, not at the next cyclic garbage collection.
+        for role in self.recorder.roles.values():
+            role.diagnose = None
+        if self.publisher is not None:
+            self.publisher.stop(release=release, members=self.members)
+            self.publisher.on_request = None
+
+
+def _exit_dump(session: weakref.ref[FlightSession]) -> Callable[[], None]:
+    """At interpreter exit with the registry still open: dump when a recorded call failed or
+    never returned (the process is ending on an error; nothing else would keep the record)."""
+
+    def dump_at_exit() -> None:
+        live = session()
+        if live is None or live.last_dump:
+            return
+        last = [role.last for role in live.recorder.roles.values() if role.last is not None]
+        if any(entry.state != "done" for entry in last):
+            try:
+                path = live.dump()
+            except OSError as error:
+                logger.warning("flight recorder: no dump at exit: %s", error)
+                return
+            logger.warning("flight recorder written to %s at exit (a call failed or never "
+                           "returned)", path)
+
+    return dump_at_exit
+
+
+def _rewritten(failure: RoleCollectiveError, diagnosis: Diagnosis) -> RoleCollectiveError:
+    timed_out = isinstance(failure, RoleTimeoutError)
+    cls: type[RoleCollectiveError] = RoleHangError if timed_out else type(failure)
+    head = (f"role {diagnosis.role!r}: {diagnosis.op} #{diagnosis.seq} at "
+            f"{short_site(diagnosis.caller)} {'timed out' if timed_out else 'failed'}; ")
+    tail = (f"; fix: see error.flight or `commgroups flight merge "
+            f"{os.path.dirname(diagnosis.dump)}`")
+    if len(head) + len(tail) > _MAX_TEXT - 60:  # a long dump path: error.flight has it
+        tail = "; fix: see error.flight (its 'dump' names this rank's file)"
+    body = diagnosis.text()
+    room = _MAX_TEXT - len(head) - len(tail)
+    if len(body) > room:
+        body = body[: max(0, room - 4)] + " ..."
+    return cls(head + body + tail, role=failure.role, op=failure.op, seq=failure.seq,
+               flight={**diagnosis.to_dict(), "error": str(failure)})
+
+
+def open_flight(groups: Mapping[str, dist.ProcessGroup | None], *, enabled: bool,
+                generation: int, epoch: int, backends: Mapping[str, str],
+                store_prefix: str, publish: bool, members: int,
+                interval_s: float = DEFAULT_INTERVAL_S) -> FlightSession | None:
+    """The generation's flight session, or None when the recorder is off.
+
+    Args:
+        groups: role -> this rank's group (None where this rank is not a member).
+        enabled: :func:`~commgroups.flight_recorder.settings.flight_enabled` of the layout.
+        generation, epoch: the generation's number and agreement epoch.
+        backends: role -> backend name.
+        store_prefix: the registry's store prefix (``STORE_PREFIX``).
+        publish: whether ranks publish their status (False under the fake backend).
+        members: how many ranks the generation has.
+        interval_s: the publisher's interval.
+    """
+    if not enabled:
+        return None
+    mine = {name: group for name, group in groups.items() if group is not None}
+    rank = dist.get_rank()
+    recorder = FlightRecorder(mine, rank=rank, generation=generation, backends=backends)
+    publisher = None
+    if publish:
+        prefix = f"{store_prefix}/flight/{epoch}/"
+        publisher = StatusPublisher(torch_internals.default_store(), prefix, rank,
+                                    recorder.status, interval_s)
+    session = FlightSession(recorder, publisher, epoch, members)
+    if publisher is not None:
+        publisher.on_request = session._on_request
+        publisher.start()
+    return session

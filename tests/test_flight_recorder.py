@@ -1,0 +1,325 @@
+"""The flight recorder's parts in this process: settings, the ring buffer and its entries, the
+call site, the status publisher on a HashStore, the diagnosis, dumps and their merge (the seed's
+three-streams pattern with mocked CUDA streams). Real worlds: test_flight_recorder_world.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import commgroups as cg
+from commgroups import torch_internals
+from commgroups.collectives.role_collectives import RoleCollectives
+from commgroups.flight_recorder import entries as flight_entries
+from commgroups.flight_recorder import index as flight_index
+from commgroups.flight_recorder import recorder as flight_recorder_module
+from commgroups.flight_recorder.diagnosis import diagnose
+from commgroups.flight_recorder.merge import FlightDumpError, merge, merge_dir
+from commgroups.flight_recorder.publisher import StatusPublisher, read_status
+from commgroups.flight_recorder.recorder import FlightRecorder, RoleRecorder
+from commgroups.flight_recorder.session import _rewritten
+from commgroups.flight_recorder.settings import ENV_VAR, flight_enabled
+from commgroups.flight_recorder.signals import dump_on_signal
+from commgroups.torch_internals.version import torch_version
+
+HERE = Path(__file__).name
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> Iterator[dist.ProcessGroup]:
+    """A real 1-rank gloo world in this process, with one dedicated gloo group."""
+    if dist.is_initialized():
+        pytest.skip("another test left a default group initialized in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.new_group([0], backend="gloo")
+    finally:
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------ settings
+def test_on_by_default_off_by_layout_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert flight_enabled(cg.Layout(dims={"cp": 2}))
+    assert not flight_enabled(cg.Layout(dims={"cp": 2}, flight_recorder=False))
+    for off in ("0", "off", "False"):
+        monkeypatch.setenv(ENV_VAR, off)
+        assert not flight_enabled(cg.Layout(dims={"cp": 2}))
+    monkeypatch.setenv(ENV_VAR, "1")
+    assert flight_enabled(cg.Layout(dims={"cp": 2}))
+
+
+def test_the_layout_field_is_strict_and_only_off_changes_the_fingerprint(tmp_path: Path) -> None:
+    with pytest.raises(cg.errors.LayoutError, match="flight_recorder"):
+        cg.Layout(dims={"cp": 2}, flight_recorder="no")
+    on = cg.plan(cg.Layout(dims={"cp": 2}, flight_recorder=True)).fingerprint
+    assert on == cg.plan(cg.Layout(dims={"cp": 2})).fingerprint
+    assert on != cg.plan(cg.Layout(dims={"cp": 2}, flight_recorder=False)).fingerprint
+    path = tmp_path / "layout.toml"
+    path.write_text("flight_recorder = false\n[dims]\ncp = 2\n")
+    assert cg.load_layout(path).flight_recorder is False
+
+
+# ------------------------------------------------------------------------- recording a call
+def test_each_call_is_recorded_with_its_caller_counts_shapes_and_stream(
+        one_rank: dist.ProcessGroup) -> None:
+    recorder = RoleRecorder("cp", one_rank, maxlen=4)
+    handle = RoleCollectives(one_rank, role="cp", async_and_wait=True, flight=recorder)
+    tensor = torch.ones(3, 2)
+    start = recorder.group_seq()
+    assert start is not None
+    for _ in range(6):
+        handle.all_reduce(tensor); line = sys._getframe().f_lineno  # noqa: E702  the call's line
+    dist.all_reduce(tensor, group=one_rank)  # a plain call: counted by the group, not recorded
+    assert len(recorder.entries) == 4 and recorder.seq == 6  # the ring keeps the newest 4
+    last = recorder.entries[-1].to_dict()
+    assert last["caller"].endswith(f"{HERE}:{line} in "
+                                   "test_each_call_is_recorded_with_its_caller_counts_shapes_and_stream")
+    assert (last["op"], last["seq"], last["group_seq"]) == ("all_reduce", 6, start + 6)
+    assert last["shapes"] == [[3, 2]] and last["dtype"] == "float32"
+    assert last["async_op"] is True and last["caller_async"] is False
+    assert last["stream"] == f"group:{one_rank.group_name}" and last["state"] == "done"
+    assert recorder.status()["group_seq"] == start + 7
+    plain = RoleCollectives(one_rank, role="cp", async_and_wait=False, flight=recorder)
+    plain.all_reduce(tensor)
+    assert recorder.last is not None and recorder.last.stream == "cpu"  # blocking: caller's
+
+
+def test_object_collectives_are_recorded_too(one_rank: dist.ProcessGroup) -> None:
+    recorder = RoleRecorder("meta", one_rank)
+    handle = RoleCollectives(one_rank, role="meta", async_and_wait=True, flight=recorder)
+    out: list[Any] = [None]
+    handle.all_gather_object(out, {"plan": 1})
+    assert out == [{"plan": 1}]
+    assert recorder.last is not None and recorder.last.op == "all_gather_object"
+    assert HERE in recorder.last.caller
+
+
+def test_a_failed_call_is_recorded_failed(one_rank: dist.ProcessGroup) -> None:
+    recorder = RoleRecorder("cp", one_rank)
+    handle = RoleCollectives(one_rank, role="cp", async_and_wait=True, flight=recorder)
+    with pytest.raises(ValueError, match="not part of group"):
+        handle.broadcast(torch.ones(2), src=5)  # no rank 5 in a 1-rank group
+    assert recorder.last is not None and recorder.last.state == "failed"
+    assert recorder.last.error
+
+
+def test_the_call_site_walk_skips_torch_and_commgroups() -> None:
+    cache = flight_entries.SiteCache()
+    code, offset = flight_entries.caller_of(sys._getframe(), cache)
+    assert code is sys._getframe().f_code
+    assert flight_entries.site_text(code, offset).startswith(__file__)
+    assert flight_entries.caller_of(None, cache) == (None, -1)
+    assert flight_entries.site_text(None, -1) == "<unknown>"
+
+
+def test_a_registry_records_every_role_and_dumps_on_request(
+        one_rank: dist.ProcessGroup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    with cg.GroupRegistry(cg.Layout(dims={"cp": 1}, roles=[cg.RoleSpec(name="cp", dims=["cp"])])) as registry:
+        registry.collectives("cp").all_reduce(torch.ones(2))
+        session = registry.flight_recorder
+        assert session is not None and session.publisher is not None
+        path = Path(str(registry.dump_flight_recorder(tmp_path)))
+        data = json.loads(path.read_text())
+        assert data["rank"] == 0 and data["roles"]["cp"]["entries"][0]["op"] == "all_reduce"
+        previous = dump_on_signal(registry, tmp_path / "signalled")
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+        assert (tmp_path / "signalled" / path.name).exists()
+        key = session.publisher.key
+        assert read_status(session.publisher.store, session.publisher.prefix, 0) is not None
+    assert registry.flight_recorder is None
+    assert not torch_internals.default_store().check([key])  # released at close
+    monkeypatch.setenv(ENV_VAR, "0")
+    with cg.GroupRegistry(cg.Layout(dims={"cp": 1}, roles=[cg.RoleSpec(name="cp", dims=["cp"])])) as registry:
+        assert registry.flight_recorder is None and registry.collectives("cp").flight is None
+
+
+# ------------------------------------------------------------------------------- publisher
+def test_the_publisher_writes_on_change_and_answers_requests() -> None:
+    store = dist.HashStore()
+    status = {"cp": {"seq": 1}}
+    asked: list[dict[str, Any]] = []
+    publisher = StatusPublisher(store, "t/", 3, lambda: dict(status), interval_s=0.05,
+                                on_request=asked.append)
+    publisher.publish_now()
+    first = read_status(store, "t/", 3)
+    assert first is not None and first["status"] == status and first["answered"] == 0
+    publisher.publish_now()
+    assert read_status(store, "t/", 3) == first  # unchanged: not written again
+    number = publisher.ask({"dump": "/somewhere"})
+    publisher._poll()
+    after = read_status(store, "t/", 3)
+    assert after is not None and after["answered"] == number and asked == [{"dump": "/somewhere"}]
+    assert read_status(store, "t/", 4) is None
+    publisher.stop(release=True, members=2)
+    assert read_status(store, "t/", 3) is None and store.check(["t/request"])  # one rank left
+    other = StatusPublisher(store, "t/", 4, dict, interval_s=0.05)
+    other.stop(release=True, members=2)  # the last one to close deletes the shared keys
+    assert not any(store.check([f"t/{key}"]) for key in ("request", "requests", "closed"))
+
+
+# ------------------------------------------------------------------------------- diagnosis
+def _published(count: int, op: str = "all_reduce", answered: int = 1, **extra: Any
+               ) -> dict[str, Any]:
+    return {"answered": answered, "status": {"cp": {"seq": count, "group_seq": count, "last": {
+        "op": op, "seq": count, "group_seq": count, "caller": "/x/train.py:7 in step",
+        "state": "done"}}, **extra}}
+
+
+def test_diagnosis_sorts_ranks_behind_ahead_mismatched_and_silent() -> None:
+    failed = {"op": "all_reduce", "seq": 5, "group_seq": 5, "caller": "/x/train.py:9 in step"}
+    elsewhere = {"fsdp": {"last": {"op": "all_gather", "seq": 2, "group_seq": 2,
+                                   "caller": "/x/model.py:40 in f", "state": "in flight"}}}
+    found = diagnose("cp", 0, failed, {
+        1: _published(4, **elsewhere), 2: _published(5, op="broadcast"), 3: _published(6),
+        4: _published(4, answered=0), 5: None, 6: _published(5)}, asked=1)
+    got = found.to_dict()
+    assert (got["behind"], got["mismatch"], got["ahead"], got["silent"], got["left"],
+            got["reached"]) == ([1], [2], [3], [4], [5], [6])
+    text = found.text()
+    assert "behind: rank 1 (last all_reduce #4 at train.py:7; now in fsdp all_gather #2 at " \
+           "model.py:40)" in text
+    assert "different op at this seq: rank 2 (last broadcast #5 at train.py:7)" in text
+    error = _rewritten(cg.errors.RoleTimeoutError("t", role="cp", op="all_reduce", seq=5), found)
+    assert isinstance(error, cg.errors.RoleHangError) and len(str(error)) <= 300
+    assert error.flight is not None and error.flight["behind"] == [1]
+
+
+# -------------------------------------------------------------------------------- dumps, merge
+def _seed_dumps(one_rank: dist.ProcessGroup, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Two ranks' dumps of the seed's pattern on role cp: FSDP's async calls on the group's
+    stream, spmd_types' blocking calls on the caller's stream and on a side stream (mocked:
+    CPU tensors reported as CUDA streams 7 and 9)."""
+    streams = iter(["cuda:0/stream:7", "cuda:0/stream:9"] * 4)
+    monkeypatch.setattr(flight_recorder_module, "caller_stream", lambda tensor: next(streams))
+    dumps = []
+    for rank in (0, 1):
+        recorder = FlightRecorder({"cp": one_rank}, rank=rank, generation=0,
+                                  backends={"cp": "nccl"})
+        fsdp = RoleCollectives(one_rank, role="cp", async_and_wait=False,
+                               flight=recorder.role("cp"))
+        tensor = torch.ones(4)
+        fsdp.all_reduce(tensor, async_op=True).wait()
+        fsdp.all_reduce(tensor)  # blocking: stream 7
+        fsdp.all_reduce(tensor)  # blocking: stream 9
+        data = recorder.to_dict()
+        data["roles"]["cp"]["ranks"] = [0, 1]
+        dumps.append(data)
+    return dumps
+
+
+def test_mocked_nccl_streams_the_seeds_three_streams_are_a_hazard(
+        one_rank: dist.ProcessGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = merge(_seed_dumps(one_rank, monkeypatch))
+    streams = [h for h in report.hazards if h.kind == "mixed_streams"]
+    assert len(streams) == 1 and streams[0].ranks == (0, 1)
+    assert streams[0].message.startswith("[error] one communicator driven from 3 streams")
+    assert [row["stream"] for row in report.rows["cp"]] == ["cuda:0/stream:9"] * 2
+
+
+def test_merge_names_ranks_behind_missing_and_mismatched(
+        one_rank: dist.ProcessGroup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dumps = _seed_dumps(one_rank, monkeypatch)
+    for mine, theirs in zip(dumps[0]["roles"]["cp"]["entries"], dumps[1]["roles"]["cp"]["entries"]):
+        theirs["group_seq"] = mine["group_seq"]  # one group in this process: align the counts
+    dumps[1]["roles"]["cp"]["entries"][-1]["op"] = "broadcast"
+    dumps[1]["roles"]["cp"]["ranks"] = [0, 1, 2]
+    dumps[0]["roles"]["cp"]["group_seq"] = 99
+    for data in dumps:
+        (tmp_path / f"flight-g0-rank{data['rank']:05d}.json").write_text(json.dumps(data))
+    report = merge_dir(tmp_path)
+    kinds = {hazard.kind: hazard for hazard in report.hazards}
+    assert kinds["missing"].ranks == (2,)
+    assert kinds["behind"].ranks == (1,)
+    assert "issued all_reduce" in kinds["mismatch"].message
+    assert "issued broadcast" in kinds["mismatch"].message
+    assert "role cp:" in report.render() and not report.ok
+    with pytest.raises(FlightDumpError, match="no flight-g"):
+        merge_dir(tmp_path / "empty")
+
+
+def test_dump_holds_torchs_own_entries_for_the_groups(one_rank: dist.ProcessGroup) -> None:
+    recorder = FlightRecorder({"cp": one_rank}, rank=0, generation=0)
+    dist.all_reduce(torch.ones(1), group=one_rank)  # plain: only torch's recorder sees it
+    trace = recorder.to_dict()["torch_trace"]
+    if torch_version() >= (2, 13, 0):  # gloo records by default from 2.13 (older: may be empty)
+        assert trace and {entry["role"] for entry in trace} == {"cp"}
+        assert trace[-1]["op"].endswith("all_reduce")
+
+
+def test_calls_that_reach_commgroups_with_a_group_are_recorded_on_its_role(
+        one_rank: dist.ProcessGroup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from commgroups.collectives.async_wait import issue_and_wait_on
+    from commgroups.integrations import dcp
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    layout = cg.Layout(dims={"cp": 1}, roles=[cg.RoleSpec(name="cp", dims=["cp"]),
+                                              cg.RoleSpec(name="checkpoint-metadata", dims="world",
+                                                          backend="gloo")])
+    with cg.GroupRegistry(layout) as registry:
+        session = registry.flight_recorder
+        assert session is not None
+        cp = session.recorder.roles["cp"]
+        tensor = torch.ones(2)
+        with cg.async_and_wait_scope():
+            dist.all_reduce(tensor, group=registry.group("cp"))
+        assert cp.last is not None and (cp.last.op, cp.last.seq) == ("all_reduce", 1)
+        assert HERE in cp.last.caller
+        cg.AsyncWaitDist().broadcast(tensor, src=0, group=registry.group("cp"))  # spmd_types' path
+        assert cp.last.op == "broadcast" and cp.last.seq == 2
+        issue_and_wait_on(registry.group("cp"), dist.all_reduce, tensor, group=registry.group("cp"),
+                          flight_op="fsdp.reduce_scatter")  # FSDP2's comms' path
+        assert cp.last.op == "fsdp.reduce_scatter" and cp.last.state == "done"
+        with cg.async_and_wait_scope():
+            dist.all_reduce(tensor, group=one_rank)  # not a registry group: not recorded
+        assert cp.seq == 3
+        dcp.save({"w": torch.zeros(2)}, checkpoint_id=str(tmp_path / "ckpt"), registry=registry)
+        meta = session.recorder.roles["checkpoint-metadata"]
+        assert meta.last is not None and meta.last.op == "dcp.save" and meta.last.state == "done"
+        assert HERE in meta.last.caller
+        cp_group = registry.group("cp")
+        assert flight_index.lookup(cp_group) is cp
+    assert flight_index.lookup(cp_group) is None  # the closed registry's groups left the index
+
+
+def test_the_error_text_stays_short_with_a_long_dump_path() -> None:
+    failed = {"op": "all_gather_into_tensor", "seq": 12345, "group_seq": 12345,
+              "caller": "/very/long/path/to/a/training/script/train_with_a_long_name.py:1234 in f"}
+    published = {rank: _published(12000 + rank) for rank in range(1, 40)}
+    found = diagnose("cp", 0, failed, published, asked=1)
+    found = dataclasses.replace(found, dump="/" + "d" * 200 + "/flight-g0-rank00000.json")
+    error = _rewritten(cg.errors.RoleTimeoutError("t", role="cp",
+                                                  op="all_gather_into_tensor", seq=12345), found)
+    assert len(str(error)) <= 300 and "behind: rank 1 (" in str(error)
+    assert error.flight is not None and len(error.flight["behind"]) == 39
+
+
+def test_at_exit_an_open_registry_whose_last_call_failed_dumps(
+        one_rank: dist.ProcessGroup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setenv("COMMGROUPS_FLIGHT_DIR", str(tmp_path))
+    with cg.GroupRegistry(cg.Layout(dims={"cp": 1}, roles=[cg.RoleSpec(name="cp", dims=["cp"])])
+                          ) as registry:
+        session = registry.flight_recorder
+        assert session is not None
+        registry.collectives("cp").all_reduce(torch.ones(1))
+        session._at_exit()  # every last call returned: nothing to keep
+        assert list(tmp_path.iterdir()) == []
+        with pytest.raises(ValueError):
+            registry.collectives("cp").broadcast(torch.ones(1), src=7)
+        session._at_exit()  # what atexit runs when the process ends here
+        assert [p.name for p in tmp_path.iterdir()] == ["flight-g0-rank00000.json"]
