@@ -35,14 +35,17 @@ import torch
 import torch.distributed as dist
 
 from commgroups import torch_internals
+from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import Progress
-from commgroups.bench.stats import Table, summarize
+from commgroups.bench.stats import Table, interleaved, summarize
+from commgroups.bench.world import run_world
+from commgroups.generation import STORE_PREFIX
 from commgroups.layout.specs import ElasticSpec, Layout, RoleSpec, default_roles
 from commgroups.rank_loss.rebuild_report import PHASES
 from commgroups.registry import GroupRegistry
 
 __all__ = ["PRODUCTION_TIMEOUT_S", "VARIANTS", "gather_resources", "measure_kill",
-           "measure_resources", "production_layout", "ratio_result", "tables"]
+           "measure_resources", "production_layout", "ratio_result", "run", "tables", "units"]
 
 PRODUCTION_TIMEOUT_S = 600.0
 """Every role's ``timeout_s``: a survivor that waited out a collective would take ten minutes."""
@@ -56,6 +59,7 @@ KILL_STEP = 1
 _KILLED_AT = "commgroups-bench/killed_at"
 _RESULT = "commgroups-bench/result/"
 _WAIT = timedelta(seconds=120)  # rank 0 waits this long for every survivor's result
+_LAUNCHER = "commgroups/local_world/"  # the local launcher's rendezvous keys, not the registry's
 _FDS = Path("/proc/self/fd")
 _TASKS = Path("/proc/self/task")
 
@@ -153,6 +157,8 @@ def _sample(world_size: int, variant: str, victim: int, killed_at: float, create
         "unaccounted": total - detection - sum(phases.values()),
         # The ratio table's figure, as before: the slowest member's rebuild from its call.
         "rebuild": max(sum(s["seconds"].values()) for s in members),
+        "rebuild_less_release": max(sum(s["seconds"].values()) - s["seconds"].get("release", 0.0)
+                                    for s in members),
         "rebuild_phases": {p: max(float(s["seconds"].get(p, 0.0)) for s in members)
                            for p in PHASES},
         "first_detection": min(s["failed_at"] for s in seen) - killed_at,
@@ -161,14 +167,34 @@ def _sample(world_size: int, variant: str, victim: int, killed_at: float, create
 
 
 # ---------------------------------------------------------------------------------- resources
+def _store_keys() -> tuple[int, int | None]:
+    """Every key in the job's store, and how many of them are the registry's (its namespace,
+    less the launcher's keys); None where the store cannot list its keys."""
+    store: Any = torch_internals.default_store()
+    total = int(store.num_keys())
+    for _ in range(8):  # the TCPStore under the default group's PrefixStores lists every key
+        if not hasattr(store, "underlying_store"):
+            break
+        store = store.underlying_store
+    try:
+        keys = [str(key) for key in store.list_keys()]
+    except (AttributeError, RuntimeError):  # older torch, or a store that cannot list
+        return total, None
+    ours = [k for k in keys if f"{STORE_PREFIX}/" in k and _LAUNCHER not in k]
+    return total, len(ours)
+
+
 def _counts() -> dict[str, int | None]:
     """This process's fds and threads (None off Linux), process groups, the store's keys."""
     names = torch_internals.registered_group_names()
+    total, ours = _store_keys()
     return {
         "fds": len(os.listdir(_FDS)) if _FDS.is_dir() else None,
         "threads": len(os.listdir(_TASKS)) if _TASKS.is_dir() else None,
         "process groups": None if names is None else len(names),
-        "store keys": int(torch_internals.default_store().num_keys()),
+        "store keys": total,
+        "store keys, commgroups'": ours,
+        "store keys, others' (torch's)": None if ours is None else total - ours,
     }
 
 
@@ -190,15 +216,9 @@ def measure_resources(rank: int, world_size: int, progress: Progress,
     layout = production_layout(world_size)
     # A first registry, created and closed: torch's lazy set-up and the job's one-time keys
     # (the registry epoch counter, each rank's group-naming history) are paid before counting.
-    # What a second one leaves in the store is torch's rendezvous keys of each new group alone
-    # (their names are torch's, not ours to delete).
-    GroupRegistry(layout, create_timeout_s=60).create().close()
-    _settle()
-    keys_before = int(torch_internals.default_store().num_keys())
     GroupRegistry(layout, create_timeout_s=60).create().close()
     _settle()
     stages: dict[str, dict[str, int | None]] = {"before create": _counts()}
-    torch_keys = int(torch_internals.default_store().num_keys()) - keys_before
     registry = GroupRegistry(layout, create_timeout_s=60).create()
     registry.device_mesh(["dp_replicate", "fsdp"])
     _settle()
@@ -219,7 +239,7 @@ def measure_resources(rank: int, world_size: int, progress: Progress,
     del registry, report  # what a closed registry still holds goes with its last reference
     _settle()
     stages["registry dropped"] = _counts()
-    return {"world": world_size, "cycles": cycles, "stages": stages, "torch_keys": torch_keys}
+    return {"world": world_size, "cycles": cycles, "stages": stages}
 
 
 def gather_resources(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -232,8 +252,9 @@ def ratio_result(samples: list[dict[str, Any]], world_size: int) -> dict[str, An
     """The ``rebuild(alive=)`` kill worlds of ``world_size`` in the ratio table's form
     (:func:`commgroups.bench.rebuild.tables`): first creation, rebuild from its call, phases."""
     chosen = [s for s in samples if s["world"] == world_size and s["variant"] == "rebuild(alive=)"]
-    out: dict[str, list[float]] = {"create": [s["create"] for s in chosen],
-                                   "rebuild": [s["rebuild"] for s in chosen]}
+    out: dict[str, list[float]] = {
+        "create": [s["create"] for s in chosen], "rebuild": [s["rebuild"] for s in chosen],
+        "rebuild less release": [s["rebuild_less_release"] for s in chosen]}
     for phase in PHASES:
         out[f"phase {phase}"] = [s["rebuild_phases"][phase] for s in chosen]
     return {"world": world_size, "backend": "gloo", "samples": out}
@@ -289,6 +310,15 @@ def _kill_table(samples: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
     return table, summary
 
 
+RESOURCES: dict[str, str] = {
+    "fds": "fds", "threads": "threads", "process groups": "process_groups",
+    "store keys": "store_keys", "store keys, commgroups'": "store_keys_ours",
+    "store keys, others' (torch's)": "store_keys_torch",
+}
+"""What the resource count counts (row -> its summary keys' suffix), per rank; the store's keys
+are the same on every rank."""
+
+
 def _resource_table(result: dict[str, Any]) -> tuple[Table, dict[str, Any]]:
     cycles = result["cycles"]
     stages = ["before create", "after create", "after 1 rebuild", f"after {cycles} rebuilds",
@@ -299,16 +329,9 @@ def _resource_table(result: dict[str, Any]) -> tuple[Table, dict[str, Any]]:
         "rebuild(), nobody lost), largest count over ranks",
         ["resource", *stages, f"{cycles} rebuilds' growth", "one generation's cost"],
     )
-    torch_keys: int = result["torch_keys"]
-    # Generations made since "before create", whose torch rendezvous keys stay in the store.
-    made = dict(zip(stages, (0, 1, 2, cycles + 1, cycles + 1, cycles + 1), strict=True))
-    ranks: list[dict[str, dict[str, int | None]]] = [
-        {stage: {**counts, "store keys less torch's": (
-            None if counts["store keys"] is None
-            else counts["store keys"] - made[stage] * torch_keys)}
-         for stage, counts in rank.items()} for rank in result["ranks"]]
-    summary: dict[str, Any] = {"torch_keys_per_generation": torch_keys}
-    for resource in ("fds", "threads", "process groups", "store keys", "store keys less torch's"):
+    ranks: list[dict[str, dict[str, int | None]]] = result["ranks"]
+    summary: dict[str, Any] = {}
+    for resource, key in RESOURCES.items():
         def values(stage: str, what: str = resource) -> list[int] | None:
             found = [r[stage][what] for r in ranks]
             return None if any(v is None for v in found) else found  # type: ignore[return-value]
@@ -323,7 +346,6 @@ def _resource_table(result: dict[str, Any]) -> tuple[Table, dict[str, Any]]:
         grown = growth(f"after {cycles} rebuilds", "after create")
         cost = growth("after create", "before create")
         table.add(resource, *(None if c is None else max(c) for c in counts), grown, cost)
-        key = resource.replace(" ", "_").replace("'", "")
         summary[f"rebuild_growth_{key}"] = grown
         summary[f"generation_cost_{key}"] = cost
     table.notes += [
@@ -332,10 +354,10 @@ def _resource_table(result: dict[str, Any]) -> tuple[Table, dict[str, Any]]:
         "its heartbeat thread and store connection)",
         "process groups: the groups this rank is a member of, the default group included; store "
         "keys: every key in the job's store (the same on every rank)",
-        f"torch's rendezvous keys of each new group stay in the store (torch's names, not ours to "
-        f"delete): {torch_keys} per generation here, measured as what one create() + close() "
-        "leaves; 'store keys less torch's' subtracts them for every generation made",
-        "before create: after two registries were created and closed (torch's lazy set-up and "
+        "store keys, commgroups': under the registry's namespace (commgroups/, the launcher's "
+        "own keys excluded); others': torch's rendezvous keys of each new group (one per member: "
+        "torch's names, never deleted by torch, not ours to delete)",
+        "before create: after a first registry was created and closed (torch's lazy set-up and "
         "the job's one-time keys paid); registry dropped: after close() and the last reference "
         "to the registry gone",
     ]
@@ -350,3 +372,28 @@ def tables(samples: list[dict[str, Any]],
     resource_table, resource_summary = _resource_table(resources)
     return [kill_table, resource_table], {**summary, **resource_summary}
 
+
+def units(config: BenchConfig) -> int:
+    """Progress units :func:`run` reports: one per kill world, one per rebuild cycle."""
+    return (len(config.gloo_worlds) * config.kill_repetitions * len(VARIANTS)
+            + config.rebuild_cycles)
+
+
+def run(config: BenchConfig, progress: Progress) -> tuple[list[Table], dict[str, Any],
+                                                           list[dict[str, Any]]]:
+    """Every kill world (``kill_repetitions`` per gloo world size and variant, interleaved) and
+    the resource world (the smallest size); returns the two tables, their summary and the
+    ratio table's gloo results (:func:`ratio_result`, one per world size)."""
+    # A world that loses a rank has nothing to wait for past its rebuild: a hang fails fast.
+    kill_timeout_s = min(config.timeout_s, 180.0)
+    samples: list[dict[str, Any]] = []
+    for world in config.gloo_worlds:
+        for repetition in range(config.kill_repetitions):
+            for variant in interleaved(VARIANTS, repetition):
+                samples.append(run_world(measure_kill, world, variant, timeout_s=kill_timeout_s,
+                                         progress=progress, lost=(world - 1,))[0])
+    resources = gather_resources(run_world(measure_resources, min(config.gloo_worlds),
+                                           config.rebuild_cycles, timeout_s=config.timeout_s,
+                                           progress=progress))
+    found, summary = tables(samples, resources)
+    return found, summary, [ratio_result(samples, world) for world in config.gloo_worlds]

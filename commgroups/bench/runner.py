@@ -1,8 +1,9 @@
 """Run every scenario of a :class:`~commgroups.bench.config.BenchConfig` and collect the tables.
 
 Real gloo worlds are started once per world size and run every section that needs that size (a world
-costs seconds to start on 2 cores); fake worlds run one process per simulated size; planning and
-memory run in this process.
+costs seconds to start on 2 cores); a rank-loss world ends with its kill, so each kill-to-rebuilt
+sample gets a fresh one (:mod:`~commgroups.bench.rank_loss`); fake worlds run one process per
+simulated size; planning and memory run in this process.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from commgroups.bench import (
 )
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import NullProgress, Progress
-from commgroups.bench.stats import Table, interleaved
+from commgroups.bench.stats import Table
 from commgroups.bench.world import run_world
 from commgroups.layout.specs import Layout
 from commgroups.registry import GroupRegistry
@@ -139,12 +140,12 @@ def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig
 
 def expected_units(config: BenchConfig, scenarios: Sequence[Scenario] = ()) -> int:
     """How many progress units a run of ``config`` reports (the bar's total, known up front)."""
-    per_gloo_world = (config.creation_repetitions + len(config.metadata_items)
-                      + config.kill_repetitions * len(rank_loss.VARIANTS))
+    per_gloo_world = config.creation_repetitions + len(config.metadata_items)
     first_world = (len(config.async_and_wait_ops) * len(config.async_and_wait_sizes)
-                   + config.dcp_repetitions + len(audit_cost.WORKLOADS) + config.rebuild_cycles)
+                   + config.dcp_repetitions + len(audit_cost.WORKLOADS))
     extra_units = sum(scenario.units(config) for scenario in scenarios)
-    return (extra_units + len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
+    return (extra_units + rank_loss.units(config)
+            + len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
             + len(config.fake_worlds) * config.fake_repetitions + config.rebuild_repetitions
             + len(config.gloo_worlds) * per_gloo_world + first_world)
 
@@ -190,11 +191,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
                                  config.rebuild_repetitions, backend="fake",
                                  timeout_s=config.timeout_s, progress=bar)[0]]
     gloo: dict[int, dict[str, Any]] = {}
-    kills: list[dict[str, Any]] = []
-    resources: dict[str, Any] = {}
     smallest = min(config.gloo_worlds)
-    # A world that loses a rank has nothing to wait for past its rebuild: a hang fails fast.
-    kill_timeout_s = min(config.timeout_s, 180.0)
     with tempfile.TemporaryDirectory(prefix="commgroups-bench-") as directory:
         for world in config.gloo_worlds:
             # One world per repetition (see creation.measure_gloo).
@@ -208,23 +205,14 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
             gloo[world] = run_world(gloo_job, world, config, sections, directory,
                                     timeout_s=config.timeout_s, progress=bar)[0]
             gloo[world]["creation"] = creation.merge(created)
-            # A kill ends its world (the victim's process is gone): one fresh world per sample.
-            for repetition in range(config.kill_repetitions):
-                for variant in interleaved(rank_loss.VARIANTS, repetition):
-                    kills.append(run_world(rank_loss.measure_kill, world, variant,
-                                           timeout_s=kill_timeout_s, progress=bar,
-                                           lost=(world - 1,))[0])
-            if world == smallest:
-                resources = rank_loss.gather_resources(run_world(
-                    rank_loss.measure_resources, world, config.rebuild_cycles,
-                    timeout_s=config.timeout_s, progress=bar))
+        # A kill ends its world (the victim's process is gone): one fresh world per sample.
+        rank_loss_tables, rank_loss_summary, ratio_results = rank_loss.run(config, bar)
         extras = [scenario.run(config, bar, directory) for scenario in scenarios]
     creation_results += [gloo[w]["creation"] for w in config.gloo_worlds]
 
     creation_table, creation_summary = creation.tables(creation_results)
     rebuild_table, rebuild_summary = rebuild.tables(
-        [rank_loss.ratio_result(kills, w) for w in config.gloo_worlds] + rebuild_results)
-    rank_loss_tables, rank_loss_summary = rank_loss.tables(kills, resources)
+        ratio_results + rebuild_results)
     async_and_wait_table, async_and_wait_summary = async_wait_cost.tables(gloo[smallest]["async_and_wait"])
     audit_table, audit_summary = audit_cost.tables(gloo[smallest]["audit"])
     checkpoint_tables, checkpoint_summary = checkpoint.tables(
