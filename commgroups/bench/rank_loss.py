@@ -42,7 +42,7 @@ from commgroups.bench.world import run_world
 from commgroups.generation import STORE_PREFIX
 from commgroups.layout.specs import ElasticSpec, Layout, RoleSpec, default_roles
 from commgroups.rank_loss.rebuild_report import PHASES
-from commgroups.registry import GroupRegistry
+from commgroups.registry import DEFAULT_DEAD_AFTER_S, DEFAULT_HEARTBEAT_S, GroupRegistry
 
 __all__ = ["PRODUCTION_TIMEOUT_S", "VARIANTS", "gather_resources", "measure_kill",
            "measure_resources", "production_layout", "ratio_result", "run", "tables", "units"]
@@ -301,9 +301,9 @@ def _kill_table(samples: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
         "detection: kill -> that member's collective raised (a direct peer of the victim sees the "
         "closed socket; the others are interrupted when the first rebuild() reports the loss); "
         "first survivor's detection: the earliest survivor's",
-        "rebuild(): no alive=, the check-in ends when every absent member's heartbeat stood still "
-        "for dead_after_s (1.5 s, heartbeat every 0.1 s); rebuild(alive=): ends when the given "
-        "survivors are in",
+        f"rebuild(): no alive=, the check-in ends when every absent member's heartbeat stood still "
+        f"for dead_after_s ({DEFAULT_DEAD_AFTER_S:g} s, heartbeat every {DEFAULT_HEARTBEAT_S:g} s, "
+        "the defaults); rebuild(alive=): ends when the given survivors are in",
         "the victim's replica partner is dropped by the new layout (HSDP replicas are elastic): "
         "not a member, not counted",
     ]
