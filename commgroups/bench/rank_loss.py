@@ -38,7 +38,8 @@ from commgroups import torch_internals
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, summarize
-from commgroups.bench.world import run_world
+from commgroups.bench.world import WorldFailed, run_world
+from commgroups.errors import ArgumentError
 from commgroups.generation import STORE_PREFIX
 from commgroups.layout.specs import ElasticSpec, Layout, RoleSpec, default_roles
 from commgroups.rank_loss.rebuild_report import PHASES
@@ -94,11 +95,13 @@ def _step(registry: GroupRegistry, rank: int, victim: int, step: int) -> None:
 def measure_kill(rank: int, world_size: int, progress: Progress, variant: str) -> dict[str, Any]:
     """On every rank of a fresh gloo world: create, train, lose the last rank, rebuild.
 
-    Rank 0 returns the world's sample (see the module docstring); other ranks return None. Raises
-    RuntimeError when a survivor saw no failure or the new generation's collective is wrong.
+    Rank 0 returns the world's sample (see the module docstring); other ranks an empty dict.
+    Raises :class:`~commgroups.bench.world.WorldFailed` (on rank 0) when a survivor saw no
+    failure, or the new generation lost another rank or sums wrongly.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"variant: {variant!r} is not one of {VARIANTS}")
+        raise ArgumentError(f"variant: {variant!r} is unknown; fix: use one of {', '.join(VARIANTS)}",
+                            field="variant")
     victim = world_size - 1
     survivors = [r for r in range(world_size) if r != victim]
     store = torch_internals.default_store()
@@ -141,11 +144,11 @@ def _sample(world_size: int, variant: str, victim: int, killed_at: float, create
     """The slowest member's kill -> rebuilt and its parts, checked for sense."""
     missed = [s["rank"] for s in seen if "place" not in s]
     if missed:
-        raise RuntimeError(f"ranks {missed} saw no failure after rank {victim} was killed")
+        raise WorldFailed(f"ranks {missed} saw no failure after rank {victim} was killed")
     members = [s for s in seen if s["place"] == "member"]
     for s in members:
         if s["lost"] != [victim] or s.get("sum") != float(len(members)):
-            raise RuntimeError(f"rank {s['rank']}: rebuilt wrongly: lost {s['lost']}, "
+            raise WorldFailed(f"rank {s['rank']}: rebuilt wrongly: lost {s['lost']}, "
                                f"sum {s.get('sum')} on {len(members)} members")
     slowest = max(members, key=lambda s: s["rebuilt_at"])
     total = slowest["rebuilt_at"] - killed_at
@@ -226,7 +229,7 @@ def measure_resources(rank: int, world_size: int, progress: Progress,
     for cycle in range(cycles):
         report = registry.rebuild()  # every rank: nobody lost, a new generation each time
         if report.lost or report.place != "member":
-            raise RuntimeError(f"rank {rank}: a lone rebuild lost {list(report.lost)}")
+            raise WorldFailed(f"rank {rank}: a lone rebuild lost {list(report.lost)}")
         dist.barrier(group=registry.group("checkpoint-metadata"))
         _settle()
         if cycle == 0:
