@@ -56,3 +56,60 @@ def test_plan_command_shows_memory(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "estimated communicator memory on rank 0 (device = nccl" in capsys.readouterr().out
     assert main(["plan", str(path), "--json", "--device", "hccl"]) == 0
     assert json.loads(capsys.readouterr().out)["memory"]["high_mb"] == 600.0
+
+
+def _survivor(rank: int, place: str, failed: float, rebuilt: float, sum_: float = 2.0,
+              lost: tuple[int, ...] = (3,)) -> dict[str, object]:
+    seconds = dict.fromkeys(("check_in", "replan", "retire", "create", "meshes", "release"), 0.1)
+    return {"rank": rank, "place": place, "failed_at": failed, "rebuilt_at": rebuilt,
+            "seconds": seconds, "lost": list(lost), "members": [0, 1], "sum": sum_}
+
+
+def test_rank_loss_sample_is_the_slowest_member_and_checks_the_rebuild() -> None:
+    from commgroups.bench import rank_loss
+    from commgroups.bench.world import WorldFailed
+
+    seen = [_survivor(0, "member", 100.01, 100.9), _survivor(1, "member", 100.02, 101.0),
+            _survivor(2, "dropped", 100.005, 100.5)]
+    sample = rank_loss._sample(4, "rebuild()", 3, 100.0, 0.05, seen)
+    assert sample["kill_to_rebuilt"] == pytest.approx(1.0)  # rank 1, not the dropped rank 2
+    assert sample["detection"] == pytest.approx(0.02)
+    assert sample["unaccounted"] == pytest.approx(1.0 - 0.02 - 0.6)
+    assert sample["first_detection"] == pytest.approx(0.005)
+    assert (sample["members"], sample["dropped"]) == (2, 1)
+    with pytest.raises(WorldFailed, match="rebuilt wrongly"):
+        rank_loss._sample(4, "rebuild()", 3, 100.0, 0.05,
+                          [_survivor(0, "member", 100.01, 100.9, sum_=3.0)])
+    with pytest.raises(WorldFailed, match="saw no failure"):
+        rank_loss._sample(4, "rebuild()", 3, 100.0, 0.05, [{"rank": 0}])
+
+
+def test_rank_loss_tables_report_growth_against_one_generation() -> None:
+    from commgroups.bench import rank_loss
+
+    def counts(fds: int, keys: int, ours: int) -> dict[str, int | None]:
+        return {"fds": fds, "threads": None, "process groups": 5, "store keys": keys,
+                "store keys, commgroups'": ours, "store keys, others' (torch's)": keys - ours}
+
+    stages = {"before create": counts(20, 10, 5), "after create": counts(40, 30, 20),
+              "after 1 rebuild": counts(41, 40, 21), "after 2 rebuilds": counts(42, 50, 21),
+              "after close": counts(40, 35, 6), "registry dropped": counts(20, 35, 6)}
+    other = {**stages, "after 2 rebuilds": counts(45, 50, 21)}
+    resources = {"world": 4, "cycles": 2, "ranks": [stages, other]}
+    samples = [rank_loss._sample(4, variant, 3, 100.0, 0.05,
+                                 [_survivor(0, "member", 100.01, 100.0 + end),
+                                  _survivor(1, "member", 100.01, 100.5)])
+               for variant, end in (("rebuild()", 1.0), ("rebuild()", 2.0), ("rebuild(alive=)", 0.7))]
+    tables, summary = rank_loss.tables(samples, resources)
+    assert summary["kill_to_rebuilt_s"] == {"4": pytest.approx(1.5)}
+    assert summary["kill_to_rebuilt_s_gloo4_max"] == pytest.approx(2.0)
+    assert summary["rebuild_growth_fds"] == 5  # the largest over ranks
+    assert summary["generation_cost_fds"] == 20
+    assert summary["rebuild_growth_threads"] is None  # not counted: never a made-up number
+    assert summary["rebuild_growth_store_keys_ours"] == 1
+    assert summary["rebuild_growth_store_keys_torch"] == 19
+    kill, resource_table = tables
+    assert {row[1] for row in kill.rows} == {"rebuild()", "rebuild(alive=)"}
+    assert resource_table.column("resource")[:2] == ["fds", "threads"]
+    ratio = rank_loss.ratio_result(samples, 4)
+    assert len(ratio["samples"]["rebuild"]) == 1  # only the rebuild(alive=) world

@@ -20,8 +20,8 @@ from commgroups.cli import main
 pytestmark = pytest.mark.world
 
 
-TABLES = ("creation", "rebuild", "planning", "async_and_wait", "checkpoint_dcp",
-          "checkpoint_exchange", "memory")
+TABLES = ("creation", "kill_to_rebuilt", "rebuild_resources", "rebuild", "planning",
+          "async_and_wait", "checkpoint_dcp", "checkpoint_exchange", "memory")
 
 
 def _numbers(cell: Any) -> list[float]:
@@ -73,6 +73,18 @@ def test_bench_smoke_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert {(world, w) for w in ("create", "rebuild", "phase check_in", "phase retire",
                                      "phase create", "phase meshes")} <= whats
     assert data["summary"]["rebuild_ratio_vs_create_gloo4"] > 0
+    # Kill to rebuilt: both variants on 4 ranks, every part; the headline figure in the JSON.
+    kill = data["tables"]["kill_to_rebuilt"]
+    parts = {(row[0], row[1], row[2]) for row in kill["rows"]}
+    for variant in ("rebuild()", "rebuild(alive=)"):
+        assert {(4, variant, what) for what in ("kill -> rebuilt", "detection", "phase check_in",
+                                                "phase create", "phase release")} <= parts
+    assert set(data["kill_to_rebuilt_s"]) == {"4"} and data["kill_to_rebuilt_s"]["4"] > 0
+    # Resources: counted at every stage, growth and one generation's cost side by side.
+    resources = {row[0]: dict(zip(data["tables"]["rebuild_resources"]["columns"], row))
+                 for row in data["tables"]["rebuild_resources"]["rows"]}
+    assert {"fds", "threads", "process groups", "store keys"} <= set(resources)
+    assert resources["process groups"]["one generation's cost"] > 0
     assert sorted(p.name for p in plots.glob("*.png")) == [
         "async_and_wait.png", "checkpoint.png", "creation.png", "memory.png", "planning.png"]
     assert "async_and_wait_overhead_ratio" in capsys.readouterr().out

@@ -38,7 +38,11 @@ class BenchConfig:
     audit_repetitions: int = 9
     """Blocks per variant of the audit's cost (a debug tool's cost: tens of percent, not 2%)."""
     rebuild_repetitions: int = 3
-    """Rebuilds after a rank loss per world (gloo worlds and the largest fake world)."""
+    """Rebuilds after a rank loss in the largest fake world."""
+    kill_repetitions: int = 2
+    """Kill-to-rebuilt worlds per gloo world size and variant (one fresh world each)."""
+    rebuild_cycles: int = 10
+    """Lone rebuilds (nobody lost) whose leftovers the resource count measures (smallest world)."""
     timeout_s: float = 600.0
 
 
@@ -63,6 +67,7 @@ def full_config() -> BenchConfig:
         metadata_repetitions=9,
         audit_repetitions=21,
         rebuild_repetitions=7,
+        kill_repetitions=5,
     )
 
 
@@ -111,5 +116,7 @@ def smoke_config() -> BenchConfig:
         metadata_repetitions=1,
         audit_repetitions=1,
         rebuild_repetitions=1,
+        kill_repetitions=1,
+        rebuild_cycles=2,
         timeout_s=240.0,
     )

@@ -31,6 +31,12 @@ def _headline(result: BenchResult) -> list[str]:
                      f"{s['creation_ratio_vs_devicemesh']:.3f} "
                      f"[p25-p75 {spread['p25']:.3f}-{spread['p75']:.3f}], "
                      f"{s['registry_calls_per_role']:g} creation call(s) per role per rank")
+    if s.get("kill_to_rebuilt_s"):
+        worlds = ", ".join(f"{seconds:.2f} s on {world} ranks (worst "
+                           f"{s.get(f'kill_to_rebuilt_s_gloo{world}_max', seconds):.2f} s)"
+                           for world, seconds in s["kill_to_rebuilt_s"].items())
+        lines.append(f"kill_to_rebuilt_s (SIGKILL mid-step to the slowest survivor rebuilt, "
+                     f"600 s role timeouts, no alive=, median): {worlds}")
     return lines
 
 

@@ -1,8 +1,9 @@
 """Run every scenario of a :class:`~commgroups.bench.config.BenchConfig` and collect the tables.
 
 Real gloo worlds are started once per world size and run every section that needs that size (a world
-costs seconds to start on 2 cores); fake worlds run one process per simulated size; planning and
-memory run in this process.
+costs seconds to start on 2 cores); a rank-loss world ends with its kill, so each kill-to-rebuilt
+sample gets a fresh one (:mod:`~commgroups.bench.rank_loss`); fake worlds run one process per
+simulated size; planning and memory run in this process.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from commgroups.bench import (
     flight_cost,
     memory,
     planning,
+    rank_loss,
     rebuild,
 )
 from commgroups.bench.config import BenchConfig
@@ -73,7 +75,9 @@ class BenchResult:
         raise KeyError(f"no table {name!r}; tables: {', '.join(t.name for t in self.tables)}")
 
     def to_dict(self) -> dict[str, Any]:
-        """What ``--json`` writes: every table, the summary and the two headline ratios on top."""
+        """What ``--json`` writes: every table, the summary and the headline figures on top (the
+        two ratios, and ``kill_to_rebuilt_s``: world size -> median seconds from a SIGKILL to the
+        slowest survivor rebuilt, no ``alive=``)."""
         return {
             "schema": SCHEMA_VERSION,
             "config": asdict(self.config),
@@ -81,6 +85,7 @@ class BenchResult:
             "duration_s": round(self.duration_s, 2),
             "async_and_wait_overhead_ratio": self.summary.get("async_and_wait_overhead_ratio"),
             "creation_ratio_vs_devicemesh": self.summary.get("creation_ratio_vs_devicemesh"),
+            "kill_to_rebuilt_s": self.summary.get("kill_to_rebuilt_s"),
             "summary": self.summary,
             "tables": {table.name: table.to_dict() for table in self.tables},
         }
@@ -138,12 +143,12 @@ def gloo_job(rank: int, world_size: int, progress: Progress, config: BenchConfig
 
 def expected_units(config: BenchConfig, scenarios: Sequence[Scenario] = ()) -> int:
     """How many progress units a run of ``config`` reports (the bar's total, known up front)."""
-    per_gloo_world = (config.creation_repetitions + len(config.metadata_items)
-                      + config.rebuild_repetitions)
+    per_gloo_world = config.creation_repetitions + len(config.metadata_items)
     first_world = (len(config.async_and_wait_ops) * len(config.async_and_wait_sizes)
                    + config.dcp_repetitions + len(audit_cost.WORKLOADS) + 1)  # + flight
     extra_units = sum(scenario.units(config) for scenario in scenarios)
-    return (extra_units + len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
+    return (extra_units + rank_loss.units(config)
+            + len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
             + len(config.fake_worlds) * config.fake_repetitions + config.rebuild_repetitions
             + len(config.gloo_worlds) * per_gloo_world + first_world)
 
@@ -203,29 +208,26 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
             gloo[world] = run_world(gloo_job, world, config, sections, directory,
                                     timeout_s=config.timeout_s, progress=bar)[0]
             gloo[world]["creation"] = creation.merge(created)
-            # A rebuild leaves the lost rank (and dropped ones) behind in torch's group naming:
-            # no later creation in that world could agree on names, so one world per rebuild.
-            samples = [run_world(rebuild.measure_gloo, world, 1, timeout_s=config.timeout_s,
-                                 progress=bar)[0] for _ in range(config.rebuild_repetitions)]
-            gloo[world]["rebuild"] = rebuild.merge(samples)
+        # A kill ends its world (the victim's process is gone): one fresh world per sample.
+        rank_loss_tables, rank_loss_summary, ratio_results = rank_loss.run(config, bar)
         extras = [scenario.run(config, bar, directory) for scenario in scenarios]
     creation_results += [gloo[w]["creation"] for w in config.gloo_worlds]
 
     creation_table, creation_summary = creation.tables(creation_results)
     rebuild_table, rebuild_summary = rebuild.tables(
-        [gloo[w]["rebuild"] for w in config.gloo_worlds] + rebuild_results)
+        ratio_results + rebuild_results)
     async_and_wait_table, async_and_wait_summary = async_wait_cost.tables(gloo[smallest]["async_and_wait"])
     audit_table, audit_summary = audit_cost.tables(gloo[smallest]["audit"])
     flight_table, flight_summary = flight_cost.tables(gloo[smallest]["flight"])
     checkpoint_tables, checkpoint_summary = checkpoint.tables(
         [gloo[smallest]["dcp"]], [gloo[w]["exchange"] for w in config.gloo_worlds]
     )
-    result.tables = [creation_table, rebuild_table, planning_table, async_and_wait_table, audit_table,
-                     flight_table,
-                     *checkpoint_tables, memory_table, *(table for tables, _ in extras for table in tables)]
-    for part in (creation_summary, rebuild_summary, planning_summary, async_and_wait_summary,
-                 audit_summary, flight_summary,
-                 checkpoint_summary, memory_summary, *(summary for _, summary in extras)):
+    result.tables = [creation_table, *rank_loss_tables, rebuild_table, planning_table,
+                     async_and_wait_table, audit_table, flight_table, *checkpoint_tables,
+                     memory_table, *(table for tables, _ in extras for table in tables)]
+    for part in (creation_summary, rank_loss_summary, rebuild_summary, planning_summary,
+                 async_and_wait_summary, audit_summary, flight_summary, checkpoint_summary,
+                 memory_summary, *(summary for _, summary in extras)):
         result.summary.update(part)
     result.duration_s = time.perf_counter() - started
     return result

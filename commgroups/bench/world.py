@@ -7,7 +7,7 @@ deadline); this module adds rank 0's progress messages, relayed to the CLI's pro
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from commgroups.bench.progress import NullProgress, Progress, QueueProgress, apply_message
@@ -34,11 +34,14 @@ def run_world(
     backend: str = "gloo",
     timeout_s: float = 600.0,
     progress: Progress | None = None,
+    lost: Collection[int] = (),
 ) -> list[Any]:
     """Run ``fn(rank, world_size, progress, *args)`` on every rank; return the results by rank.
 
     With ``backend="fake"`` a single process runs ``fn(0, world_size, progress, *args)`` and the
     result list has one entry. ``fn`` and ``args`` must pickle (module-level functions).
+    ``lost``: ranks expected to die (a rank-loss benchmark kills them): their results are None,
+    and the survivors get until the deadline to report (not a few seconds after the death).
     """
     fake = backend == "fake"
     processes = 1 if fake else world_size
@@ -47,14 +50,15 @@ def run_world(
         backend=None if fake else backend, timeout_s=timeout_s, init_timeout_s=300.0,
         preload=_PRELOAD,
         on_message=None if progress is None else functools.partial(apply_message, progress),
+        grace_s=None if lost else 5.0,
     )
     failures = {r: rep.traceback for r, rep in reports.items() if not rep.ok}
     if failures:
         raise WorldFailed("\n".join(f"--- rank {r} ---\n{text}" for r, text in sorted(failures.items())))
-    missing = [r for r in range(processes) if r not in reports]
+    missing = [r for r in range(processes) if r not in reports and r not in lost]
     if missing:
         raise WorldFailed(
             f"{backend} world of {world_size}: ranks {missing} did not finish within {timeout_s:g}s "
             "(hang or crash)"
         )
-    return [reports[r].value for r in range(processes)]
+    return [reports[r].value if r in reports else None for r in range(processes)]

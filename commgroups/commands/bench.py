@@ -27,7 +27,8 @@ def register(subparsers: Any) -> None:
     """Add the ``bench`` sub-command."""
     parser = subparsers.add_parser(
         "bench",
-        help="benchmark group layouts: creation, planning, async-and-wait cost, checkpoint metadata, memory",
+        help="benchmark group layouts: creation, rank loss (kill to rebuilt), planning, "
+             "async-and-wait cost, checkpoint metadata, memory",
         description="Runs every scenario side by side, with interleaved repetitions, and prints "
                     "tables of medians [p25-p75] and ratios. Uses real 4- and 8-rank gloo worlds "
                     "and the fake backend for simulated worlds.",
