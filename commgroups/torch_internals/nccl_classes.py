@@ -4,7 +4,10 @@ torch 2.15 makes ``ProcessGroupNCCL2`` the default for ``backend="nccl"`` (``ncc
 ``TORCH_DIST_USE_NCCL2=0`` set before torch.distributed is imported, selects ``ProcessGroupNCCL``);
 2.14 added it as ``nccl2``. It is another class, not a subclass: it lacks ``comm_split_count``,
 ``_set_default_timeout``, ``_is_initialized``, ``NCCLConfig`` and more. Both take the same
-``ProcessGroupNCCL.Options`` (torch's ``_nccl2_options`` asserts it, 2.14.1 and 2.15.0).
+``ProcessGroupNCCL.Options`` (torch's ``_nccl2_options`` asserts it, 2.14.1 and 2.15.0). torch's own
+creator of ProcessGroupNCCL2 sets the group's ``bound_device_id`` when ``device_id=`` was not given
+(``_nccl2_device``, 2.15.0 source), so commgroups sees every 2.15 NCCL world as device-bound, as
+torch's own split decision does.
 
 :data:`NCCL_ATTRIBUTES` lists each attribute commgroups reads on an NCCL backend, its Options or
 its config, with the function here that reads it (the only place that does) and what commgroups
