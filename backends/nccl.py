@@ -1,4 +1,10 @@
-"""NCCL: CUDA collectives, with per-role ``ProcessGroupNCCL.Options``."""
+"""NCCL: CUDA collectives, with per-role ``ProcessGroupNCCL.Options``.
+
+torch's ``nccl`` backend is ``ProcessGroupNCCL`` up to 2.14 and ``ProcessGroupNCCL2`` from 2.15
+(``nccl-legacy`` or ``TORCH_DIST_USE_NCCL2=0`` keep the old class). This adapter reads nothing of
+either class itself: :mod:`commgroups.torch_internals.nccl_classes` does, with the attributes it
+reads and its fallback for each listed there.
+"""
 
 from __future__ import annotations
 
@@ -88,19 +94,23 @@ class NcclAdapter(BackendAdapter):
         return constants.default_pg_nccl_timeout or constants.default_pg_timeout
 
     def make_options(self, options: RoleOptions, timeout: timedelta) -> Any | None:
-        """A fresh ``ProcessGroupNCCL.Options``: new_group mutates it, so never share one."""
+        """A fresh ``ProcessGroupNCCL.Options`` (new_group mutates it, so never share one).
+
+        The one Options class both NCCL implementations take: ``ProcessGroupNCCL`` (``nccl`` before
+        2.15, ``nccl-legacy``) and ``ProcessGroupNCCL2`` (``nccl`` from 2.15), built by
+        :func:`commgroups.torch_internals.nccl_options`, which refuses a config field this torch
+        lacks, naming it. CI builds it against fakes with the real classes' attributes (mocked
+        NCCL, ``tests/test_nccl.py``); not run on a GPU here.
+        """
         section = options.nccl
         if section is None:
             return None
-        nccl_options = dist.ProcessGroupNCCL.Options(
-            is_high_priority_stream=section.high_priority_stream
-        )
+        config: dict[str, int | str] = {}
         for field in _CONFIG_FIELDS:
             value = getattr(section, field)
             if value is None:
                 continue
-            if field in ("split_share", "blocking"):
-                value = int(value)
-            setattr(nccl_options.config, field, value)
+            config[field] = int(value) if field in ("split_share", "blocking") else value
+        nccl_options = torch_internals.nccl_options(section.high_priority_stream, config)
         torch_internals.set_options_timeout(nccl_options, timeout)
         return nccl_options

@@ -1,4 +1,10 @@
-"""RCCL: ROCm's NCCL. torch names it "nccl" (ProcessGroupNCCL); ROCm is ``torch.version.hip``."""
+"""RCCL: ROCm's NCCL. torch names it "nccl" (ProcessGroupNCCL); ROCm is ``torch.version.hip``.
+
+Everything but the availability check is the NCCL adapter's, so RCCL takes the same options and the
+same fallbacks (:mod:`commgroups.torch_internals.nccl_classes`). Which class torch 2.15's "nccl"
+is on a ROCm build (ProcessGroupNCCL2 as on CUDA, or the legacy one) is NOT CHECKED: no ROCm wheel
+was captured in tests/data/nccl_class_attrs.json.
+"""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from commgroups.creation.role_groups import (
     nonmember_split_hazard,
 )
 from commgroups.torch_internals.version import torch_version
+from tests import nccl_fakes
 
 PATHS = ("all_ranks", "local", "auto")
 
@@ -130,28 +131,11 @@ def test_mock_nccl_split_decision(adapter: BackendAdapter) -> None:
     assert choose_method("split", plan.role("cp"), adapter, unbound) == "all_ranks"
 
 
-class _MockNcclConfig:
-    split_share = 0
-    blocking = 1
-    cga_cluster_size = 0
-    min_ctas = 0
-    max_ctas = 0
-    net_name = ""
-
-
-class _MockNcclOptions:
-    def __init__(self, is_high_priority_stream: bool = False) -> None:
-        self.is_high_priority_stream = is_high_priority_stream
-        self.config = _MockNcclConfig()
-        self._timeout = timedelta(0)
-
-
-class _MockProcessGroupNCCL:
-    Options = _MockNcclOptions
-
-
 def test_mock_nccl_split_creation_one_call_per_role(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Mock NCCL: split makes one split_group call with every group, passing split_share."""
+    """Mock NCCL: split makes one split_group call with every group, passing split_share.
+
+    ``dist.ProcessGroupNCCL`` is a fake with the recorded attributes of the real class (newest
+    recorded CUDA build, ``tests/nccl_fakes.py``): options it lacks could not be set."""
     calls: list[dict[str, Any]] = []
     sentinel = object()
 
@@ -162,7 +146,8 @@ def test_mock_nccl_split_creation_one_call_per_role(monkeypatch: pytest.MonkeyPa
     def forbidden_new_group(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("split creation must not call new_group")
 
-    monkeypatch.setattr(dist, "ProcessGroupNCCL", _MockProcessGroupNCCL, raising=False)
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", nccl_fakes.fake_class("ProcessGroupNCCL"),
+                        raising=False)
     monkeypatch.setattr(dist, "split_group", fake_split_group)
     monkeypatch.setattr(dist, "new_group", forbidden_new_group)
     layout = cg.Layout(

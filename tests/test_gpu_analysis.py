@@ -120,3 +120,33 @@ def test_report_and_measured_memory_written(
     measured = load_measured(tmp_path / MEMORY)
     assert measured.lookup("nccl", "split", 1) is not None
     assert "NVIDIA H200" in measured.source and "nccl 2.27.7" in measured.source
+
+
+def test_nccl_backends_in_the_analysis_and_report(
+    sample: tuple[dict[str, Any], dict[str, Any]], tmp_path: Path
+) -> None:
+    """The nccl_backends part (hand-made here: no GPU has run it yet): a row per torch backend,
+    a failed path in Errors; a measurement file from before the part existed has no such error."""
+    measurements, traces = sample
+    assert not analyze(measurements, traces).nccl_backends
+    assert not any("nccl_backends" in e for e in analyze(measurements, traces).errors)
+    steps = [{"step": "all_reduce", "ok": True, "value": "1.0"},
+             {"step": "split count (comm_split_count)", "ok": True, "value": None}]
+    with_part = {**measurements, "parts": {**measurements["parts"], "nccl_backends": {
+        "error": None, "seconds": 1.0, "data": {"backends": [
+            {"backend": "nccl", "default_class": "ProcessGroupNCCL2",
+             "group_class": "ProcessGroupNCCL2", "steps": steps},
+            {"backend": "nccl-legacy", "default_class": "ProcessGroupNCCL",
+             "group_class": "ProcessGroupNCCL",
+             "steps": [{"step": "split_group", "ok": False, "error": "RuntimeError: boom"}]},
+            {"backend": "nccl2", "skipped": "torch 2.13.0 has no ProcessGroupNCCL2"}]}}}}
+    analysis = analyze(with_part, traces)
+    assert [b["backend"] for b in analysis.nccl_backends] == ["nccl", "nccl-legacy", "nccl2"]
+    assert "nccl_backends nccl-legacy: split_group: RuntimeError: boom" in analysis.errors
+    write_derived(tmp_path, with_part, traces)
+    report = (tmp_path / REPORT_MD).read_text()
+    rows = {line.split(" | ")[0].strip("| "): line for line in report.splitlines()
+            if line.startswith("| ")}
+    assert "ProcessGroupNCCL2" in rows["nccl"] and "all_reduce: 1.0" in rows["nccl"]
+    assert "split_group: FAILED" in rows["nccl-legacy"]
+    assert "no ProcessGroupNCCL2" in rows["nccl2"]

@@ -31,6 +31,11 @@ def test_plan_steps_order_and_isolation() -> None:
     local = next(s for s in steps if "local" in s.label)
     assert local.argv[-1] == "new_group local" and local.timeout_s <= 60
     assert labels[-1] == "pytest"
+    backends = [s for s in steps if s.part == "nccl_backends"]  # one process per NCCL backend
+    assert [s.argv[s.argv.index("--backend") + 1] for s in backends] == [
+        "nccl", "nccl-legacy", "nccl2"]
+    assert [s.part for s in plan_steps("python3", smoke=True, parts=["nccl_backends"])] == [
+        "nccl_backends"]  # a smoke run: one, on gloo
     assert [s.part for s in plan_steps("python3", smoke=True, parts=["memory"])] == ["memory"]
 
 

@@ -58,7 +58,12 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     assert "memory.json" not in copied  # a smoke run measures no device memory
     measurements = json.loads((results / "measurements.json").read_text())
     parts = measurements["parts"]
-    assert set(parts) == {"machine", "streams", "async_wait_cost", "memory", "creation", "pytest"}
+    assert set(parts) == {"machine", "streams", "async_wait_cost", "memory", "creation",
+                          "nccl_backends", "pytest"}
+    (backend,) = parts["nccl_backends"]["data"]["backends"]  # the smoke run's one, on gloo
+    assert backend["ran_on"] == "gloo" and backend["ok"], backend
+    assert {s["step"] for s in backend["steps"]} >= {"all_reduce", "set_timeout",
+                                                      "abort (_abort_process_group)"}
     assert measurements["smoke"] is True and parts["machine"]["data"]["torch"]
     variants = {v["variant"]: v for v in parts["streams"]["data"]["variants"]}
     assert len(variants) == 11 and all(v["error"] is None for v in variants.values()), variants

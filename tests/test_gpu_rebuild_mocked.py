@@ -1,8 +1,9 @@
 """The GPU/NPU paths of rebuild() on the CPU: NCCL abort, the shrink capability, HCCL abort.
 
 NCCL and HCCL cannot run here, so each test mocks only the NCCL/HCCL piece, and says so in its
-name: the c10d call that aborts (``_abort_process_group``), what a group's backend answers to
-``supports_shrinking``, or whether the default group is bound to an NCCL device. Everything
+name: the c10d call that aborts (``_abort_process_group``), a group's NCCL backend (a fake of the
+real ProcessGroupNCCL / ProcessGroupNCCL2 of a recorded CUDA build, with exactly its attributes:
+``tests/nccl_fakes.py``), or whether the default group is bound to an NCCL device. Everything
 else (adapters, the registry's retire and refusal paths, commgroups' torch_internals) is the real
 code. What these do not show, the GPU check runs on one GPU (``tests/test_gpu_rebuild.py``):
 a real one-rank NCCL abort during a rebuild and the machine's real shrink answer.
@@ -11,7 +12,6 @@ a real one-rank NCCL abort during a rebuild and the machine's real shrink answer
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -29,7 +29,7 @@ from commgroups.creation.role_groups import CreatedRole, CreationContext
 from commgroups.errors import RebuildError
 from commgroups.generation import Generation, GenerationRequest
 from commgroups.registry import RegistryState
-from tests import torch_private
+from tests import nccl_fakes, torch_private
 
 BOUND_NCCL = CreationContext(default_backend="nccl", device_bound=True, accelerator=True)
 
@@ -41,16 +41,19 @@ def _aborts_recorded(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return calls
 
 
-def _backend_answers(monkeypatch: pytest.MonkeyPatch, answer: bool | None) -> list[Any]:
-    """Make every group's backend answer ``supports_shrinking`` with ``answer`` (None: unknown)."""
-    asked: list[Any] = []
+def _backend_answers(monkeypatch: pytest.MonkeyPatch, answer: bool | None,
+                     nccl_class: tuple[str, str] = ("2.15.0", "ProcessGroupNCCL2")) -> list[Any]:
+    """Make every group's backend a fake NCCL backend (``nccl_class``: version and class as
+    recorded) answering ``supports_shrinking`` with ``answer``; None: the group has no backend for
+    the device (torch's RuntimeError), so the answer is unknown. Returns the devices asked for."""
+    version, name = nccl_class
 
-    def supports(group: Any, device: torch.device) -> bool | None:
-        asked.append(device)
-        return answer
+    def backend_for(group: Any, device: torch.device) -> Any:
+        if answer is None:
+            raise RuntimeError(f"No backend type associated with device type {device}")
+        return nccl_fakes.fake_backend(version, name, supports_shrinking=answer)
 
-    monkeypatch.setattr(torch_internals, "backend_supports_shrinking", supports)
-    return asked
+    return nccl_fakes.serve_backends(monkeypatch, backend_for)
 
 
 # ------------------------------------------------------------------------------ capability flags
@@ -60,23 +63,24 @@ def test_capability_flags() -> None:
     assert NcclAdapter.supports_split and not HcclAdapter.supports_split
 
 
+@pytest.mark.parametrize("nccl_class", nccl_fakes.nccl_backends())
 def test_shrink_needs_torch_shrink_group_and_the_backend_mocked_nccl(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    group = SimpleNamespace(bound_device_id=torch.device("cuda", 3))
-    asked = _backend_answers(monkeypatch, True)
+        monkeypatch: pytest.MonkeyPatch, nccl_class: tuple[str, str]) -> None:
+    group = nccl_fakes.fake_group(bound_device_id=torch.device("cuda", 3))
+    asked = _backend_answers(monkeypatch, True, nccl_class)
     assert NcclAdapter().shrink_blocker(group) is None and NcclAdapter().shrinks(group)
     assert asked[0] == torch.device("cuda", 3)  # the bound device, as torch's shrink_group reads it
 
-    _backend_answers(monkeypatch, False)
+    _backend_answers(monkeypatch, False, nccl_class)
     blocker = NcclAdapter().shrink_blocker(group)
     assert blocker is not None and "supports_shrinking=False" in blocker and "2.27" in blocker
 
-    asked = _backend_answers(monkeypatch, None)
-    unbound = SimpleNamespace(bound_device_id=None)
+    asked = _backend_answers(monkeypatch, None, nccl_class)
+    unbound = nccl_fakes.fake_group(bound_device_id=None)
     blocker = NcclAdapter().shrink_blocker(unbound)
     assert blocker is not None and "cannot tell" in blocker and asked == [torch.device("cuda")]
 
-    _backend_answers(monkeypatch, True)
+    _backend_answers(monkeypatch, True, nccl_class)
     monkeypatch.delattr(dist, "shrink_group")
     blocker = NcclAdapter().shrink_blocker(group)
     assert blocker is not None and "no torch.distributed.shrink_group" in blocker
@@ -88,22 +92,31 @@ def test_gloo_and_hccl_never_shrink() -> None:
         assert blocker is not None and adapter.name in blocker and not adapter.shrinks(object())
 
 
-def test_backend_supports_shrinking_reads_the_backend_property() -> None:
-    class Group:
-        def __init__(self, backend: object) -> None:
-            self.backend = backend
-
-        def _get_backend(self, device: torch.device) -> object:
-            if self.backend is None:
-                raise RuntimeError(f"no backend for {device}")
-            return self.backend
-
+@pytest.mark.parametrize("nccl_class", nccl_fakes.nccl_backends())
+def test_backend_supports_shrinking_reads_the_backend_property_mocked_nccl(
+        monkeypatch: pytest.MonkeyPatch, nccl_class: tuple[str, str]) -> None:
+    version, name = nccl_class
+    backends: dict[Any, Any] = {}
+    nccl_fakes.serve_backends(monkeypatch, lambda group, device: backends[group])
     check = torch_internals.backend_supports_shrinking
     cuda = torch.device("cuda")
-    assert check(Group(SimpleNamespace(supports_shrinking=True)), cuda) is True  # type: ignore[arg-type]
-    assert check(Group(SimpleNamespace(supports_shrinking=False)), cuda) is False  # type: ignore[arg-type]
-    assert check(Group(SimpleNamespace()), cuda) is None  # type: ignore[arg-type]
-    assert check(Group(None), cuda) is None  # type: ignore[arg-type]
+    yes, no, unknown, missing = (nccl_fakes.fake_group() for _ in range(4))
+    backends[yes] = nccl_fakes.fake_backend(version, name, supports_shrinking=True)
+    backends[no] = nccl_fakes.fake_backend(version, name, supports_shrinking=False)
+    backends[unknown] = nccl_fakes.fake_backend(version, name)  # a property that fails when read
+    assert check(yes, cuda) is True and check(no, cuda) is False
+    assert check(unknown, cuda) is None
+    assert check(missing, cuda) is None  # no backend for the device (KeyError here)
+
+
+def test_backend_supports_shrinking_without_the_property_mocked_nccl(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend object without supports_shrinking (a fake of the recorded ProcessGroup, which has
+    no such property): unknown, never an AttributeError."""
+    bare = nccl_fakes.fake_class("ProcessGroup", "2.10.0")()  # ProcessGroup has no such property
+    nccl_fakes.serve_backends(monkeypatch, lambda group, device: bare)
+    assert "supports_shrinking" not in nccl_fakes.recorded("2.10.0", "ProcessGroup")  # type: ignore[operator]
+    assert torch_internals.backend_supports_shrinking(object(), torch.device("cuda")) is None  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------- aborts
@@ -166,7 +179,7 @@ def _bound_split_registry(monkeypatch: pytest.MonkeyPatch) -> cg.GroupRegistry:
     monkeypatch.setattr(registry_module.CreationContext, "detect", classmethod(
         lambda cls: BOUND_NCCL))
     monkeypatch.setattr(torch_internals, "default_group",
-                        lambda: SimpleNamespace(bound_device_id=torch.device("cuda", 0)))
+                        lambda: nccl_fakes.fake_group(bound_device_id=torch.device("cuda", 0)))
     split = object()
     return _registry({"tp": CreatedRole(split, "split", NcclAdapter(), [split])})  # type: ignore[arg-type]
 
@@ -193,7 +206,7 @@ def test_bound_rebuild_without_a_world_role_names_the_fix_mocked_nccl(
     shrunk (least of all the default group), the message naming the role to add."""
     monkeypatch.setattr(registry_module.CreationContext, "detect", classmethod(
         lambda cls: BOUND_NCCL))
-    default = SimpleNamespace(bound_device_id=torch.device("cuda", 0))
+    default = nccl_fakes.fake_group(bound_device_id=torch.device("cuda", 0))
     monkeypatch.setattr(torch_internals, "default_group", lambda: default)
     asked = _backend_answers(monkeypatch, True)
     calls = _aborts_recorded(monkeypatch)

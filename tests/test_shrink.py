@@ -29,7 +29,8 @@ from tests.test_gpu_rebuild_mocked import BOUND_NCCL, _aborts_recorded, _backend
 # ------------------------------------------------------------- shrink path (bound default group)
 # One process plays rank RANK of an 8-rank fake-backend world. Only NCCL is mocked: the default
 # group is reported bound to a CUDA device (so device roles are NCCL splits of it), the NCCL
-# adapter skips its CUDA check, every group's backend answers supports_shrinking=True, and
+# adapter skips its CUDA check, every group's backend is a fake ProcessGroupNCCL2 (the recorded
+# attributes of torch 2.15.0's class) answering supports_shrinking=True, and
 # torch's shrink_group / split_group are replaced by recorders that check their arguments as
 # torch does and make fake-backend groups over the ranks a real NCCL call would give. The
 # registry, the shrink module, replan and c10d's group tables are the real code.
@@ -110,7 +111,7 @@ def nccl(monkeypatch: pytest.MonkeyPatch, fake_world: Any, request: pytest.Fixtu
     def shrink_group(ranks_to_exclude: list[int], group: Any = None, shrink_flags: int = 0,
                      pg_options: Any = None) -> Any:
         recorder.shrinks.append({"excluded": list(ranks_to_exclude), "group": group,
-                                 "flags": shrink_flags})
+                                 "flags": shrink_flags, "options": pg_options})
         recorder.events.append(("shrink", None))
         if recorder.fail_shrink:
             raise RuntimeError(recorder.fail_shrink)
@@ -154,6 +155,9 @@ def test_rebuild_shrinks_the_world_role_and_splits_every_device_role_mocked_nccl
         shrink = nccl.shrinks[0]
         assert shrink["group"] is world0 and shrink["group"] is not dist.group.WORLD
         assert shrink["excluded"] == [2, 3] and shrink["flags"] == SHRINK_ABORT
+        # ... with a copy of the default group's backend options (a fake ProcessGroupNCCL2 of
+        # torch 2.15.0 here, whose options property is c10d Backend's: tests/nccl_fakes.py).
+        assert type(shrink["options"]).__name__ == "FakeProcessGroupNCCLOptions"
         spine = registry._recovery.spine
         assert spine is not None and spine.ranks == (0, 1, 4, 5, 6, 7)
         assert dist.get_process_group_ranks(spine.group) == [0, 1, 4, 5, 6, 7]

@@ -12,7 +12,6 @@ CI leg, once (a PyPI build, on CPU), except where a function says NOT CHECKED.
 
 from __future__ import annotations
 
-import copy
 import logging
 import sys
 import types
@@ -31,6 +30,18 @@ from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+# NCCL's classes (ProcessGroupNCCL, ProcessGroupNCCL2): their own module, with the inventory of what
+# commgroups reads on them.
+from .nccl_classes import (
+    backend_options_copy,
+    backend_supports_shrinking,
+    group_backend,
+    nccl_backend_class,
+    nccl_comm_split_count,
+    nccl_options,
+    set_options_timeout,
+)
+
 __all__ = [
     "CHECKED_VERSIONS",
     "backend_options_copy",
@@ -39,6 +50,9 @@ __all__ = [
     "cuda_sync_events_config",
     "functional_collective_ops",
     "nccl_comm_split_count",
+    "nccl_backend_class",
+    "nccl_options",
+    "group_backend",
     "install_error_backends",
     "privateuse1_backend_name",
     "work_from_future",
@@ -130,23 +144,6 @@ def abort_group(group: dist.ProcessGroup) -> None:
         logger.warning("aborting %s failed: %s", group, error)
 
 
-def backend_supports_shrinking(group: dist.ProcessGroup, device: torch.device) -> bool | None:
-    """Whether ``group``'s backend for ``device`` can shrink to its survivors (``shrink_group``).
-
-    Reads it where torch's own ``shrink_group`` does: ``ProcessGroup._get_backend(device)``
-    (private) and the c10d ``Backend.supports_shrinking`` property (ProcessGroupNCCL: NCCL >=
-    2.27), both present on 2.10, 2.13, 2.15.0 (gloo answers False there); 2.14.1 NOT CHECKED (no
-    venv of it here), nor the NCCL answer (it needs CUDA: the GPU check prints it). None where
-    the group has no backend for ``device`` or the property is missing or fails: unknown, so
-    callers must not shrink.
-    """
-    try:
-        backend: Any = group._get_backend(device)
-        return bool(backend.supports_shrinking)
-    except Exception:  # no backend for the device, or a torch without the property: unknown
-        return None
-
-
 def shrink_abort_flag() -> int | None:
     """The ``shrink_flags`` value that makes ``shrink_group`` abort the parent's work first.
 
@@ -157,22 +154,6 @@ def shrink_abort_flag() -> int | None:
     """
     flag = getattr(c10d, "SHRINK_ABORT", None)
     return flag if isinstance(flag, int) else None
-
-
-def backend_options_copy(group: dist.ProcessGroup, device: torch.device) -> Any | None:
-    """A deep copy of the options of ``group``'s backend for ``device`` (ProcessGroupNCCL.Options).
-
-    What torch's own ``split_group`` gives a child when no ``pg_options`` are passed:
-    ``copy.deepcopy(parent_pg._get_backend(device).options)`` (``_get_backend`` is private;
-    the ``options`` property is bound on ProcessGroupNCCL), read in the 2.10, 2.13 and 2.15.0
-    sources; 2.14.1 NOT CHECKED, and never run (it needs an NCCL group: no GPU in CI). None where
-    the group has no backend for ``device`` or it exposes no options.
-    """
-    try:
-        backend: Any = group._get_backend(device)
-        return copy.deepcopy(backend.options)
-    except Exception:  # no backend for the device, no options property: the caller passes None
-        return None
 
 
 # ---------------------------------------------------------------------------------- timeouts
@@ -188,15 +169,6 @@ def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
         public(timeout, group)
     else:
         c10d._set_pg_timeout(timeout, group)
-
-
-def set_options_timeout(options: Any, timeout: timedelta) -> None:
-    """Store ``timeout`` on a backend ``Options`` object (ProcessGroupNCCL or ProcessGroupHCCL).
-
-    ``Options._timeout``: the only attribute torch exposes for it (2.10, 2.13, 2.14.1, 2.15.0; c10d
-    overwrites it with new_group's ``timeout=`` anyway, which commgroups always passes). No fallback.
-    """
-    options._timeout = timeout
 
 
 # ------------------------------------------------------------------------------- group names
@@ -644,20 +616,6 @@ def install_error_backends(group: dist.ProcessGroup, devices: Sequence[str]) -> 
         guard = c10d_c.FakeProcessGroup._create_internal(0, 1, options)
         group._register_backend(torch.device(device), custom, guard)
     group._set_default_backend(custom)
-
-
-# -------------------------------------------------------------------------------- GPU check
-def nccl_comm_split_count(group: dist.ProcessGroup) -> int | None:
-    """How many communicators ``group``'s NCCL backend made by ncclCommSplit; None if unknown.
-
-    ``ProcessGroup._get_backend(cuda)`` exists on 2.10, 2.13, 2.14.1, 2.15.0; ``comm_split_count()``
-    of ProcessGroupNCCL is NOT CHECKED here (needs a CUDA device). Evidence only: None on any failure.
-    """
-    try:
-        backend: Any = group._get_backend(torch.device("cuda"))
-        return int(backend.comm_split_count())
-    except Exception:  # any failure just means "not known"
-        return None
 
 
 def cuda_sync_events_config() -> Any | None:

@@ -153,6 +153,8 @@ class Analysis:
     async_wait_cost: list[dict[str, Any]] = field(default_factory=list)
     creation: list[dict[str, Any]] = field(default_factory=list)
     pytest: dict[str, Any] = field(default_factory=dict)
+    nccl_backends: list[dict[str, Any]] = field(default_factory=list)
+    """Per torch NCCL backend name: the classes it built and each commgroups NCCL path's outcome."""
     errors: list[str] = field(default_factory=list)
     headline: dict[str, Any] = field(default_factory=dict)
 
@@ -361,6 +363,11 @@ def analyze(measurements: Mapping[str, Any], traces: Mapping[str, Any] | None = 
     analysis.async_wait_cost = _async_wait_cost(_part(measurements, "async_wait_cost", errors), errors)
     analysis.creation = _creation(_part(measurements, "creation", errors), errors)
     analysis.pytest = dict(_part(measurements, "pytest", errors))
+    if "nccl_backends" in (measurements.get("parts") or {}):  # absent from checks before it existed
+        backends = _part(measurements, "nccl_backends", errors).get("backends") or []
+        analysis.nccl_backends = [dict(b) for b in backends]
+        errors += [f"nccl_backends {b.get('backend')}: {step['step']}: {step['error']}"
+                   for b in backends for step in b.get("steps") or [] if not step.get("ok")]
     analysis.errors = errors
     analysis.headline = _headline(analysis)
     return analysis

@@ -29,9 +29,11 @@ TIMEOUT = timedelta(seconds=120)
 def _options(smoke: bool) -> Any:
     if smoke:
         return None
-    import torch.distributed as dist
+    from commgroups import torch_internals
 
-    return dist.ProcessGroupNCCL.Options()  # a fresh one per group: new_group mutates it
+    # ProcessGroupNCCL.Options, which ProcessGroupNCCL2 (torch 2.15's "nccl") takes too; a fresh
+    # one per group: new_group mutates it.
+    return torch_internals.nccl_options()
 
 
 def _raw(method: str, smoke: bool) -> Callable[[str], Any]:

@@ -45,18 +45,16 @@ TRIALS: tuple[MemoryTrial, ...] = (
 
 
 def _nccl_options(split_share: bool) -> Any:
-    import torch.distributed as dist
+    from commgroups import torch_internals
 
-    options = dist.ProcessGroupNCCL.Options()
-    if split_share:
-        if not hasattr(options.config, "split_share"):
-            raise RuntimeError("this torch's ProcessGroupNCCL.Options.config has no split_share")
-        options.config.split_share = 1
-    return options
+    # ProcessGroupNCCL.Options (ProcessGroupNCCL2 takes the same class); a config without
+    # split_share is refused there, naming the field and the torch version.
+    return torch_internals.nccl_options(False, {"split_share": 1} if split_share else None)
 
 
 def _split_count() -> int | None:
-    """How many ncclCommSplit the default group's NCCL backend has done (None: not exposed)."""
+    """How many ncclCommSplit the default group's NCCL backend has done (None: not exposed, as on
+    ProcessGroupNCCL2, torch 2.15's "nccl", which has no comm_split_count)."""
     try:
         import torch.distributed as dist
 
@@ -64,6 +62,19 @@ def _split_count() -> int | None:
 
         # Evidence of which creation path torch took; nothing depends on it.
         return torch_internals.nccl_comm_split_count(dist.group.WORLD)  # type: ignore[arg-type]
+    except Exception:  # any failure just means "not known"
+        return None
+
+
+def _nccl_class() -> str | None:
+    """The default group's CUDA backend class: ProcessGroupNCCL, or ProcessGroupNCCL2 (2.15's
+    "nccl"), so a reader knows which NCCL implementation the figures are of."""
+    try:
+        import torch.distributed as dist
+
+        from commgroups import torch_internals
+
+        return torch_internals.nccl_backend_class(dist.group.WORLD)  # type: ignore[arg-type]
     except Exception:  # any failure just means "not known"
         return None
 
@@ -87,7 +98,7 @@ def _point(label: str, groups: int | None, smoke: bool, *, context: bool = True)
         free, total = torch.cuda.mem_get_info()
         point.update(device_used_bytes=int(total - free), device_total_bytes=int(total),
                      torch_reserved_bytes=int(torch.cuda.memory_reserved()),
-                     split_count=_split_count())
+                     split_count=_split_count(), nccl_class=_nccl_class())
     smi = smi_query("memory.used")
     point["smi_used_mib"] = float(smi[0]) if smi else None
     point["smi_process_mib"] = smi_process_mib()

@@ -1,7 +1,8 @@
 """Run the GPU check: every part in its own process under a timeout, then the analysis.
 
 Order: machine, streams, async_wait_cost, memory (one process per trial), creation, member-only creation
-(alone: it may hang on a device-bound NCCL group), ``pytest`` of the GPU-only tests. A part that
+(alone: it may hang on a device-bound NCCL group), nccl_backends (commgroups' NCCL paths on each of
+torch's NCCL implementations, one process each), ``pytest`` of the GPU-only tests. A part that
 fails, crashes or hangs leaves its error in ``measurements.json`` and the next part runs; the whole
 check stays inside ``budget_s`` (each part's timeout is cut to what is left, less a reserve for the
 analysis). Output goes to ``out_dir`` and, when ``also_out`` is given (e.g. a folder the GPU node
@@ -56,6 +57,7 @@ class Step:
 def plan_steps(python: str, smoke: bool, parts: Sequence[str] | None = None) -> list[Step]:
     """The processes to run, in order (``parts`` limits them to those part names)."""
     from tools.gpu_check.memory_probe import TRIALS
+    from tools.gpu_check.nccl_backends import NCCL_BACKENDS
 
     worker = (python, "-m", "tools.gpu_check.worker")
     flag = ("--smoke",) if smoke else ()
@@ -72,6 +74,13 @@ def plan_steps(python: str, smoke: bool, parts: Sequence[str] | None = None) -> 
         Step("creation", "creation", (*worker, "creation", "--methods", safe, *flag), 120),
         Step("creation", "creation: new_group local (may hang)",
              (*worker, "creation", "--methods", "new_group local", *flag), 45),
+    ]
+    # Both NCCL implementations (torch 2.15: nccl = ProcessGroupNCCL2, nccl-legacy), one process
+    # each; a smoke run has one, on gloo.
+    steps += [Step("nccl_backends", f"nccl_backends: {name}",
+                   (*worker, "nccl_backends", "--backend", name, *flag), 60)
+              for name in (NCCL_BACKENDS[:1] if smoke else NCCL_BACKENDS)]
+    steps += [
         Step("pytest", "pytest", (python, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                                   *PYTEST_FILES), 180),
     ]
@@ -108,6 +117,10 @@ def _merge(parts: dict[str, Any], step: Step, answer: dict[str, Any]) -> None:
         part["data"] = part["data"] or {"trials": []}
         if data:
             part["data"]["trials"].append(data)
+    elif step.part == "nccl_backends":
+        part["data"] = part["data"] or {"backends": []}
+        name = step.argv[step.argv.index("--backend") + 1]
+        part["data"]["backends"].append(data or {"backend": name, "error": answer.get("error")})
     elif step.part == "creation":
         part["data"] = part["data"] or {"methods": []}
         if data:
@@ -141,7 +154,8 @@ def run_check(out_dir: str | Path, *, smoke: bool, budget_s: float = 360.0,
         budget_s: wall-clock limit for the whole check, analysis included.
         python: the interpreter for the parts (default: this one).
         also_out: a second folder that receives copies of the files.
-        parts: only these parts (machine, streams, async_wait_cost, memory, creation, pytest).
+        parts: only these parts (machine, streams, async_wait_cost, memory, creation,
+            nccl_backends, pytest).
         say: progress lines (default: print); every line also lands in ``log.txt``.
     """
     started = time.perf_counter()

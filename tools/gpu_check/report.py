@@ -124,6 +124,25 @@ def _creation(analysis: Analysis) -> list[str]:
     return lines
 
 
+def _nccl_backends(analysis: Analysis) -> list[str]:
+    lines = ["## NCCL implementations: commgroups' NCCL paths on each (1-rank bound world)", ""]
+    if not analysis.nccl_backends:
+        return [*lines, NOTHING]
+    rows = []
+    for backend in analysis.nccl_backends:
+        if backend.get("skipped") or backend.get("error"):
+            rows.append([backend.get("backend", "-"), "-", "-",
+                         backend.get("skipped") or f"ERROR {backend['error']}"])
+            continue
+        steps = "; ".join(f"{s['step']}: {s.get('value') if s['ok'] else 'FAILED'}"
+                          for s in backend.get("steps") or [])
+        rows.append([backend["backend"], backend.get("default_class") or "-",
+                     backend.get("group_class") or "-", steps or "-"])
+    lines += markdown_table(["torch backend", "default group's class", "new group's class",
+                             "paths (value, or FAILED: see Errors)"], rows)
+    return lines
+
+
 def markdown(analysis: Analysis) -> str:
     """The whole report as markdown (``report.md``)."""
     title = "# GPU check" + (" (CPU smoke run: plumbing only, no GPU figures)" if analysis.smoke
@@ -137,7 +156,7 @@ def markdown(analysis: Analysis) -> str:
     if "async_wait_ratio_median_ge_64KiB" in head:
         lines.append("- async-and-wait ratio (RoleCollectives / raw, median over sizes >= 64 KiB): "
                      f"{fmt(head['async_wait_ratio_median_ge_64KiB'])}")
-    for section in (_streams, _memory, _async_wait_cost, _creation):
+    for section in (_streams, _memory, _async_wait_cost, _creation, _nccl_backends):
         lines += ["", *section(analysis)]
     pytest = analysis.pytest
     lines += ["", "## GPU-only tests (streams, isolation)", "",

@@ -19,11 +19,12 @@ from typing import Any
 
 __all__ = ["PARTS", "main", "run_part"]
 
-PARTS: tuple[str, ...] = ("machine", "streams", "async_wait_cost", "memory", "creation")
+PARTS: tuple[str, ...] = ("machine", "streams", "async_wait_cost", "memory", "creation",
+                          "nccl_backends")
 
 
 def run_part(part: str, *, smoke: bool, trial: str | None = None,
-             methods: Sequence[str] | None = None) -> dict[str, Any]:
+             methods: Sequence[str] | None = None, backend: str | None = None) -> dict[str, Any]:
     """Collect one part in this process and return its data (raises on failure)."""
     if part == "machine":
         from tools.gpu_check.machine import machine_info
@@ -47,6 +48,12 @@ def run_part(part: str, *, smoke: bool, trial: str | None = None,
         from tools.gpu_check.creation_time import METHODS, collect_creation
 
         return collect_creation(smoke, tuple(methods) if methods else METHODS)
+    if part == "nccl_backends":
+        from tools.gpu_check.nccl_backends import collect_nccl_backend
+
+        if backend is None:
+            raise ValueError("the nccl_backends part needs --backend NAME")
+        return collect_nccl_backend(backend, smoke)
     raise ValueError(f"unknown part {part!r}; one of {', '.join(PARTS)}")
 
 
@@ -58,12 +65,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="gloo on the CPU, no GPU figures")
     parser.add_argument("--trial", help="memory trial name")
     parser.add_argument("--methods", help="creation methods, separated by commas")
+    parser.add_argument("--backend", help="nccl_backends: the torch backend name (nccl, ...)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     result: dict[str, Any] = {"part": args.part, "data": None, "error": None}
     try:
         methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
-        result["data"] = run_part(args.part, smoke=args.smoke, trial=args.trial, methods=methods)
+        result["data"] = run_part(args.part, smoke=args.smoke, trial=args.trial, methods=methods,
+                                  backend=args.backend)
     except Exception as error:  # the answer says what failed; the orchestrator carries on
         traceback.print_exc()
         result["error"] = f"{type(error).__name__}: {error}"
