@@ -153,6 +153,7 @@ class Analysis:
     async_wait_cost: list[dict[str, Any]] = field(default_factory=list)
     creation: list[dict[str, Any]] = field(default_factory=list)
     pytest: dict[str, Any] = field(default_factory=dict)
+    megatron: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     headline: dict[str, Any] = field(default_factory=dict)
 
@@ -320,6 +321,35 @@ def _creation(data: Mapping[str, Any], errors: list[str]) -> list[dict[str, Any]
     return rows
 
 
+def _megatron(data: Mapping[str, Any], errors: list[str]) -> dict[str, Any]:
+    """The Megatron-Core part in a few facts; a failed stage or a non-registry group is an error."""
+    if not data:
+        return {}
+    out: dict[str, Any] = {key: data.get(key) for key in (
+        "ran", "skipped", "megatron_core", "default_backend", "layout", "loss",
+        "all_fields_registry", "parallel_state_initialized", "seconds")}
+    out["fields_used"] = [row["field"] for row in data.get("fields") or []]
+    out["fields_not_registry"] = [row["field"] for row in data.get("fields") or []
+                                  if row.get("set") and (not row.get("registry_group")
+                                                         or row.get("default_group"))]
+    out["module_groups_all_registry"] = all(
+        held.get("all_registry") and not held.get("default_group")
+        for held in (data.get("module_groups") or {}).values())
+    for stage in ("build", "forward_backward", "ddp"):
+        result = data.get(stage) or {}
+        out[stage] = {key: result.get(key) for key in ("losses", "error", "seconds") if key in result}
+        error = str(result.get("error") or "")
+        if error and not error.startswith("skipped: "):
+            errors.append(f"megatron/{stage}: {error}")
+    if out["fields_not_registry"] or not out["module_groups_all_registry"]:
+        errors.append("megatron: a group Megatron used is not its role's registry group: "
+                      f"{', '.join(out['fields_not_registry']) or 'a module-held group'}")
+    if out.get("parallel_state_initialized"):
+        errors.append("megatron: parallel_state was initialised: groups may not all come from "
+                      "the collection")
+    return out
+
+
 def _headline(analysis: Analysis) -> dict[str, Any]:
     head: dict[str, Any] = {}
     flagged = [s.variant for s in analysis.streams if s.flagged]
@@ -332,6 +362,8 @@ def _headline(analysis: Analysis) -> dict[str, Any]:
         head["async_wait_ratio_median_ge_64KiB"] = sorted(big)[len(big) // 2]
     for figure in analysis.memory_figures:
         head[f"memory_mb_per_{figure['case']}_communicator"] = figure["mb"]
+    if analysis.megatron:
+        head["megatron_ran"] = bool(analysis.megatron.get("ran"))
     return head
 
 
@@ -361,6 +393,8 @@ def analyze(measurements: Mapping[str, Any], traces: Mapping[str, Any] | None = 
     analysis.async_wait_cost = _async_wait_cost(_part(measurements, "async_wait_cost", errors), errors)
     analysis.creation = _creation(_part(measurements, "creation", errors), errors)
     analysis.pytest = dict(_part(measurements, "pytest", errors))
+    if "megatron" in (measurements.get("parts") or {}):  # results from before the part: no line
+        analysis.megatron = _megatron(_part(measurements, "megatron", errors), errors)
     analysis.errors = errors
     analysis.headline = _headline(analysis)
     return analysis
