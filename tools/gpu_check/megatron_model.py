@@ -189,10 +189,10 @@ def collect_megatron(smoke: bool) -> dict[str, Any]:
         "module_groups", "all_fields_registry", "parallel_state_initialized", "seconds"}``:
         ``ran`` is True when the model's forward and backward ran on the GPU (never in a smoke run).
     """
-    reason = megatron_unavailable()
+    started = time.perf_counter()
+    reason = megatron_unavailable()  # imports Megatron-Core: most of the part's time
     if reason:
         raise PartSkipped(reason)
-    started = time.perf_counter()
     import torch.distributed as dist
     from megatron.core import __version__ as megatron_version
     from megatron.core import parallel_state
@@ -251,9 +251,8 @@ def collect_megatron(smoke: bool) -> dict[str, Any]:
                 wrapped = DistributedDataParallel(config, DistributedDataParallelConfig(),
                                                   _gpt(config, collection, smoke),
                                                   pg_collection=collection)
-                result = _train(wrapped, batch, smoke, after_backward=wrapped.finish_grad_sync)
-                holder["ddp"] = wrapped
-                return result
+                holder["ddp"] = wrapped  # its groups are checked even if a step fails
+                return _train(wrapped, batch, smoke, after_backward=wrapped.finish_grad_sync)
 
             _stage(stages, "ddp", ddp)
         out.update(stages)
