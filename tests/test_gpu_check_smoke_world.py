@@ -10,6 +10,7 @@ The tests that start processes (marked ``world``); the pure ones are in ``tests/
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -25,6 +26,8 @@ pytestmark = [pytest.mark.world, pytest.mark.version_independent]
 
 
 TORCH = torch_version()
+HAS_MEGATRON = importlib.util.find_spec("megatron") is not None and \
+    importlib.util.find_spec("megatron.core") is not None
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu-check"
@@ -59,7 +62,7 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     measurements = json.loads((results / "measurements.json").read_text())
     parts = measurements["parts"]
     assert set(parts) == {"machine", "streams", "async_wait_cost", "memory", "creation",
-                          "nccl_backends", "pytest"}
+                          "nccl_backends", "megatron", "pytest"}
     (backend,) = parts["nccl_backends"]["data"]["backends"]  # the smoke run's one, on gloo
     assert backend["ran_on"] == "gloo" and backend["ok"], backend
     assert {s["step"] for s in backend["steps"]} >= {"all_reduce", "set_timeout",
@@ -82,7 +85,13 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     trial = parts["memory"]["data"]["trials"][0]
     assert trial["error"] is None and [p["groups"] for p in trial["points"]][-4:] == [1, 2, 4, 8]
     assert "skipped" in parts["pytest"]["data"]["summary"]
+    megatron = parts["megatron"]
+    if HAS_MEGATRON:  # a CPU smoke run builds the model on registry groups, trains nothing
+        assert megatron["error"] is None and megatron["data"]["build"]["error"] is None
+    else:
+        assert megatron["error"].startswith("megatron: skipped: megatron-core is not importable")
     report = (results / "report.md").read_text()
+    assert "## Megatron-Core through the registry's collection" in report
     assert "CPU smoke run" in report and (TORCH >= (2, 15, 0) or "No device associated" in report)
 
 
@@ -97,3 +106,41 @@ def test_out_of_budget_parts_are_recorded_not_run(tmp_path: Path) -> None:
     assert all("out of time budget" in str(part["error"]) or part["data"]
                for part in measurements["parts"].values())
     assert "skipped: out of time budget" in (tmp_path / "report.md").read_text()
+
+
+def test_megatron_part_without_megatron_core_says_skipped(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # A `megatron` package that refuses import, first on the path: the part's process sees no
+    # megatron-core whether or not this Python has it.
+    hidden = tmp_path / "hide" / "megatron"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hidden.parent), str(ROOT),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    measurements = run_check(tmp_path / "out", smoke=True, parts=["megatron"],
+                             say=lambda line: None)
+    assert list(measurements["parts"]) == ["megatron"]  # listed, and it says why it did not run
+    part = measurements["parts"]["megatron"]
+    assert part["error"].startswith("megatron: skipped: megatron-core is not importable")
+    assert "hidden by the test" in part["error"]
+    assert part["data"]["ran"] is False
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "skipped: megatron-core is not importable (ImportError: hidden by the test)" in report
+
+
+@pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed (Python 3.12 only)")
+def test_megatron_part_builds_the_model_on_registry_groups(tmp_path: Path) -> None:
+    measurements = run_check(tmp_path, smoke=True, parts=["megatron"], say=lambda line: None)
+    part = measurements["parts"]["megatron"]
+    assert part["error"] is None, part
+    data = part["data"]
+    assert data["ran"] is False  # no CUDA: built, not trained
+    assert data["build"]["error"] is None and data["build"]["params"] > 0
+    assert data["forward_backward"]["error"].startswith("skipped: a CPU smoke run")
+    used = {row["field"] for row in data["fields"]}
+    assert {"tp", "pp", "cp"} <= used  # what GPTModel reads from the collection
+    assert data["all_fields_registry"] is True
+    assert all(row["registry_group"] and not row["default_group"] for row in data["fields"])
+    held = data["module_groups"]["model"]
+    assert held["count"] > 0 and held["all_registry"] and not held["default_group"]
+    assert data["parallel_state_initialized"] is False

@@ -155,6 +155,7 @@ class Analysis:
     pytest: dict[str, Any] = field(default_factory=dict)
     nccl_backends: list[dict[str, Any]] = field(default_factory=list)
     """Per torch NCCL backend name: the classes it built and each commgroups NCCL path's outcome."""
+    megatron: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     headline: dict[str, Any] = field(default_factory=dict)
 
@@ -322,6 +323,35 @@ def _creation(data: Mapping[str, Any], errors: list[str]) -> list[dict[str, Any]
     return rows
 
 
+def _megatron(data: Mapping[str, Any], errors: list[str]) -> dict[str, Any]:
+    """The Megatron-Core part in a few facts; a failed stage or a non-registry group is an error."""
+    if not data:
+        return {}
+    out: dict[str, Any] = {key: data.get(key) for key in (
+        "ran", "skipped", "megatron_core", "default_backend", "layout", "loss",
+        "all_fields_registry", "parallel_state_initialized", "seconds")}
+    out["fields_used"] = [row["field"] for row in data.get("fields") or []]
+    out["fields_not_registry"] = [row["field"] for row in data.get("fields") or []
+                                  if row.get("set") and (not row.get("registry_group")
+                                                         or row.get("default_group"))]
+    out["module_groups_all_registry"] = all(
+        held.get("all_registry") and not held.get("default_group")
+        for held in (data.get("module_groups") or {}).values())
+    for stage in ("build", "forward_backward", "ddp"):
+        result = data.get(stage) or {}
+        out[stage] = {key: result.get(key) for key in ("losses", "error", "seconds") if key in result}
+        error = str(result.get("error") or "")
+        if error and not error.startswith("skipped: "):
+            errors.append(f"megatron/{stage}: {error}")
+    if out["fields_not_registry"] or not out["module_groups_all_registry"]:
+        errors.append("megatron: a group Megatron used is not its role's registry group: "
+                      f"{', '.join(out['fields_not_registry']) or 'a module-held group'}")
+    if out.get("parallel_state_initialized"):
+        errors.append("megatron: parallel_state was initialised: groups may not all come from "
+                      "the collection")
+    return out
+
+
 def _headline(analysis: Analysis) -> dict[str, Any]:
     head: dict[str, Any] = {}
     flagged = [s.variant for s in analysis.streams if s.flagged]
@@ -334,6 +364,8 @@ def _headline(analysis: Analysis) -> dict[str, Any]:
         head["async_wait_ratio_median_ge_64KiB"] = sorted(big)[len(big) // 2]
     for figure in analysis.memory_figures:
         head[f"memory_mb_per_{figure['case']}_communicator"] = figure["mb"]
+    if analysis.megatron:
+        head["megatron_ran"] = bool(analysis.megatron.get("ran"))
     return head
 
 
@@ -368,6 +400,8 @@ def analyze(measurements: Mapping[str, Any], traces: Mapping[str, Any] | None = 
         analysis.nccl_backends = [dict(b) for b in backends]
         errors += [f"nccl_backends {b.get('backend')}: {step['step']}: {step['error']}"
                    for b in backends for step in b.get("steps") or [] if not step.get("ok")]
+    if "megatron" in (measurements.get("parts") or {}):  # results from before the part: no line
+        analysis.megatron = _megatron(_part(measurements, "megatron", errors), errors)
     analysis.errors = errors
     analysis.headline = _headline(analysis)
     return analysis

@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--budget-s", type=float, default=360.0,
                      help="wall-clock budget for the whole check (default 360)")
     run.add_argument("--parts", help="only these parts, separated by commas (machine, streams, "
-                     "async_wait_cost, memory, creation, pytest)")
+                     "async_wait_cost, memory, creation, megatron, pytest)")
     run.set_defaults(func=_run)
     analyze = sub.add_parser("analyze", help="re-derive report/analysis/memory.json from a folder")
     analyze.add_argument("directory")

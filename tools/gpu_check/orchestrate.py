@@ -2,7 +2,8 @@
 
 Order: machine, streams, async_wait_cost, memory (one process per trial), creation, member-only creation
 (alone: it may hang on a device-bound NCCL group), nccl_backends (commgroups' NCCL paths on each of
-torch's NCCL implementations, one process each), ``pytest`` of the GPU-only tests. A part that
+torch's NCCL implementations, one process each), megatron (a Megatron-Core model's forward and
+backward on registry groups; skipped without megatron-core), ``pytest`` of the GPU-only tests. A part that
 fails, crashes or hangs leaves its error in ``measurements.json`` and the next part runs; the whole
 check stays inside ``budget_s`` (each part's timeout is cut to what is left, less a reserve for the
 analysis). Output goes to ``out_dir`` and, when ``also_out`` is given (e.g. a folder the GPU node
@@ -81,6 +82,7 @@ def plan_steps(python: str, smoke: bool, parts: Sequence[str] | None = None) -> 
                    (*worker, "nccl_backends", "--backend", name, *flag), 60)
               for name in (NCCL_BACKENDS[:1] if smoke else NCCL_BACKENDS)]
     steps += [
+        Step("megatron", "megatron", (*worker, "megatron", *flag), 150),
         Step("pytest", "pytest", (python, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                                   *PYTEST_FILES), 180),
     ]
@@ -155,7 +157,7 @@ def run_check(out_dir: str | Path, *, smoke: bool, budget_s: float = 360.0,
         python: the interpreter for the parts (default: this one).
         also_out: a second folder that receives copies of the files.
         parts: only these parts (machine, streams, async_wait_cost, memory, creation,
-            nccl_backends, pytest).
+            nccl_backends, megatron, pytest).
         say: progress lines (default: print); every line also lands in ``log.txt``.
     """
     started = time.perf_counter()
@@ -205,7 +207,9 @@ def run_check(out_dir: str | Path, *, smoke: bool, budget_s: float = 360.0,
             if step.part == "streams" and isinstance(answer.get("data"), dict):
                 traces.update(answer["data"].pop("traces", {}) or {})
             _merge(measurements["parts"], step, answer)
-            status = "ok" if not answer.get("error") else f"ERROR {answer['error'][:200]}"
+            error = str(answer.get("error") or "")
+            status = ("ok" if not error else error[:200] if error.startswith("skipped: ")
+                      else f"ERROR {error[:200]}")
             note(f"[done] {step.label}: {seconds:.1f} s, {status}")
     machine = (measurements["parts"].get("machine") or {}).get("data") or {}
     measurements["machine"] = machine

@@ -143,6 +143,33 @@ def _nccl_backends(analysis: Analysis) -> list[str]:
     return lines
 
 
+def _megatron(analysis: Analysis) -> list[str]:
+    lines = ["## Megatron-Core through the registry's collection", ""]
+    mg = analysis.megatron
+    if not mg:
+        return [*lines, "not run"]
+    if mg.get("skipped"):
+        return [*lines, f"skipped: {mg['skipped']}"]
+    fb, ddp = mg.get("forward_backward") or {}, mg.get("ddp") or {}
+    losses = ", ".join(fmt(v, 4) for v in fb.get("losses") or []) or "-"
+    ddp_losses = ", ".join(fmt(v, 4) for v in ddp.get("losses") or []) or "-"
+    used = ", ".join(mg.get("fields_used") or []) or "-"
+    lines += [
+        f"- megatron-core {mg.get('megatron_core')}, layout {mg.get('layout')}, default group "
+        f"{mg.get('default_backend')}; ran on the GPU: {_yn(mg.get('ran'))}",
+        f"- GPTModel forward/backward losses (SGD steps): {losses}"
+        + (f" ({fb['error']})" if fb.get("error") else ""),
+        f"- through Megatron's DistributedDataParallel (finish_grad_sync): {ddp_losses}"
+        + (f" ({ddp['error']})" if ddp.get("error") else ""),
+        f"- fields Megatron read: {used}; every one its role's registry group, never the default "
+        f"group: {_yn(bool(mg.get('all_fields_registry')) and not mg.get('fields_not_registry'))}; "
+        f"module-held groups all registry groups: {_yn(mg.get('module_groups_all_registry'))}",
+        f"- parallel_state initialised: {_yn(mg.get('parallel_state_initialized'))}; "
+        f"{fmt(mg.get('seconds'), 2)} s",
+    ]
+    return lines
+
+
 def markdown(analysis: Analysis) -> str:
     """The whole report as markdown (``report.md``)."""
     title = "# GPU check" + (" (CPU smoke run: plumbing only, no GPU figures)" if analysis.smoke
@@ -156,7 +183,7 @@ def markdown(analysis: Analysis) -> str:
     if "async_wait_ratio_median_ge_64KiB" in head:
         lines.append("- async-and-wait ratio (RoleCollectives / raw, median over sizes >= 64 KiB): "
                      f"{fmt(head['async_wait_ratio_median_ge_64KiB'])}")
-    for section in (_streams, _memory, _async_wait_cost, _creation, _nccl_backends):
+    for section in (_streams, _memory, _async_wait_cost, _creation, _nccl_backends, _megatron):
         lines += ["", *section(analysis)]
     pytest = analysis.pytest
     lines += ["", "## GPU-only tests (streams, isolation)", "",

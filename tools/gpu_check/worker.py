@@ -3,7 +3,8 @@
 The orchestrator runs every part this way so that a hang (an NCCL call that never returns) or a
 crash costs that part alone: it is killed at its timeout and the others still report. The part's
 answer goes to ``--result`` as ``{"part", "data", "error", "seconds"}``; the exit code is 0 when the
-part ran (its data may still hold per-case errors) and 1 when it raised.
+part ran (its data may still hold per-case errors) or was skipped (:class:`PartSkipped`: its error
+reads ``skipped: <reason>``) and 1 when it raised.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PARTS", "main", "run_part"]
+from tools.gpu_check.skip import PartSkipped
+
+__all__ = ["PARTS", "PartSkipped", "main", "run_part"]
 
 PARTS: tuple[str, ...] = ("machine", "streams", "async_wait_cost", "memory", "creation",
-                          "nccl_backends")
+                          "nccl_backends", "megatron")
 
 
 def run_part(part: str, *, smoke: bool, trial: str | None = None,
@@ -54,6 +57,10 @@ def run_part(part: str, *, smoke: bool, trial: str | None = None,
         if backend is None:
             raise ValueError("the nccl_backends part needs --backend NAME")
         return collect_nccl_backend(backend, smoke)
+    if part == "megatron":
+        from tools.gpu_check.megatron_model import collect_megatron
+
+        return collect_megatron(smoke)
     raise ValueError(f"unknown part {part!r}; one of {', '.join(PARTS)}")
 
 
@@ -73,12 +80,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
         result["data"] = run_part(args.part, smoke=args.smoke, trial=args.trial, methods=methods,
                                   backend=args.backend)
+    except PartSkipped as skip:
+        result["data"] = {"ran": False, "skipped": str(skip)}
+        result["error"] = f"skipped: {skip}"
     except Exception as error:  # the answer says what failed; the orchestrator carries on
         traceback.print_exc()
         result["error"] = f"{type(error).__name__}: {error}"
     result["seconds"] = round(time.perf_counter() - start, 2)
     Path(args.result).write_text(json.dumps(result, default=str))
-    return 0 if result["error"] is None else 1
+    skipped = str(result["error"]).startswith("skipped: ")
+    return 0 if result["error"] is None or skipped else 1
 
 
 if __name__ == "__main__":
