@@ -72,7 +72,8 @@ class CreationContext:
     default_backend: str
     """``dist.get_backend()`` of the default group (e.g. nccl, gloo, fake, cpu:gloo,cuda:nccl)."""
     device_bound: bool
-    """The default group was bound to a device (``init_process_group(device_id=...)``)."""
+    """The default group is bound to a device (``init_process_group(device_id=...)``; on torch
+    2.15's default ``nccl``, ``ProcessGroupNCCL2``, also without it: it binds itself)."""
     accelerator: bool = False
     """An accelerator is visible (split_group needs one)."""
     torchcomms: bool = False
