@@ -232,10 +232,11 @@ def test_creation_costs_each_rank_a_fixed_number_of_store_calls() -> None:
     """The registry's own round trips on the success path, O(1) per rank whatever the world: open
     the attempt (1), local creation's name history (2), the agreement (5: compare with the first
     rank in, record presence, count in, wait, read the verdict) and the note that this rank is done
-    (1). The first rank in also publishes its payload (1); the last decides, ends the attempt and
-    publishes the verdict (3) and says every rank is done (1)."""
+    (1), then the flight recorder's first status (1). The first rank in also publishes its
+    payload (1); the last decides, ends the attempt and publishes the verdict (3) and says every
+    rank is done (1). (The heartbeat has its own connection: not counted here.)"""
     calls = run_world(store_calls_worker, 4)
     local, every_rank = [c[0] for c in calls], [c[1] for c in calls]
-    assert min(local) == 9 and sum(local) == 4 * 9 + 1 + 3 + 1, local
+    assert min(local) == 10 and sum(local) == 4 * 10 + 1 + 3 + 1, local
     # Without member-only roles there is no name history to read and extend.
-    assert min(every_rank) == 7 and sum(every_rank) == 4 * 7 + 1 + 3 + 1, every_rank
+    assert min(every_rank) == 8 and sum(every_rank) == 4 * 8 + 1 + 3 + 1, every_rank

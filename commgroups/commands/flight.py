@@ -6,8 +6,6 @@ import argparse
 import json
 from typing import Any
 
-from commgroups.flight_recorder.merge import merge_dir
-
 
 def register(subparsers: Any) -> None:
     """Add the ``flight`` sub-command."""
@@ -22,6 +20,10 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the merged report; exit status 1 when hazards were found, 0 otherwise."""
+    # Imported here: the package imports torch, and every other command (audit's merge too)
+    # must build its parser where torch cannot be imported.
+    from commgroups.flight_recorder.merge import merge_dir
+
     report = merge_dir(args.directory)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render())
     return 0 if report.ok else 1
