@@ -56,8 +56,8 @@ from commgroups.rank_loss.rebuild_report import RebuildReport
 from commgroups.rank_loss.replan import alive_ranks
 from commgroups.recovery import Recovery
 from commgroups.util.call_sites import call_site
+from commgroups.util.role_table import LiveRole, role_table
 from commgroups.util.serialized import serialized
-from commgroups.util.text_table import format_ranks, format_table
 
 if TYPE_CHECKING:
     from commgroups.collectives.role_collectives import RoleCollectives
@@ -505,29 +505,11 @@ class GroupRegistry:
 
     def describe(self) -> str:
         """A readable table: each role's dims, backend, size, groups, this rank's ranks, timeout."""
-        header = ("role", "dims", "backend", "size", "groups", "creation", "timeout",
-                  "async_and_wait", "this rank's group")
-        live = self._current if self._state is RegistryState.CREATED else None
-        rows = []
-        for name in self.role_names:
-            spec, info = self.spec(name), self._plan.role(name)
-            dims = "world" if spec.dims == "world" else ("x".join(info.dim_names) if info.dim_names
-                                                          else "explicit")
-            if live is not None:
-                made = live.role(name)
-                backend, method = made.adapter.name, made.method
-                timeout = f"{self.timeout(name).total_seconds():g}s"
-                mine = self._plan.ranks_of(name, self._rank)
-                group_text = "-" if mine is None else format_ranks(mine)
-            else:
-                backend, method, group_text = spec.backend, "-", "-"
-                timeout = "default" if spec.timeout_s is None else f"{spec.timeout_s:g}s"
-            rows.append((name, dims, backend, str(info.group_size), str(info.num_groups), method,
-                         timeout, "on" if spec.async_and_wait else "off", group_text))
-        title = (f"GroupRegistry: world {self._layout.world_size} "
-                 f"({', '.join(f'{k}={v}' for k, v in self._layout.dims.items())}), "
-                 f"fingerprint {self._plan.fingerprint[:12]}, state {self._state.value}")
-        return "\n".join([title, *format_table(header, rows)])
+        current = self._current if self._state is RegistryState.CREATED else None
+        live = None if current is None else {
+            name: LiveRole(current.role(name).adapter.name, current.role(name).method,
+                           self.timeout(name).total_seconds()) for name in self.role_names}
+        return role_table(self._layout, self._plan, self._rank, self._state.value, live)
 
     def __repr__(self) -> str:
         return (f"GroupRegistry(world={self._layout.world_size}, roles={list(self.role_names)}, "

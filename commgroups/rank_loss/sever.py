@@ -61,8 +61,8 @@ def new_sockets(before: Mapping[int, str], after: Mapping[int, str]) -> tuple[So
 def sever(sockets: Iterable[SocketRef]) -> int:
     """Shut every still-open socket of ``sockets`` down, both ways; returns how many. Local, quick.
 
-    Idempotent: a socket already shut down or closed is skipped. The descriptors stay open (their
-    owner, gloo, closes them when its group is destroyed).
+    Idempotent (a second shutdown changes nothing); a closed or reused descriptor is skipped. The
+    descriptors stay open (their owner, gloo, closes them when its group is destroyed).
     """
     severed = 0
     for fd, link in sockets:
