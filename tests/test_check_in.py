@@ -21,6 +21,7 @@ pytestmark = pytest.mark.world
 
 def _late_rank(rank: int, world: int) -> str:
     registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
+    registry.collectives("checkpoint-metadata").barrier()  # every rank's groups are connected
     if rank == 3:
         os._exit(0)
     if rank == 2:

@@ -48,7 +48,8 @@ def measure(rank: int, world_size: int, progress: Progress, config: BenchConfig)
     """On rank 0: per-call microseconds of each variant per repetition; others wait."""
     progress.describe("flight recorder cost, 1-rank gloo group")
     progress.add_total(1)
-    groups = [dist.new_group([r], backend="gloo") for r in range(world_size)]  # every rank makes all
+    # every rank makes all; torch >= 2.14 types new_group as ProcessGroup | NON_GROUP_MEMBER
+    groups: list[Any] = [dist.new_group([r], backend="gloo") for r in range(world_size)]
     samples: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     if rank == 0:
         group = groups[0]
