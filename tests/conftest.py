@@ -76,3 +76,16 @@ def titan_worlds(request: pytest.FixtureRequest,
     from tests.titan.worlds import TitanWorlds, jobs_of
 
     return TitanWorlds(jobs_of(request.session.items), tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> Iterator[dist.ProcessGroup]:
+    """A real 1-rank gloo world in this process, with one dedicated gloo group (pure tests that
+    need a real group without starting processes: async-and-wait, the flight recorder)."""
+    if dist.is_initialized():
+        pytest.skip("another test left a default group initialized in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.new_group([0], backend="gloo")
+    finally:
+        dist.destroy_process_group()

@@ -9,7 +9,6 @@ Its tests that start processes are in ``tests/test_async_wait_world.py`` (marked
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,18 +32,6 @@ UNPATCHED_ALL_REDUCE = dist.all_reduce  # read at import, before any scope opens
 def async_and_wait_active() -> bool:
     """Whether a scope's patch is in place (torch.distributed.all_reduce is not torch's own)."""
     return dist.all_reduce is not UNPATCHED_ALL_REDUCE
-
-
-@pytest.fixture(scope="module")
-def one_rank() -> Iterator[dist.ProcessGroup]:
-    """A real 1-rank gloo world in this process, with one dedicated group."""
-    if dist.is_initialized():
-        pytest.skip("another test left a default group initialized in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.new_group([0])
-    finally:
-        dist.destroy_process_group()
 
 
 def _async_flags(rec: cg.audit.Recorder) -> list[tuple[str, bool | None]]:

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +32,6 @@ from commgroups.flight_recorder.signals import dump_on_signal
 from commgroups.torch_internals.version import torch_version
 
 HERE = Path(__file__).name
-
-
-@pytest.fixture(scope="module")
-def one_rank() -> Iterator[dist.ProcessGroup]:
-    """A real 1-rank gloo world in this process, with one dedicated gloo group."""
-    if dist.is_initialized():
-        pytest.skip("another test left a default group initialized in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.new_group([0], backend="gloo")
-    finally:
-        dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------------------------ settings
