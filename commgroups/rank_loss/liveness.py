@@ -122,7 +122,9 @@ class Liveness:
         (``time.monotonic()``) at the latest. Call repeatedly; each call reads every beat once."""
         now = time.monotonic()
         with self._lock:
-            beats = [int(self._store.add(f"beat/{r}", 0)) for r in ranks]
+            # ``add(key, 0)`` would create the key of a rank that closed (and deleted it): look first.
+            beats = [int(self._store.add(f"beat/{r}", 0)) if self._store.check([f"beat/{r}"])
+                     else 0 for r in ranks]
             return {r for r, beat in zip(ranks, beats, strict=True)
                     if now - self._moved(r, beat, since) >= self.dead_after_s}
 
