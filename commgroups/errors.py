@@ -69,6 +69,19 @@ __all__ = [
 class CommGroupsError(Exception):
     """Base class of every error commgroups raises on purpose."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Subclasses take keyword-only fields (role, op, seq, field, ...) that pickle's default
+        # (``cls(*args)``) drops: an error raised in a worker process must reach its parent whole.
+        return (_rebuilt, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuilt(cls: type[CommGroupsError], args: tuple[Any, ...],
+             state: dict[str, Any]) -> CommGroupsError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
 
 class LayoutError(CommGroupsError, ValueError):
     """A layout or role spec is invalid; raised before any communicator exists.

@@ -196,6 +196,12 @@ def _exit_dump(session: weakref.ref[FlightSession]) -> Callable[[], None]:
 
 
 def _rewritten(failure: RoleCollectiveError, diagnosis: Diagnosis) -> RoleCollectiveError:
+    if not any(diagnosis.where(position)
+               for position in ("behind", "silent", "mismatch", "left", "ahead")):
+        # Nobody behind or apart: the cause is this call's own (torch's text says which), so the
+        # error keeps its message and carries the diagnosis.
+        failure.flight = {**diagnosis.to_dict(), "error": str(failure)}
+        return failure
     timed_out = isinstance(failure, RoleTimeoutError)
     cls: type[RoleCollectiveError] = RoleHangError if timed_out else type(failure)
     head = (f"role {diagnosis.role!r}: {diagnosis.op} #{diagnosis.seq} at "
