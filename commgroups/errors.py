@@ -11,6 +11,7 @@ fingerprints, so nothing hangs.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 __all__ = [
@@ -77,8 +78,9 @@ class CommGroupsError(Exception):
 
 def _rebuilt(cls: type[CommGroupsError], args: tuple[Any, ...],
              state: dict[str, Any]) -> CommGroupsError:
-    error = cls.__new__(cls)
-    Exception.__init__(error, *args)
+    fields = inspect.signature(cls.__init__).parameters.values()
+    error = cls(*args, **{p.name: state[p.name] for p in fields
+                          if p.kind is p.KEYWORD_ONLY and p.name in state})
     error.__dict__.update(state)
     return error
 

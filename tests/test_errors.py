@@ -288,3 +288,20 @@ def test_one_class_for_a_registry_that_was_not_created() -> None:
     assert issubclass(errors.RegistryNotCreatedError, RuntimeError)
     assert issubclass(errors.TitanSeamError, errors.CommGroupsError)
     assert issubclass(errors.TitanSeamError, RuntimeError)
+
+
+def test_errors_with_keyword_fields_pickle_whole() -> None:
+    """An error raised in a worker process reaches its parent with its fields (multiprocessing
+    pickles it; the default would call ``cls(message)`` and drop role, op, seq, field)."""
+    import pickle
+
+    from commgroups.errors import LayoutError, RoleHangError, StaleGenerationError
+
+    hang = RoleHangError("role 'cp': all_reduce #3 timed out", role="cp", op="all_reduce", seq=3,
+                         flight={"behind": [2]})
+    back = pickle.loads(pickle.dumps(hang))
+    assert type(back) is RoleHangError and str(back) == str(hang)
+    assert (back.role, back.op, back.seq, back.flight) == ("cp", "all_reduce", 3, {"behind": [2]})
+    stale = pickle.loads(pickle.dumps(StaleGenerationError("x", role=None, generation=2)))
+    assert stale.generation == 2 and stale.role is None
+    assert pickle.loads(pickle.dumps(LayoutError("bad", field="dims"))).field == "dims"
