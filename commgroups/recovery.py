@@ -122,8 +122,7 @@ class Recovery:
                                    "alive= (there is nobody to check in with)")
             survivors = known
         else:
-            prefix = (f"{STORE_PREFIX}/rebuild/{self.registry_id}/{current.number + 1}/"
-                      f"{self.attempts}/")
+            prefix = f"{self._rebuild_prefix(current.number + 1)}{self.attempts}/"
             survivors = np.asarray(check_in(
                 torch_internals.default_store(), prefix, self.rank, members, window,
                 None if known is None else known.tolist(), self.liveness, self._made_key,
@@ -177,8 +176,7 @@ class Recovery:
             record_made(root, self._made_key, report.generation, members)
             if self.previous_check_ins is not None:  # a generation ago: nobody reads them now
                 forget_check_ins(root, *self.previous_check_ins)
-        self.previous_check_ins = (
-            f"{STORE_PREFIX}/rebuild/{self.registry_id}/{report.generation}/", self.attempts_made)
+        self.previous_check_ins = (self._rebuild_prefix(report.generation), self.attempts_made)
         return time.monotonic() - mark
 
     def check_rebuildable(self, current: Generation) -> None:
@@ -219,6 +217,10 @@ class Recovery:
         if self.spine is not None:
             self.spine.close()
             self.spine = None
+
+    def _rebuild_prefix(self, generation: int) -> str:
+        """The store namespace of the check-ins toward ``generation`` (one per attempt below it)."""
+        return f"{STORE_PREFIX}/rebuild/{self.registry_id}/{generation}/"
 
     @property
     def _made_key(self) -> str:

@@ -22,7 +22,6 @@ never reported; a rank whose process holds the GIL in C for longer than ``dead_a
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -94,28 +93,14 @@ class Liveness:
             self._seen.clear()
 
     def report(self, generation: int, reason: str, suspect: int | None = None) -> bool:
-        """Report a loss in ``generation`` to every rank; False if one was reported already."""
+        """Report a loss in ``generation`` to every rank; False if one was reported already.
+        The reason (and the rank suspected, if any) goes to this rank's log."""
         with self._lock:
             first = int(self._store.add(f"lost/{generation}", 1)) == 1
-            if first:
-                self._store.set(f"lost/{generation}/why", json.dumps(
-                    {"by": self.rank, "suspect": suspect, "reason": reason[:200]}))
         if first:
-            logger.info("rank %d: reported a loss in generation %d (%s)", self.rank, generation,
-                        reason)
+            logger.info("rank %d: reported a loss in generation %d (%s%s)", self.rank, generation,
+                        reason, "" if suspect is None else f"; suspect: rank {suspect}")
         return first
-
-    def reported(self, generation: int) -> dict[str, object] | None:
-        """The first report of a loss in ``generation`` (by, suspect, reason), or None."""
-        with self._lock:
-            if int(self._store.add(f"lost/{generation}", 0)) == 0:
-                return None
-            try:
-                found: dict[str, object] = json.loads(bytes(
-                    self._store.multi_get([f"lost/{generation}/why"])[0]).decode())
-            except (RuntimeError, ValueError):  # written a moment after the count
-                return {"by": None, "suspect": None, "reason": ""}
-            return found
 
     def dead(self, ranks: Sequence[int], since: float) -> set[int]:
         """Which of ``ranks`` have not beaten for ``dead_after_s``, watched from ``since``
@@ -148,10 +133,8 @@ class Liveness:
     def release(self, generation: int) -> None:
         """Delete ``generation``'s loss report (call once per generation, after every survivor
         read it: when the next generation exists)."""
-        with self._lock:
-            for key in (f"lost/{generation}", f"lost/{generation}/why"):
-                with contextlib.suppress(RuntimeError):  # the store's host is gone
-                    self._store.delete_key(key)
+        with self._lock, contextlib.suppress(RuntimeError):  # the store's host is gone
+            self._store.delete_key(f"lost/{generation}")
 
     # ------------------------------------------------------------------------------ the thread
     def _add(self, key: str, amount: int) -> int:
