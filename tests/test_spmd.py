@@ -64,6 +64,28 @@ def _spmd_world(rank: int, world: int) -> dict[str, Any]:
                              reduced.tolist())
         out["after"] = (spmd.current_mesh(), current_dist() is dist)
 
+        # which path each collective takes, as the audit records it (guide: "Which spmd_types calls
+        # go through the dist module"): one audit block per call
+        import commgroups as cg
+
+        calls: dict[str, Any] = {
+            "all_gather stack": lambda: spmd.all_gather(x, "cp", src=spmd.V, dst=spmd.R),
+            "all_gather shard": lambda: spmd.all_gather(x, "cp", src=spmd.Shard(0), dst=spmd.R),
+            "all_reduce": lambda: spmd.all_reduce(x.clone(), "cp", src=spmd.P, dst=spmd.R),
+            "reduce_scatter stack": lambda: spmd.reduce_scatter(
+                torch.ones(WORLD, 2), "cp", src=spmd.P, dst=spmd.V),
+            "reduce_scatter shard": lambda: spmd.reduce_scatter(
+                torch.ones(WORLD * 2), "cp", src=spmd.P, dst=spmd.Shard(0)),
+            "all_to_all stack": lambda: spmd.all_to_all(
+                torch.ones(WORLD, 2), "cp", src=spmd.V, dst=spmd.V),
+        }
+        out["paths"] = {}
+        with activate(registry, ["cp"]):
+            for label, call in calls.items():
+                with cg.audit.record(registry) as audited:
+                    call()
+                out["paths"][label] = [(r.op, r.async_op, r.roles) for r in audited.records]
+
         # restored when the body raises
         try:
             with activate(registry, "cp"):
@@ -150,6 +172,27 @@ def test_dist_only_keeps_the_callers_mesh_and_waits(spmd_results: list[dict[str,
         ops = out["dist_only_ops"]
         assert ops and {op.group_name for op in ops} == {out["cp"]}
         assert all(op.async_op is True for op in ops), ops
+
+
+# spmd-types 0.3 moved shard-semantics all_gather / reduce_scatter and out-of-place all_reduce to
+# functional collectives; 0.2.x issues every one through the dist module.
+_FUNCTIONAL_SINCE_0_3 = {"all_gather shard", "all_reduce", "reduce_scatter shard"}
+
+
+def test_audit_tells_the_dist_path_from_the_functional_one(
+    spmd_results: list[dict[str, Any]],
+) -> None:
+    from importlib.metadata import version
+
+    newer = tuple(int(p) for p in version("spmd-types").split(".")[:2]) >= (0, 3)
+    for out in spmd_results:
+        for label, records in out["paths"].items():
+            assert records, label
+            assert all(roles == ("cp",) and async_op is True for _, async_op, roles in records), (
+                label, records)
+            namespaces = {op.split(".")[0] for op, _, _ in records}
+            expected = ("_c10d_functional" if newer and label in _FUNCTIONAL_SINCE_0_3 else "c10d")
+            assert namespaces == {expected}, (label, records)
 
 
 def test_results_are_right(spmd_results: list[dict[str, Any]]) -> None:
