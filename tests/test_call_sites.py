@@ -52,3 +52,31 @@ def test_every_plumbing_prefix_names_an_existing_module() -> None:
     # a module renamed or removed on main must be renamed here too, or its frames become callers
     missing = [prefix for prefix in PLUMBING_MODULES if find_spec(prefix) is None]
     assert missing == []
+
+
+def test_module_of_takes_the_longest_import_root() -> None:
+    from commgroups.util.call_sites import module_of
+
+    roots = ["/venv/lib", "/venv/lib/site-packages"]
+    assert module_of("/venv/lib/site-packages/torch/distributed/__init__.py", roots) == "torch.distributed"
+    assert module_of("/venv/lib/json/decoder.py", roots) == "json.decoder"
+    assert module_of("/elsewhere/train.py", roots) is None
+    assert module_of("/venv/lib/site-packages/ext.so", roots) is None
+
+
+def test_call_site_of_recorded_frames_walks_past_torch_and_commgroups() -> None:
+    import torch
+
+    import commgroups
+    from commgroups.util.call_sites import call_site_of
+
+    torch_file = torch.distributed.distributed_c10d.__file__
+    ours = commgroups.collectives.async_wait.__file__
+    frames = [{"name": "all_reduce", "filename": torch_file, "line": 3245},
+              {"name": "issue_and_wait", "filename": ours, "line": 10},
+              {"name": "step", "filename": "/job/train.py", "line": 12}]
+    assert call_site_of(frames) == "/job/train.py:12 in step"
+    assert call_site_of(frames[:2]) == "<unknown>"
+    # a torch file no import root holds (a build tree) is still plumbing
+    assert call_site_of([{"name": "f", "filename": "/build/torch/x.py", "line": 1}, *frames[2:]]) \
+        == "/job/train.py:12 in step"

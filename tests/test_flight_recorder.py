@@ -246,6 +246,11 @@ def test_dump_holds_torchs_own_entries_for_the_groups(one_rank: dist.ProcessGrou
     if torch_version() >= (2, 13, 0):  # gloo records by default from 2.13 (older: may be empty)
         assert trace and {entry["role"] for entry in trace} == {"cp"}
         assert trace[-1]["op"].endswith("all_reduce")
+        # one by one, with the call site from torch's frames: this test, not torch's plumbing
+        assert HERE in trace[-1]["caller"], trace[-1]
+        assert "test_dump_holds_torchs_own_entries" in trace[-1]["caller"]
+        row = merge([recorder.to_dict()]).rows["cp"][0]
+        assert row["op"].endswith("all_reduce") and row["caller"] == trace[-1]["caller"]
 
 
 def test_calls_that_reach_commgroups_with_a_group_are_recorded_on_its_role(

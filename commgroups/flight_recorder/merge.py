@@ -135,6 +135,11 @@ def _row(rank: int, role: str, info: dict[str, Any], trace: Sequence[dict[str, A
     theirs = [entry for entry in trace if entry.get("role") == role]
     torch_last = (f"{theirs[-1].get('op')} #{theirs[-1].get('group_seq')} "
                   f"({theirs[-1].get('state')})" if theirs else "")
+    if not last and theirs:
+        # Only plain / functional / DTensor calls on this role: torch's own recorder saw them one by
+        # one (op, sequence number, call site from its frames); stream and async_op it keeps not.
+        last = {"op": theirs[-1].get("op", "-"), "state": theirs[-1].get("state", "-"),
+                "caller": theirs[-1].get("caller", "")}
     return {"rank": rank, "count": info.get("group_seq"), "seq": info.get("seq"),
             "op": last.get("op", "-"), "state": last.get("state", "-"),
             "caller": last.get("caller", ""), "stream": last.get("stream"),

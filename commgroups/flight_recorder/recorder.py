@@ -166,9 +166,15 @@ class FlightRecorder:
         """Every role's compact status (what the status publisher puts in the store)."""
         return {name: recorder.status() for name, recorder in self.roles.items()}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, call_sites: bool = True) -> dict[str, Any]:
         """The full dump: every role's entries, groups, backends, and torch's own flight
-        recorder entries of these groups where torch keeps one (gloo and NCCL in torch 2.13)."""
+        recorder entries of these groups where torch keeps one (gloo and NCCL in torch 2.13).
+
+        Args:
+            call_sites: give torch's entries their call sites. torch symbolizes the stack of
+                every entry in its ring to give them (about 1 s for 2000 entries on 2 loaded
+                CPUs), so a dump on a hang's clock is written without first.
+        """
         offset = time.time_ns() - time.monotonic_ns()
         names = {recorder.group_name: name for name, recorder in self.roles.items()}
         return {
@@ -186,5 +192,5 @@ class FlightRecorder:
                 }
                 for name, recorder in self.roles.items()
             },
-            "torch_trace": torch_internals.flight_trace_entries(names),
+            "torch_trace": torch_internals.flight_trace_entries(names, call_sites=call_sites),
         }

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -82,21 +83,42 @@ class FlightSession:
         return os.environ.get(DIR_ENV_VAR) or str(
             Path(tempfile.gettempdir()) / f"commgroups-flight-{run}-{max(self.epoch, 0)}")
 
-    def dump(self, directory: str | os.PathLike[str] | None = None) -> str:
-        """Write this rank's recorder as JSON into ``directory``; returns the file's path."""
+    def dump(self, directory: str | os.PathLike[str] | None = None, call_sites: bool = True) -> str:
+        """Write this rank's recorder as JSON into ``directory``; returns the file's path.
+
+        ``call_sites=False`` (a dump on a hang's clock) writes at once without the call sites of
+        torch's own entries; :meth:`dump_soon` then rewrites it with them.
+        """
         folder = Path(directory if directory is not None else self.default_dir())
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / dump_file_name(self.recorder.generation, self.recorder.rank)
-        data = self.recorder.to_dict()
-        temporary = path.with_suffix(".json.tmp")
+        data = self.recorder.to_dict(call_sites=call_sites)
+        # One temporary per writer: the publisher's thread and a diagnosing main thread may
+        # write the same dump at once.
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         temporary.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
         temporary.replace(path)  # a reader never sees half a file
         self.last_dump = str(path)
         return str(path)
 
+    def dump_soon(self, directory: str | os.PathLike[str]) -> str:
+        """:meth:`dump` at once without torch's call sites, then again with them from a daemon
+        thread (the symbolizing takes about a second); returns the file's path. A process that
+        exits first keeps the first file."""
+        path = self.dump(directory, call_sites=False)
+        threading.Thread(target=self._dump_quietly, args=(directory,),
+                         name="commgroups-flight-dump", daemon=True).start()
+        return path
+
+    def _dump_quietly(self, directory: str | os.PathLike[str]) -> None:
+        try:
+            self.dump(directory)
+        except Exception as error:  # the registry closed meanwhile: the first file stands
+            logger.debug("flight recorder: second dump with call sites failed: %s", error)
+
     def _on_request(self, request: dict[str, Any]) -> None:
         if request.get("dump"):
-            self.dump(str(request["dump"]))
+            self.dump_soon(str(request["dump"]))
 
     def diagnose(self, failure: RoleCollectiveError, entry: FlightEntry | None
                  ) -> RoleCollectiveError:
@@ -140,7 +162,7 @@ class FlightSession:
             if answered or time.monotonic() > deadline:
                 break
             time.sleep(min(0.1, publisher.interval_s / 4))
-        path = self.dump(directory)
+        path = self.dump_soon(directory)
         # The group's count now, not the entry's: an object collective issues several calls,
         # and the one that hung is the last one counted.
         recorder = self.recorder.roles[role]

@@ -391,34 +391,49 @@ def group_sequence_number(group: dist.ProcessGroup) -> int | None:
         return None
 
 
-def flight_trace_entries(groups: dict[str, str], limit: int = 64) -> list[dict[str, Any]]:
+def flight_trace_entries(groups: dict[str, str], limit: int = 64, call_sites: bool = True
+                         ) -> list[dict[str, Any]]:
     """The newest ``limit`` entries per group of torch's own flight recorders on ``groups``, each
-    with its role; ``groups`` maps c10d group names to role names.
+    with its role and (``call_sites``) call site; ``groups`` maps c10d group names to role names.
 
-    torch keeps two recorders: the generic one, ``torch._C._distributed_c10d._dump_fr_trace_json``
+    torch keeps two recorders: the generic one, ``torch._C._distributed_c10d._dump_fr_trace``
     (from 2.8, every build; 2.13's gloo records into it by default, 2000 entries,
     ``TORCH_FR_BUFFER_SIZE`` sets the size, 0 turns it off), and ProcessGroupNCCL's own,
-    ``_dump_nccl_trace_json`` (CUDA builds; torch 2.15's default ``ProcessGroupNCCL2`` records
-    only from pytorch#192233). Both are read, with no arguments (their defaults: everything), and
-    each is skipped where missing or failing. They see every call on a group, plain, functional
-    (DTensor) and object collectives included. Run on 2.13.0 (CPU: the generic recorder);
-    NOT CHECKED here on 2.10, 2.14.1, 2.15.0 (no wheel of them on this machine) nor on CUDA.
+    ``_dump_nccl_trace`` (CUDA builds; torch 2.15's default ``ProcessGroupNCCL2`` records
+    only from pytorch#192233). Both are read as their pickles with stack traces (the frames give
+    each entry its ``caller``: the first frame outside torch and commgroups); their ``_json``
+    forms, which carry no frames, where the pickle form is missing or fails. Each is skipped
+    where missing or failing. They see every call on a group, plain, functional (DTensor) and
+    object collectives included. Run on 2.13.0 (CPU: the generic recorder); NOT CHECKED here on
+    2.10, 2.14.1, 2.15.0 (no wheel of them on this machine) nor on CUDA.
     """
     import json
+    import pickle
+
+    from commgroups.util.call_sites import FileModules, call_site_of
 
     module = torch._C._distributed_c10d
     out: list[dict[str, Any]] = []
-    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+    files = FileModules()
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+        data: Any = None
         dump = getattr(module, name, None)
-        if dump is None:
-            continue
-        try:
-            data = json.loads(dump())
-        except (RuntimeError, ValueError, TypeError) as error:
-            logger.debug("torch's flight recorder %s failed: %s", name, error)
+        if dump is not None:
+            try:
+                # torch's own pickle of its own records, made in this process: not foreign input.
+                data = pickle.loads(dump(includeStackTraces=call_sites))
+            except (RuntimeError, ValueError, TypeError, pickle.UnpicklingError) as error:
+                logger.debug("torch's flight recorder %s failed: %s", name, error)
+        dump_json = getattr(module, name + "_json", None)
+        if data is None and dump_json is not None:
+            try:
+                data = json.loads(dump_json())
+            except (RuntimeError, ValueError, TypeError) as error:
+                logger.debug("torch's flight recorder %s_json failed: %s", name, error)
+        if not isinstance(data, dict):
             continue
         per_group: dict[str, list[dict[str, Any]]] = {}
-        for entry in data.get("entries", []) if isinstance(data, dict) else []:
+        for entry in data.get("entries", []):
             where = entry.get("process_group") or ["", ""]
             role = groups.get(str(where[0]))
             if role is None:
@@ -429,9 +444,13 @@ def flight_trace_entries(groups: dict[str, str], limit: int = 64) -> list[dict[s
                 "input_sizes": entry.get("input_sizes"), "input_dtypes": entry.get("input_dtypes"),
                 "time_created_s": (entry.get("time_created_ns") or 0) / 1e9,
                 "thread": entry.get("thread_name"), "recorder": name,
+                "frames": entry.get("frames") or [],
             })
         for entries in per_group.values():
-            out += entries[-limit:]
+            for kept in entries[-limit:]:  # call sites only for what is kept: 2000 entries a ring
+                frames = kept.pop("frames")
+                kept["caller"] = call_site_of(frames, modules=files) if frames else ""
+                out.append(kept)
     return out
 
 

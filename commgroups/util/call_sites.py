@@ -10,11 +10,14 @@ No torch import: the rule is plain Python.
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import FrameType
+from typing import Any
 
-__all__ = ["PLUMBING_MODULES", "call_site", "inside", "is_plumbing"]
+__all__ = ["PLUMBING_MODULES", "FileModules", "call_site", "call_site_of", "inside", "is_plumbing",
+           "module_of"]
 
 PLUMBING_MODULES: tuple[str, ...] = (
     # torch, and the decorator plumbing between it and its caller (typing_extensions.deprecated
@@ -78,6 +81,91 @@ def call_site(frame: FrameType | None = None, plumbing: tuple[str, ...] = PLUMBI
     for module, current in _frames(sys._getframe(1) if frame is None else frame):
         if module is None or not is_plumbing(module, plumbing):
             return f"{current.f_code.co_filename}:{current.f_lineno} in {current.f_code.co_name}"
+    return "<unknown>"
+
+
+def module_of(filename: str, roots: Sequence[str] | None = None) -> str | None:
+    """The module a source file is importable as, from the import roots that hold it.
+
+    Args:
+        filename: a frame's file name as torch's flight recorder stores it (an absolute path).
+        roots: the import roots to try (default ``sys.path``); the longest that holds it wins.
+
+    Returns:
+        The dotted module name (``__init__`` dropped), or None when no root holds the file.
+
+    Example::
+
+        >>> module_of("/venv/site-packages/torch/distributed/c10d_logger.py", ["/venv/site-packages"])
+        'torch.distributed.c10d_logger'
+    """
+    path = os.path.abspath(filename)
+    best: str | None = None
+    for root in sys.path if roots is None else roots:
+        base = os.path.abspath(root or os.curdir).rstrip(os.sep) + os.sep
+        if path.startswith(base) and (best is None or len(base) > len(best)):
+            best = base
+    if best is None or not path.endswith(".py"):
+        return None
+    parts = path[len(best):-3].split(os.sep)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts) or None
+
+
+class FileModules:
+    """Which module each source file is, resolved once per file (a dump reads thousands of frames
+    naming a few dozen files).
+
+    :func:`module_of` first; where no import root holds the file (an editable install imports
+    through a finder), the modules this process loaded are asked, their file map built once.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, str | None] = {}
+        self._loaded: dict[str, str] | None = None
+
+    def module(self, filename: str) -> str | None:
+        """The dotted module ``filename`` is, or None when neither way knows it."""
+        if filename not in self._known:
+            module = module_of(filename)
+            if module is None:
+                if self._loaded is None:
+                    self._loaded = {os.path.abspath(getattr(m, "__file__", None) or ""): name
+                                    for name, m in list(sys.modules.items())}
+                module = self._loaded.get(os.path.abspath(filename))
+            self._known[filename] = module
+        return self._known[filename]
+
+
+def call_site_of(frames: Sequence[dict[str, Any]],
+                 plumbing: tuple[str, ...] = PLUMBING_MODULES,
+                 modules: FileModules | None = None) -> str:
+    """:func:`call_site` for frames recorded as data (torch's flight recorder: innermost first,
+    each ``{"name", "filename", "line"}``).
+
+    Args:
+        frames: the recorded frames, innermost first.
+        plumbing: the module prefixes to walk past.
+        modules: a resolver to share across many calls (one per dump); a new one otherwise.
+
+    Returns:
+        ``"path:line in function"`` of the first frame outside ``plumbing``, or ``"<unknown>"``.
+
+    Example::
+
+        >>> call_site_of([{"name": "all_reduce", "line": 3245, "filename": "/x/torch/c10d.py"},
+        ...               {"name": "step", "line": 12, "filename": "/job/train.py"}])
+        '/job/train.py:12 in step'
+    """
+    modules = modules or FileModules()
+    for frame in frames:
+        filename = str(frame.get("filename", ""))
+        module = modules.module(filename)
+        if module is None and os.sep + "torch" + os.sep in filename:
+            continue  # a torch file outside every import root (a build tree): still plumbing
+        if module is None or not is_plumbing(module, plumbing):
+            return f"{filename}:{frame.get('line')} in {frame.get('name')}"
     return "<unknown>"
 
 
