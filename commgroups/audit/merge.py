@@ -127,11 +127,23 @@ def merge(rank_data: Sequence[dict[str, Any]]) -> AuditReport:
                                              "default": info["default"], "roles": [],
                                              "calls": 0, "blocking": 0, "async": 0})
             entry["roles"] = sorted(set(entry["roles"]) | set(info["roles"]))
+        # Compute roles whose spec asks for async-and-wait (absent in files written before it was
+        # kept). Checkpoint roles carry DCP's object collectives on gloo, where a blocking call
+        # is what async-and-wait amounts to (the calling thread waits either way).
+        purposes = data.get("purposes", {})
+        wants = {role for role, on in data.get("async_and_wait", {}).items()
+                 if on and purposes.get(role, "compute") == "compute"}
         for rec in data["records"]:
             entry = groups[rec["group"]]
             entry["calls"] += 1
             entry["blocking"] += rec["async_op"] is False
             entry["async"] += rec["async_op"] is True
+            if rec["async_op"] is False:
+                # A blocking call on a group whose role asked for async-and-wait: the rule did
+                # not reach its caller (said per role in the summary line).
+                for role in sorted(wants & set(entry["roles"])):
+                    unmet = entry.setdefault("blocking_async_roles", {})
+                    unmet[role] = unmet.get(role, 0) + 1
     worlds = {d["world_size"] for d in rank_data if d.get("world_size") is not None}
     return AuditReport(
         ranks=tuple(int(d["rank"]) for d in rank_data),

@@ -70,6 +70,8 @@ class _Roles:
     """role -> this rank's group."""
     purposes: dict[str, str]
     """role -> ``compute`` or ``checkpoint`` (only roles that came from a registry)."""
+    async_and_wait: dict[str, bool]
+    """role -> whether its spec asks for async-and-wait (only roles that came from a registry)."""
     made: dict[str, dist.ProcessGroup] | None
     """Every group the registry made that holds this rank (None: no registry given)."""
 
@@ -77,7 +79,7 @@ class _Roles:
 def _resolve_roles(roles: Any) -> _Roles:
     """The roles to name, from a GroupRegistry or a mapping role -> group (None values skipped)."""
     if roles is None:
-        return _Roles({}, {}, None)
+        return _Roles({}, {}, {}, None)
     if isinstance(roles, Mapping):
         resolved: dict[str, dist.ProcessGroup] = {}
         for role, group in roles.items():
@@ -89,7 +91,7 @@ def _resolve_roles(roles: Any) -> _Roles:
                     "fix: pass {role: mesh.get_group(dim)} or a GroupRegistry"
                 )
             resolved[str(role)] = group
-        return _Roles(resolved, {}, None)
+        return _Roles(resolved, {}, {}, None)
     if not isinstance(roles, GroupRegistry):
         raise TypeError(
             f"audit roles: expected a GroupRegistry or a mapping role -> ProcessGroup, got "
@@ -102,7 +104,8 @@ def _resolve_roles(roles: Any) -> _Roles:
         )
     made = roles.process_groups()
     return _Roles({role: group for role, group in made.items() if role in roles.role_names},
-                  {role: roles.spec(role).purpose for role in roles.role_names}, made)
+                  {role: roles.spec(role).purpose for role in roles.role_names},
+                  {role: roles.spec(role).async_and_wait for role in roles.role_names}, made)
 
 
 class Recorder:
@@ -130,6 +133,7 @@ class Recorder:
         resolved = _resolve_roles(roles)
         self._role_groups = resolved.groups
         self._purposes = resolved.purposes
+        self._async_and_wait = resolved.async_and_wait
         self._made = (None if resolved.made is None
                       else sorted({group.group_name for group in resolved.made.values()}))
         self._groups: dict[str, _GroupInfo] = {}
@@ -289,8 +293,8 @@ class Recorder:
 
         Returns:
             A dict in the schema of :mod:`commgroups.audit.records` (format, rank, world_size,
-            default_group, groups, roles, role_ranks, purposes, registry_groups, sequence,
-            records).
+            default_group, groups, roles, role_ranks, purposes, async_and_wait, registry_groups,
+            sequence, records).
         """
         default_group = _default_group()
         initialized = default_group is not None
@@ -313,6 +317,7 @@ class Recorder:
             "roles": {role: group.group_name for role, group in self._role_groups.items()},
             "role_ranks": role_ranks,
             "purposes": dict(self._purposes),
+            "async_and_wait": dict(self._async_and_wait),
             "registry_groups": self._made,
             "sequence": {name: [start, ends[name]] for name, start in self._sequence_start.items()
                          if name in ends},

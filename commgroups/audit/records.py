@@ -9,10 +9,11 @@ A per-rank file (``rank00003.json``) is one JSON object::
     {"format": "commgroups-audit/1", "rank": 3, "world_size": 4, "default_group": "0",
      "groups": {"1": {"ranks": [0, 1, 2, 3], "backend": "gloo", "default": false, "roles": ["cp"]}},
      "roles": {"cp": "1"}, "role_ranks": {"cp": [0, 1, 2, 3]},
-     "purposes": {"cp": "compute"}, "registry_groups": ["1"], "sequence": {"1": [0, 12]},
-     "records": [<CollectiveRecord.to_dict()>, ...]}
+     "purposes": {"cp": "compute"}, "async_and_wait": {"cp": true}, "registry_groups": ["1"],
+     "sequence": {"1": [0, 12]}, "records": [<CollectiveRecord.to_dict()>, ...]}
 
-``purposes``, ``registry_groups`` (null when no registry was given) and ``sequence`` (group ->
+``purposes``, ``async_and_wait`` (role -> whether its spec asks for async-and-wait),
+``registry_groups`` (null when no registry was given) and ``sequence`` (group ->
 [the group's own collective count when first met, at the end]) may be missing in files written
 before they existed; readers treat them as empty.
 """

@@ -23,7 +23,9 @@ class AuditReport:
         world_size: the largest world size the recordings name (None when none does).
         hazards: every hazard found (see :func:`commgroups.audit.hazards.find_hazards`).
         summary: ``{"groups": {name: {"ranks", "backend", "default", "roles", "calls",
-            "blocking", "async"}}}``, the call counts summed over the merged ranks.
+            "blocking", "async"[, "blocking_async_roles"]}}}``, the call counts summed over the
+            merged ranks; ``blocking_async_roles`` (role -> count, only where some) counts the
+            blocking calls on a group whose compute role asks for async-and-wait.
 
     Example::
 
@@ -32,6 +34,8 @@ class AuditReport:
         print(report.render())
         # audit: 4 rank file(s), world size 4; calls per group, summed over ranks:
         #   group 0 (default group) roles=cp,fsdp backend=gloo calls=96 blocking=8 async=88
+        #   group 3 roles=dp_replicate backend=gloo calls=80 blocking=72 async=8 \
+        #       blocking_on_async_and_wait_role=dp_replicate:72
         # 2 hazard(s):
         # - [error] aliasing on group 0 (ranks 0..3): role(s) cp, fsdp run on the default group ...
     """
@@ -70,9 +74,13 @@ class AuditReport:
                                   key=lambda kv: group_sort_key(kv[0])):
             roles = ",".join(group["roles"]) or "-"
             tag = " (default group)" if group["default"] else ""
+            unmet = group.get("blocking_async_roles") or {}
+            # Blocking calls on a role that asks for async-and-wait are named: the rule missed them.
+            said = "".join(f" blocking_on_async_and_wait_role={role}:{count}"
+                           for role, count in sorted(unmet.items()))
             lines.append(f"  group {name}{tag} roles={roles} backend={group['backend']} "
                          f"calls={group['calls']} blocking={group['blocking']} "
-                         f"async={group['async']}")
+                         f"async={group['async']}{said}")
         if self.ok:
             lines.append("no hazards found")
         else:

@@ -18,11 +18,18 @@ FSDP2's public custom-comm hooks (``set_custom_all_gather`` / ``set_custom_reduc
 comms that issue ``async_op=True`` and wait at once, so every FSDP collective runs on the group's own
 stream, without patching torch.distributed. HSDP: ``replicate="dp_replicate"`` gives a 2-D mesh of
 two dedicated groups, ``registry.device_mesh(["dp_replicate", "fsdp"])``.
+
+HSDP's replica all-reduce is the exception: FSDP2 (torch 2.13 to 2.15) issues it as a plain blocking
+``dist.all_reduce`` on the replicate group and has no hook for it (``set_all_reduce_hook`` runs
+*after* it). Only :func:`commgroups.async_and_wait_scope` around the backward reaches it (the
+torchtitan trainer opens one around each forward/backward); :func:`fully_shard_on_role` cannot, so
+it warns once per role (:data:`HSDP_ALL_REDUCE_WHY`).
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from commgroups import torch_internals
@@ -37,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FSDP_ROLE",
+    "HSDP_ALL_REDUCE_WHY",
     "async_and_wait_comms",
     "fsdp_mesh",
     "fully_shard_on_role",
@@ -49,6 +57,25 @@ FSDP_ROLE = "fsdp"
 """The role FSDP2 shards over in the built-in roles (dp_shard x cp, following torchtitan)."""
 
 ModuleT = TypeVar("ModuleT", bound="nn.Module")
+
+HSDP_ALL_REDUCE_WHY = (
+    "FSDP2 issues HSDP's replica all-reduce as a blocking dist.all_reduce and has no hook for it"
+)
+"""Why the replicate role's HSDP all-reduce stays blocking outside an async-and-wait scope."""
+
+
+def warn_hsdp_all_reduce_blocking(role: str) -> None:
+    """Say (once per role: :mod:`warnings` de-duplicates the text) that ``role``'s calls block.
+
+    For HSDP on a replicate role that asks for async-and-wait where no scope covers the backward.
+    """
+    warnings.warn(
+        f"role {role!r} asks for async_and_wait, but its HSDP all-reduce stays blocking: "
+        f"{HSDP_ALL_REDUCE_WHY}; fix: run the backward inside commgroups.async_and_wait_scope()",
+        # Attributed to fully_shard_on_role's own line, whoever calls it: warnings' "default"
+        # filter then says each role's text once per process (no state of ours to keep).
+        stacklevel=2,
+    )
 
 
 def fsdp_mesh(
@@ -112,6 +139,9 @@ def fully_shard_on_role(
     accepted because the role decides it. ``replicate`` (a dim or role, e.g. ``dp_replicate``) makes
     it HSDP on ``registry.device_mesh([replicate, role])``. ``async_and_wait`` (default: the role's own
     setting) installs :func:`async_and_wait_comms` so FSDP2's collectives are issued async-and-wait.
+    HSDP's replica all-reduce is not among them (see the module docs): with ``replicate`` a role
+    asking for async-and-wait, a warning says so once per role; run the backward inside
+    :func:`commgroups.async_and_wait_scope` to cover it.
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -123,6 +153,9 @@ def fully_shard_on_role(
     fully_shard(module, mesh=fsdp_mesh(registry, role, replicate), **kwargs)
     if registry.spec(role).async_and_wait if async_and_wait is None else async_and_wait:
         install_async_and_wait_comms(module, recurse=False)
+    if (replicate is not None and replicate in registry.role_names
+            and registry.spec(replicate).async_and_wait and len(registry.ranks(replicate)) > 1):
+        warn_hsdp_all_reduce_blocking(replicate)
     return module
 
 

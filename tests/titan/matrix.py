@@ -116,11 +116,9 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("pp2-tp2", pp=2, tp=2, checkpoint=False, world="pp", min_torch=(2, 14)),
     # Expert parallelism on the MoE debug model (qwen3, tests/titan/configs.py), mixed with tp, and
     # alone (efsdp x ep from the registry's view: tests/test_torchtitan_train.py checks its losses
-    # and meshes), in a world of their own. Alone it stays out of the matrix check: commgroups
-    # reduces the grad norm over efsdp and then ep where stock (torch 2.13) merges the reduction
-    # onto the world group (2 collectives per step instead of 1; losses and grad norms equal).
-    Entry("moe-dps4-ep2", dp_shard=4, ep=2, model="moe", checkpoint=False, world="moe",
-          in_matrix=False),
+    # and meshes), in a world of their own. The experts' grad norm is one collective per step, as
+    # stock's (DTensor merges efsdp x ep onto the efsdp_ep role; stock onto its world group).
+    Entry("moe-dps4-ep2", dp_shard=4, ep=2, model="moe", checkpoint=False, world="moe"),
     Entry("moe-dps2-tp2-ep2", dp_shard=2, tp=2, ep=2, model="moe", world="moe"),
     # A triple on 8 ranks.
     Entry("dps2-cp2-tp2", dp_shard=2, cp=2, tp=2, world="triple"),

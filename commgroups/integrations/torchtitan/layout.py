@@ -7,8 +7,8 @@ asks for meshes by name. Every name becomes a registry role, so each gets a dedi
 - ``batch`` and ``dp`` over ``dp_replicate x dp_shard`` (data loading; spmd_types' data axis),
   ``loss`` over ``dp_replicate x dp_shard x cp``, ``fsdp`` over ``dp_shard x cp``;
 - with expert parallelism, the view ``sparse`` re-factorizes the same world as
-  ``pp x dp_replicate x efsdp x ep`` (``efsdp = dp_shard * cp * tp / ep``), with roles ``efsdp`` and
-  ``ep`` on it;
+  ``pp x dp_replicate x efsdp x ep`` (``efsdp = dp_shard * cp * tp / ep``), with roles ``efsdp``,
+  ``ep`` and (when efsdp > 1) ``efsdp_ep`` on it, the last for the experts' grad-norm reduction;
 - ``checkpoint-metadata`` over the world on gloo (DCP's plan exchange).
 
 A layout the user gives (object or file) may set per-role backend, options and timeouts; it must
@@ -30,6 +30,7 @@ from commgroups.util.error_text import first_fitting
 
 __all__ = [
     "DENSE_DIMS",
+    "EXPERT_NORM_ROLE",
     "SPARSE_VIEW",
     "LayoutArg",
     "TitanDegrees",
@@ -41,6 +42,10 @@ __all__ = [
 
 DENSE_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """torchtitan's world factorization, outermost first (``ParallelDims.build_mesh``)."""
+
+EXPERT_NORM_ROLE = "efsdp_ep"
+"""The role over the MoE region ``efsdp x ep`` (torch's default flatten name for those dims):
+carries the experts' merged grad-norm reduction (:func:`derived_roles`)."""
 
 SPARSE_VIEW = "sparse"
 """The name of the MoE view ``pp x dp_replicate x efsdp x ep`` in the layout."""
@@ -113,6 +118,12 @@ def derived_roles(degrees: TitanDegrees) -> list[RoleSpec]:
         roles.append(RoleSpec(name="dp", dims=["dp_replicate", "dp_shard"]))
     if degrees.ep > 1:
         roles += [RoleSpec(name="efsdp", dims=["efsdp"]), RoleSpec(name="ep", dims=["ep"])]
+        if degrees.efsdp > 1:
+            # The experts' grad norm is Partial over efsdp and ep; DTensor merges the two reductions
+            # into one on a flattening of the root mesh with their layout. Stock finds one (a
+            # world-spanning flatten of its world mesh, the default group); this role is that
+            # flattening on the sparse mesh, so the norm takes one collective, as stock's.
+            roles.append(RoleSpec(name=EXPERT_NORM_ROLE, dims=["efsdp", "ep"]))
     roles.append(checkpoint_role())
     return roles
 

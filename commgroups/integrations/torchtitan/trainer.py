@@ -9,6 +9,9 @@
   spmd_types' raw collectives are issued async-and-wait (``set_custom_all_gather`` /
   ``set_custom_reduce_scatter`` and ``spmd_types.set_dist(AsyncWaitDist())``; torchtitan owns
   spmd_types' current mesh), and the checkpoint manager gets the registry's gloo group;
+- ``forward_backward_step()``: with HSDP (or replication) on a ``dp_replicate`` role that asks for
+  async-and-wait, runs inside :func:`~commgroups.async_and_wait_scope`, so FSDP2's replica
+  all-reduce (a blocking ``dist.all_reduce`` FSDP2 has no hook for) is issued async-and-wait too;
 - ``train()``: torchtitan's timeout change after the first step goes to every registry group (and
   the default group's own timeout), synchronised through the store instead of a default-group
   barrier;
@@ -32,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from commgroups.audit.records import AUDIT_DIR_ENV
-from commgroups.collectives.async_wait import AsyncWaitDist
+from commgroups.collectives.async_wait import AsyncWaitDist, async_and_wait_scope
 from commgroups.creation.agreement import store_barrier
 from commgroups.integrations.fsdp import async_and_wait_comms, install_async_and_wait_comms
 from commgroups.integrations.spmd import current_dist
@@ -94,6 +97,9 @@ class RegistryTrainer(Trainer):
         self._spmd_dist_set = False
         self.fsdp_async_wait_modules = 0
         self.fsdp_async_wait_refused = 0
+        self.replica_all_reduce_scoped = False
+        """True when each forward/backward runs in an async-and-wait scope for HSDP's replica
+        all-reduce (see :meth:`forward_backward_step`)."""
         super().__init__(config)
         self._install_async_and_wait()
         if isinstance(self.checkpointer, RegistryCheckpointManager):
@@ -157,13 +163,39 @@ class RegistryTrainer(Trainer):
                     "takes no custom comms there, so their collectives stay as FSDP2 issues them",
                     refused)
             self.fsdp_async_wait_refused = refused
+        self.replica_all_reduce_scoped = self._wants_replica_scope()
         if self.parallel_dims.spmd_backend == "spmd_types" and any(r.async_and_wait for r in roles):
             # Dist only: torchtitan sets spmd_types' current mesh itself (to registry meshes).
             self._spmd_dist_before = current_dist()
             _spmd_types().set_dist(AsyncWaitDist())
             self._spmd_dist_set = True
 
+    def _wants_replica_scope(self) -> bool:
+        """HSDP (or FSDP2's replicate) all-reduces over dp_replicate, and that role asks for
+        async-and-wait: FSDP2 issues that all-reduce blocking, with no hook (torch 2.13-2.15)."""
+        layout = self.registry.layout
+        if ("dp_replicate" not in layout.role_names
+                or not layout.role("dp_replicate").async_and_wait
+                or self.parallel_dims.dp_replicate < 2):
+            return False
+        from torch.distributed.fsdp import FSDPModule
+
+        return any(isinstance(m, FSDPModule) for part in self.model_parts for m in part.modules())
+
     # ------------------------------------------------------------------------------ training
+    def forward_backward_step(self, **kwargs: Any) -> torch.Tensor:
+        """torchtitan's forward/backward; with HSDP on an async-and-wait ``dp_replicate`` role,
+        inside :func:`~commgroups.async_and_wait_scope`.
+
+        FSDP2 issues HSDP's replica all-reduce as a blocking ``dist.all_reduce`` and offers no hook
+        for it (torch 2.13 to 2.15); the scope, process-wide while the backward runs, makes it (and
+        any other blocking torch.distributed call there) async-and-wait. Elsewhere: unchanged.
+        """
+        if not self.replica_all_reduce_scoped:
+            return cast(torch.Tensor, super().forward_backward_step(**kwargs))
+        with async_and_wait_scope():
+            return cast(torch.Tensor, super().forward_backward_step(**kwargs))
+
     def _set_pg_timeouts(self, timeout: timedelta, parallel_dims: ParallelDims) -> None:
         """torchtitan's ``set_pg_timeouts`` for registry groups: no default-group barrier.
 
