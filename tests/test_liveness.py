@@ -260,9 +260,13 @@ def test_rebuilds_leak_nothing_over_ten_cycles() -> None:
         settled = seen[1]
         assert last["fds"] <= settled["fds"] + 2 and last["fds"] <= first["fds"] + 4, (rank, seen)
         assert last["threads"] <= settled["threads"] + 2, (rank, seen)
-        # Ours stay flat; torch's rendezvous keys of each new group stay behind (theirs).
-        assert last["keys"] - first["keys"] <= (len(seen) - 1) * first["torch_keys"] + 2, (
-            rank, seen)
+        # Ours stay flat; torch's rendezvous keys of each new group stay behind (theirs). A
+        # generation whose vote saw a difference (a veto: torch would reuse a destroyed group's
+        # name) keeps its four agreement counters until it retires: generation 1 has none, every
+        # later one may, so ours settle once, by at most that, then stay flat.
+        torch_keys = first["torch_keys"]
+        assert settled["keys"] - first["keys"] <= torch_keys + 4, (rank, seen)
+        assert last["keys"] - settled["keys"] <= (len(seen) - 2) * torch_keys + 2, (rank, seen)
 
 
 def _audited_rebuild(rank: int, world: int) -> list[tuple[str, ...]]:
