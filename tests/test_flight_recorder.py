@@ -30,6 +30,7 @@ from commgroups.flight_recorder.session import _rewritten
 from commgroups.flight_recorder.settings import ENV_VAR, flight_enabled
 from commgroups.flight_recorder.signals import dump_on_signal
 from commgroups.torch_internals.version import torch_version
+from tests import torch_private
 
 HERE = Path(__file__).name
 
@@ -315,3 +316,73 @@ def test_at_exit_an_open_registry_whose_last_call_failed_dumps(
             registry.collectives("cp").broadcast(torch.ones(1), src=7)
         session._at_exit()  # what atexit runs when the process ends here
         assert [p.name for p in tmp_path.iterdir()] == ["flight-g0-rank00000.json"]
+
+
+# ------------------------------------------------------------------------ torch's own dumps
+def _torch_dump(group_name: str) -> dict[str, Any]:
+    """torch's recorder as NCCL's watchdog writes it: the real one from this process where gloo
+    records into it (2.13 on), else a dict with the keys and types it has there."""
+    import pickle
+
+    raw = torch_private.flight_recorder_dump()
+    data = pickle.loads(raw) if raw is not None else None  # torch's own bytes, made here
+    if not data or not any(e["process_group"][0] == group_name for e in data["entries"]):
+        data = {"version": "2.10", "pg_config": {group_name: {"name": group_name, "desc": "",
+                                                               "ranks": "[0]"}},
+                "pg_status": {group_name: {"last_enqueued_collective": 1,
+                                           "last_started_collective": -1,
+                                           "last_completed_collective": 1}},
+                "entries": [{"process_group": (group_name, "undefined"), "collective_seq_id": 1,
+                             "profiling_name": "gloo:all_reduce", "state": "scheduled"}]}
+    return data
+
+
+def test_torchs_own_dumps_are_named_by_role_and_its_counts_name_who_is_behind(
+        one_rank: dist.ProcessGroup, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """NCCL's watchdog writes torch's recorder per rank (``nccl_trace_rank_<r>``) on a timeout:
+    the merge puts each c10d name's role and ranks beside torch's counts, and names the ranks
+    whose enqueued count is lower (two ranks: rank 1's copy enqueued one call fewer)."""
+    import pickle
+
+    recorder = FlightRecorder({"cp": one_rank}, rank=0, generation=0)
+    dist.all_reduce(torch.ones(1), group=one_rank)  # plain: only torch's recorder sees it
+    ours = recorder.to_dict()
+    name = one_rank.group_name
+    for rank in (0, 1):
+        (tmp_path / f"flight-g0-rank{rank:05d}.json").write_text(json.dumps({**ours, "rank": rank}))
+        theirs = _torch_dump(name)
+        if rank == 1:
+            status = theirs["pg_status"][name]
+            status["last_enqueued_collective"] -= 1
+        (tmp_path / "torch").mkdir(exist_ok=True)
+        (tmp_path / "torch" / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(theirs))
+    report = merge_dir(tmp_path, torch_dumps=tmp_path / "torch")
+    mine = [row for row in report.torch_rows if row["group"] == name]
+    assert [(row["rank"], row["role"]) for row in mine] == [(0, "cp"), (1, "cp")]
+    assert mine[0]["last"].endswith("(scheduled)") and "all_reduce #" in mine[0]["last"]
+    behind = [h for h in report.hazards if h.kind == "torch_behind"]
+    assert [(h.role, h.ranks) for h in behind] == [("cp", (1,))]
+    assert "torch's own dumps" in report.render()
+    from commgroups.cli import main
+
+    assert main(["flight", "merge", str(tmp_path), "--torch-dumps",
+                 str(tmp_path / "torch")]) == 1
+    assert "torch_behind (cp)" in capsys.readouterr().out
+    # Without torch's files: the same report, no torch rows.
+    assert merge_dir(tmp_path).torch_rows == []
+
+
+def test_a_torch_dump_that_holds_a_class_is_refused(tmp_path: Path) -> None:
+    import pickle
+
+    from commgroups.flight_recorder.torch_dumps import load_torch_dumps
+
+    (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps({"entries": [Path("x")]}))
+    with pytest.raises(FlightDumpError, match="refusing pathlib"):
+        load_torch_dumps(tmp_path)
+    (tmp_path / "nccl_trace_rank_0").write_text(json.dumps({"pg_status": {}}))
+    with pytest.raises(FlightDumpError, match="no entries"):
+        load_torch_dumps(tmp_path)
+    (tmp_path / "nccl_trace_rank_0").write_text(json.dumps(
+        {"entries": [], "pg_config": {"0": {"name": "0", "ranks": "[0, 1]"}}}))
+    assert load_torch_dumps(tmp_path)[0].ranks == {"0": [0, 1]}

@@ -47,6 +47,7 @@ __all__ = [
     "flatten",
     "flatten_mapping",
     "flex_validate_device_target",
+    "flight_recorder_dump",
     "functional_collectives",
     "future_class",
     "group_names",
@@ -67,6 +68,14 @@ Target = tuple[Any, str]
 
 
 # ------------------------------------------------------------------------- c10d's group tables
+def flight_recorder_dump() -> bytes | None:
+    """torch's generic flight recorder as the pickle NCCL's watchdog writes per rank on a timeout
+    (``_dump_fr_trace``, from 2.8; None where this torch lacks it; gloo records into it from
+    2.13). Run on 2.13.0."""
+    dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
+    return None if dump is None else bytes(dump(includeStackTraces=False))
+
+
 def live_groups() -> tuple[dist.ProcessGroup, ...]:
     """Every group c10d holds on this rank, default group included (``_world.pg_map``'s keys)."""
     return tuple(c10d._world.pg_map)

@@ -13,7 +13,10 @@ rank's last call (sequence numbers, op, call site, stream, async_op, state). Haz
   streams.
 
 The ``groups`` table maps each c10d group name (what torch's own flight recorder and watchdog
-print) to its role and member ranks.
+print) to its role and member ranks. Where torch's own dumps lie beside them (NCCL's watchdog
+writes ``nccl_trace_rank_<rank>`` on a timeout; :mod:`commgroups.flight_recorder.torch_dumps`),
+each rank's torch counts per group are shown by role, and ranks torch counts behind are named
+(``torch_behind``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ from typing import Any
 from commgroups.audit.hazards import mixed_stream_hazards
 from commgroups.errors import FlightDumpError
 from commgroups.flight_recorder.diagnosis import short_site
+from commgroups.flight_recorder.torch_dumps import (
+    TORCH_DUMP_PREFIX,
+    load_torch_dumps,
+    torch_group_rows,
+    torch_hazards,
+)
 from commgroups.util.text_table import format_ranks, format_table
 
 __all__ = ["FlightDumpError", "FlightHazard", "FlightReport", "load_dumps", "merge", "merge_dir"]
@@ -36,7 +45,8 @@ GLOB = "flight-g*-rank*.json"
 
 @dataclasses.dataclass(frozen=True)
 class FlightHazard:
-    """One hazard the merge found: ``kind`` (behind, missing, mismatch, mixed_streams), ``role``,
+    """One hazard the merge found: ``kind`` (behind, missing, mismatch, mixed_streams,
+    torch_behind), ``role``,
     the ``ranks`` involved and a ``message`` for a person."""
 
     kind: str
@@ -52,12 +62,14 @@ class FlightHazard:
 
 @dataclasses.dataclass
 class FlightReport:
-    """The merged dumps: per role, one row per rank; the hazards; the group-name map."""
+    """The merged dumps: per role, one row per rank; the hazards; the group-name map; torch's
+    own dumps' rows (rank, c10d group, role, torch's counts), where there were any."""
 
     generation: int
     rows: dict[str, list[dict[str, Any]]]
     hazards: list[FlightHazard]
     groups: dict[str, dict[str, Any]]
+    torch_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -67,7 +79,7 @@ class FlightReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (``commgroups flight merge --json``)."""
         return {"generation": self.generation, "roles": self.rows, "groups": self.groups,
-                "hazards": [hazard.to_dict() for hazard in self.hazards]}
+                "torch": self.torch_rows, "hazards": [hazard.to_dict() for hazard in self.hazards]}
 
     def render(self) -> str:
         """The tables and hazards as text."""
@@ -88,6 +100,14 @@ class FlightReport:
         lines += format_table(("group", "role", "backend", "ranks"), [
             (name, info["role"], info["backend"] or "-", format_ranks(info["ranks"]))
             for name, info in self.groups.items()])
+        if self.torch_rows:
+            lines += ["", "torch's own dumps (last enqueued / started / completed per group):"]
+            lines += format_table(
+                ("rank", "group", "role", "ranks", "enqueued", "started", "completed", "last"), [
+                    (str(row["rank"]), row["group"][:14], row["role"] or "-",
+                     format_ranks(row["ranks"]) if row["ranks"] else "-", _text(row["enqueued"]),
+                     _text(row["started"]), _text(row["completed"]), row["last"] or "-")
+                    for row in self.torch_rows])
         lines += ["", "hazards:" if self.hazards else "hazards: none"]
         lines += [f"- {hazard.kind} ({hazard.role}): {hazard.message}" for hazard in self.hazards]
         return "\n".join(lines)
@@ -123,9 +143,17 @@ def load_dumps(directory: str | Path) -> list[dict[str, Any]]:
                   key=lambda d: int(d["rank"]))
 
 
-def merge_dir(directory: str | Path) -> FlightReport:
-    """:func:`merge` of :func:`load_dumps`."""
-    return merge(load_dumps(directory))
+def merge_dir(directory: str | Path, torch_dumps: str | Path | None = None,
+              torch_prefix: str = TORCH_DUMP_PREFIX) -> FlightReport:
+    """:func:`merge` of :func:`load_dumps`, with torch's own dumps (``<torch_prefix><rank>``
+    files in ``torch_dumps``, default ``directory``) named by role where there are any."""
+    report = merge(load_dumps(directory))
+    rows = torch_group_rows(load_torch_dumps(torch_dumps or directory, torch_prefix),
+                            report.groups)
+    report.torch_rows = rows
+    report.hazards += [FlightHazard("torch_behind", role, ranks, message)
+                       for role, ranks, message in torch_hazards(rows)]
+    return report
 
 
 def _row(rank: int, role: str, info: dict[str, Any], trace: Sequence[dict[str, Any]]
