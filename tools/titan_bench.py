@@ -7,9 +7,12 @@ package does not ship. Skipped, with a note, when torchtitan is not installed.
 
 Three measurements:
 
-- step time: torchtitan's llama3 debug model, cp=4 on a 4-rank gloo world (spmd_types on torch >=
-  2.14, else partial_dtensor), through commgroups and stock, interleaved trainings; per training
-  the median step time (step 1, the warm-up, left out); the ratio is per pair of trainings.
+- step time and start-up: torchtitan's llama3 debug model, cp=4 on a 4-rank gloo world
+  (spmd_types on torch >= 2.14, else partial_dtensor), through commgroups (flight recorder on, as
+  by default; off; audit on) and stock, interleaved trainings; per training the median step time
+  (step 1, the warm-up, left out), and its start-up: building the trainer (``config.build()``:
+  distributed init, the registry, meshes, model, parallelization) plus step 1. Ratios and
+  differences are per repetition, against the stock training of the same repetition.
 - communicators per rank and mesh building: one process plays rank 0 of a fake 65,536-rank world
   (pp=8 x dp_shard=512 x cp=4 x tp=4, and one with ep=8 over dp_replicate=2): stock
   ``ParallelDims.build_mesh()`` vs ``GroupRegistry(...).create()`` + ``RegistryParallelDims
@@ -46,8 +49,9 @@ FAKE_LAYOUTS: dict[str, tuple[int, int, int, int, int, int]] = {
     "dense pp8 dp512 cp4 tp4": (8, 1, 512, 4, 4, 1),
     "moe pp8 dr2 dp256 cp4 tp4 ep8": (8, 2, 256, 4, 4, 8),
 }
-VARIANTS = ("commgroups", "commgroups+audit", "stock")
-"""Trainings per repetition: through commgroups, the same with the audit switched on
+VARIANTS = ("commgroups", "commgroups-no-flight", "commgroups+audit", "stock")
+"""Trainings per repetition: through commgroups (its flight recorder on, the default), the same
+with the recorder off (``COMMGROUPS_FLIGHT_RECORDER=0``), the same with the audit switched on
 (``COMMGROUPS_AUDIT_DIR``), and stock."""
 MESH_VARIANTS = ("commgroups", "stock")
 """Mesh building at fake scale: the registry against stock ``ParallelDims.build_mesh``."""
@@ -98,6 +102,8 @@ def measure_steps(rank: int, world_size: int, progress: Progress, config: TitanC
     store = torch_internals.default_store()
     store_barrier(store, "bench/titan/assets", rank, world_size, timedelta(seconds=300), "assets")
     steps: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    builds: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    first_steps: dict[str, list[float]] = {v: [] for v in VARIANTS}
     progress.describe("torchtitan step time")
     for repetition in range(config.repetitions):
         for variant in interleaved(VARIANTS, repetition):
@@ -105,12 +111,18 @@ def measure_steps(rank: int, world_size: int, progress: Progress, config: TitanC
                            registry=variant != "stock", cp=world_size,
                            spmd_backend=_spmd_backend(), steps=config.steps,
                            checkpoint_interval=0, step_times=True,
-                           audit=variant == "commgroups+audit")
+                           audit=variant == "commgroups+audit",
+                           flight_recorder=variant != "commgroups-no-flight")
             result = train_rank(rank, world_size, None, run)
-            times = result.notes["step_seconds"][1:]  # step 1 compiles and warms caches
-            steps[variant].append(float(summarize(times).median))
+            times = result.notes["step_seconds"]
+            steps[variant].append(float(summarize(times[1:]).median))  # step 1 warms caches
+            builds[variant].append(float(result.notes["build_seconds"]))
+            first_steps[variant].append(float(times[0]))
         progress.advance()
-    return {"steps": steps, "backend": _spmd_backend(), "world": world_size} if rank == 0 else None
+    if rank != 0:
+        return None
+    return {"steps": steps, "build": builds, "first_step": first_steps,
+            "backend": _spmd_backend(), "world": world_size}
 
 
 # ------------------------------------------------------------------------ meshes at fake scale
@@ -231,6 +243,10 @@ def tables(steps: dict[str, Any] | None, meshes: dict[str, Any] | None, world: i
     step_table = Table("torchtitan_steps", "torchtitan step time: through commgroups vs stock",
                        ["model", "world", "spmd backend", "variant", "step s",
                         "ratio vs stock"])
+    startup_table = Table(
+        "torchtitan_startup", "torchtitan start-up: building the trainer, then step 1",
+        ["model", "world", "spmd backend", "variant", "build s", "step 1 s", "start-up s",
+         "start-up minus stock s"])
     mesh_table = Table(
         "torchtitan_meshes",
         f"torchtitan meshes at {world:,} fake ranks: registry vs stock ParallelDims.build_mesh",
@@ -238,30 +254,11 @@ def tables(steps: dict[str, Any] | None, meshes: dict[str, Any] | None, world: i
          "gloo communicators / rank", "meshes on the default group", "ratio vs stock"])
     summary: dict[str, Any] = {}
     if reason is not None:
-        step_table.notes.append(f"not run: {reason}")
-        mesh_table.notes.append(f"not run: {reason}")
-        return [step_table, mesh_table], summary
+        for table in (step_table, startup_table, mesh_table):
+            table.notes.append(f"not run: {reason}")
+        return [step_table, startup_table, mesh_table], summary
     if steps is not None:
-        base = steps["steps"]["stock"]
-        for variant in VARIANTS:
-            times = steps["steps"][variant]
-            ratio = summarize(paired_ratios(times, base))
-            step_table.add("llama3 debug cp=4", steps["world"], steps["backend"], variant,
-                           summarize(times), ratio)
-        ratio = summarize(paired_ratios(steps["steps"]["commgroups"], base))
-        summary["torchtitan_step_ratio"] = ratio.median
-        summary["torchtitan_step_ratio_spread"] = ratio.to_dict()
-        audited = summarize(paired_ratios(steps["steps"]["commgroups+audit"],
-                                          steps["steps"]["commgroups"]))
-        summary["torchtitan_audit_step_ratio"] = audited.median
-        summary["torchtitan_audit_step_ratio_spread"] = audited.to_dict()
-        step_table.notes += [
-            "step s: per training the median step time (step 1 left out), median [p25-p75] over "
-            "trainings; ratio: per interleaved pair commgroups / stock (floor: <= 1.02 on CPU)",
-            "commgroups+audit: the same training with COMMGROUPS_AUDIT_DIR set (every rank records "
-            "and writes its file); torchtitan_audit_step_ratio: per repetition commgroups+audit / "
-            "commgroups",
-        ]
+        summary.update(_step_rows(steps, step_table, startup_table))
     if meshes is not None:
         for name, measured in meshes.items():
             base = measured["samples"]["stock"]
@@ -281,7 +278,52 @@ def tables(steps: dict[str, Any] | None, meshes: dict[str, Any] | None, world: i
             "communicators: groups of > 1 rank this rank would open on a real job (stock's world "
             "mesh is the default group: counted under 'meshes on the default group', not as new)",
         ]
-    return [step_table, mesh_table], summary
+    return [step_table, startup_table, mesh_table], summary
+
+
+def _step_rows(steps: dict[str, Any], step_table: Table, startup_table: Table) -> dict[str, Any]:
+    """Fill the step and start-up tables from :func:`measure_steps`; the summary figures."""
+    model = ("llama3 debug cp=4", steps["world"], steps["backend"])
+    step_times = steps["steps"]
+    base = step_times["stock"]
+    for variant in VARIANTS:
+        step_table.add(*model, variant, summarize(step_times[variant]),
+                       summarize(paired_ratios(step_times[variant], base)))
+    startups = {v: [b + f for b, f in zip(steps["build"][v], steps["first_step"][v])]
+                for v in VARIANTS}
+    for variant in VARIANTS:
+        delta = [a - b for a, b in zip(startups[variant], startups["stock"])]
+        startup_table.add(*model, variant, summarize(steps["build"][variant]),
+                          summarize(steps["first_step"][variant]), summarize(startups[variant]),
+                          summarize(delta))
+    summary: dict[str, Any] = {}
+    for key, numerators, denominators in (
+            ("torchtitan_step_ratio", "commgroups", "stock"),
+            ("torchtitan_flight_recorder_step_ratio", "commgroups", "commgroups-no-flight"),
+            ("torchtitan_flight_recorder_vs_stock_step_ratio", "commgroups", "stock"),
+            ("torchtitan_audit_step_ratio", "commgroups+audit", "commgroups")):
+        ratio = summarize(paired_ratios(step_times[numerators], step_times[denominators]))
+        summary[key] = ratio.median
+        summary[f"{key}_spread"] = ratio.to_dict()
+    startup_delta = summarize([a - b for a, b in zip(startups["commgroups"], startups["stock"])])
+    summary["torchtitan_startup_delta_s"] = startup_delta.median
+    summary["torchtitan_startup_delta_s_spread"] = startup_delta.to_dict()
+    step_table.notes += [
+        "step s: per training the median step time (step 1 left out), median [p25-p75] over "
+        "trainings; ratio: per interleaved repetition variant / stock (floor: <= 1.02 on CPU; "
+        "with the flight recorder on, as commgroups runs by default: within 1% of stock)",
+        "commgroups-no-flight: COMMGROUPS_FLIGHT_RECORDER=0; torchtitan_flight_recorder_step_ratio: "
+        "per repetition commgroups / commgroups-no-flight",
+        "commgroups+audit: the same training with COMMGROUPS_AUDIT_DIR set (every rank records "
+        "and writes its file); torchtitan_audit_step_ratio: per repetition commgroups+audit / "
+        "commgroups",
+    ]
+    startup_table.notes += [
+        "build s: config.build() on rank 0 (distributed init, registry creation and meshes, the "
+        "model, its parallelization); step 1 s: the first step (compiles and warms caches); "
+        "start-up = both; minus stock: per repetition (floor: within 1 s of stock)",
+    ]
+    return summary
 
 
 class TitanScenario:

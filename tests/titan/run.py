@@ -58,6 +58,9 @@ class TitanRun:
     extra: tuple[str, ...] = ()
     audit: bool = False
     step_times: bool = False
+    flight_recorder: bool = True
+    """False: ``COMMGROUPS_FLIGHT_RECORDER=0`` in this rank process while it builds and trains
+    (the user's switch; the benchmark's recorder-off variant)."""
 
     def args(self) -> list[str]:
         """The command line ``python -m torchtitan.train`` would get."""
@@ -273,6 +276,18 @@ def train_rank(rank: int, world_size: int, post: Any, run: TitanRun) -> RankResu
 
 
 def _train_rank(rank: int, world_size: int, run: TitanRun) -> RankResult:
+    if run.flight_recorder:
+        return _train_rank_as_set(rank, world_size, run)
+    from commgroups.flight_recorder.settings import ENV_VAR
+
+    os.environ[ENV_VAR] = "0"
+    try:
+        return _train_rank_as_set(rank, world_size, run)
+    finally:
+        del os.environ[ENV_VAR]
+
+
+def _train_rank_as_set(rank: int, world_size: int, run: TitanRun) -> RankResult:
     os.environ.update({"LOCAL_RANK": str(rank), "RANK": str(rank), "WORLD_SIZE": str(world_size),
                        "LOCAL_WORLD_SIZE": str(world_size), "HF_DATASETS_OFFLINE": "1",
                        "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
