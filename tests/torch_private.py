@@ -73,7 +73,10 @@ def flight_recorder_dump() -> bytes | None:
     (``_dump_fr_trace``, from 2.8; None where this torch lacks it; gloo records into it from
     2.13). Run on 2.13.0."""
     dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
-    return None if dump is None else bytes(dump(includeStackTraces=False))
+    try:
+        return None if dump is None else bytes(dump(includeStackTraces=False))
+    except (RuntimeError, TypeError, ValueError):  # a recorder that is off or fails to dump
+        return None
 
 
 def live_groups() -> tuple[dist.ProcessGroup, ...]:
