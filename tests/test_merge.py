@@ -72,6 +72,20 @@ def test_merge_of_per_rank_files(tmp_path: Path) -> None:
     assert [h["kind"] for h in data["hazards"]] == ["aliasing", "mixed_streams"]
 
 
+def test_functional_collectives_are_counted_apart_from_dist_module_calls() -> None:
+    """spmd_types 0.3 issues some collectives as functional ones, 0.2.3 every one through the
+    dist module: the summary says how many of a group's calls were functional."""
+    datas = [_rank_data(rank, [_rec("c10d.allgather_", True),
+                               _rec("_c10d_functional.all_reduce", True),
+                               _rec("_c10d_functional.reduce_scatter_tensor", True)])
+             for rank in range(2)]
+    report = merge(datas)
+    group = report.summary["groups"]["1"]
+    assert (group["calls"], group["async"], group["functional"]) == (6, 6, 4)
+    assert "  group 1 roles=cp backend=gloo calls=6 blocking=0 async=6 functional=4" in (
+        report.render().splitlines())
+
+
 def test_merge_of_a_clean_run_and_bad_entries(tmp_path: Path) -> None:
     clean = [_rank_data(rank, [_rec("c10d.allreduce_", True)]) for rank in range(2)]
     report = merge(clean)

@@ -138,6 +138,11 @@ def merge(rank_data: Sequence[dict[str, Any]]) -> AuditReport:
             entry["calls"] += 1
             entry["blocking"] += rec["async_op"] is False
             entry["async"] += rec["async_op"] is True
+            if rec["op"].startswith("_c10d_functional."):
+                # Functional collectives (spmd_types 0.3's all_reduce and shard gather/scatter,
+                # DTensor): always async on the group's own stream; counted apart from the
+                # dist-module calls (said only where some).
+                entry["functional"] = entry.get("functional", 0) + 1
             if rec["async_op"] is False:
                 # A blocking call on a group whose role asked for async-and-wait: the rule did
                 # not reach its caller (said per role in the summary line).

@@ -23,9 +23,11 @@ class AuditReport:
         world_size: the largest world size the recordings name (None when none does).
         hazards: every hazard found (see :func:`commgroups.audit.hazards.find_hazards`).
         summary: ``{"groups": {name: {"ranks", "backend", "default", "roles", "calls",
-            "blocking", "async"[, "blocking_async_roles"]}}}``, the call counts summed over the
-            merged ranks; ``blocking_async_roles`` (role -> count, only where some) counts the
-            blocking calls on a group whose compute role asks for async-and-wait.
+            "blocking", "async"[, "functional"][, "blocking_async_roles"]}}}``, the call counts
+            summed over the merged ranks; ``functional`` (only where some) counts the functional
+            collectives (``_c10d_functional.*``, async, counted in ``async`` too);
+            ``blocking_async_roles`` (role -> count, only where some) counts the blocking calls
+            on a group whose compute role asks for async-and-wait.
 
     Example::
 
@@ -78,9 +80,10 @@ class AuditReport:
             # Blocking calls on a role that asks for async-and-wait are named: the rule missed them.
             said = "".join(f" blocking_on_async_and_wait_role={role}:{count}"
                            for role, count in sorted(unmet.items()))
+            functional = f" functional={group['functional']}" if group.get("functional") else ""
             lines.append(f"  group {name}{tag} roles={roles} backend={group['backend']} "
                          f"calls={group['calls']} blocking={group['blocking']} "
-                         f"async={group['async']}{said}")
+                         f"async={group['async']}{functional}{said}")
         if self.ok:
             lines.append("no hazards found")
         else:
