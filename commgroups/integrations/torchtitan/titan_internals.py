@@ -104,6 +104,7 @@ def spmd_backends() -> tuple[str, ...]:
     (0.3.0: all three; main@b5bcd76: two)."""
     return (*SPMD_BACKENDS, FULL_DTENSOR) if has_full_dtensor() else SPMD_BACKENDS
 
+
 DCP_SAVE_PARAMETERS = ("self", "state_dict", "checkpoint_id", "async_mode",
                        "enable_garbage_collection", "to_hf")
 """``CheckpointManager.dcp_save``'s parameters, copied by RegistryCheckpointManager (0.3.0 and
