@@ -30,7 +30,8 @@ pytestmark = [
 
 SINGLE_RANK_BACKEND = "cg_single"
 # (entry, spmd backend); the newest CI leg runs the first (-k spmd_types): the seed bug's path.
-SCENARIOS = (("cp4", "spmd_types"), ("cp4", "partial_dtensor"))
+# full_dtensor (torchtitan 0.3.0; runs on torch 2.13) resumes and cross-loads like the others.
+SCENARIOS = (("cp4", "spmd_types"), ("cp4", "partial_dtensor"), ("cp4", "full_dtensor"))
 
 
 def _jobs(pairs: tuple[tuple[str, str], ...]) -> list[Any]:
@@ -92,8 +93,9 @@ def test_every_mesh_is_a_registry_group(scenario: tuple[Any, Any]) -> None:
         assert all(result.notes["mesh_is_role_group"].values()), result.notes["mesh_is_role_group"]
         assert result.notes["fsdp_async_wait_modules"] > 0
         assert result.notes["registry_closed"]
-        if job.backend == "spmd_types":
+        if job.backend in ("spmd_types", "full_dtensor"):
             assert result.notes["dp_shard_cp_is_fsdp"]  # FSDP2's own _flatten("dp_shard_cp")
+        if job.backend == "spmd_types":
             # Every raw spmd_types collective reached the AsyncWaitDist, on the cp role's group.
             calls = result.notes["spmd_calls"]
             assert calls, "spmd_types issued no raw collective"

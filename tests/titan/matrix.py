@@ -34,7 +34,8 @@ from tests.titan.run import RankResult, TitanRun, train_rank
 __all__ = ["BACKENDS", "ENTRIES", "Entry", "Job", "compare", "entry", "render", "world_rank",
            "worlds"]
 
-BACKENDS = ("partial_dtensor", "spmd_types")
+BACKENDS = ("partial_dtensor", "spmd_types", "full_dtensor")
+"""Every spmd backend the matrix trains; an entry lists its own (:attr:`Entry.backends`)."""
 
 CHECKPOINT_ROLE = "checkpoint-metadata"
 
@@ -60,6 +61,9 @@ class Entry:
     step-1 checkpoint (tests/test_torchtitan_train.py checks those)."""
     in_matrix: bool = True
     """Checked by the matrix test (False: trained only for another test's checks)."""
+    backends: tuple[str, ...] = ("partial_dtensor", "spmd_types")
+    """The spmd backends the matrix trains this entry under (full_dtensor, torchtitan 0.3.0's
+    third backend, only on the few entries that show its meshes: one world of its own)."""
 
     def __post_init__(self) -> None:
         assert self.checkpoint or not self.scenario, f"{self.name}: a scenario resumes: checkpoint"
@@ -86,7 +90,7 @@ class Entry:
     def busy_roles(self, spmd_backend: str) -> set[str]:
         """Roles torchtitan must communicate on in this entry (others may stay idle)."""
         roles = {dim for dim in ("dp_replicate", "cp", "tp", "pp") if getattr(self, dim) > 1}
-        if spmd_backend == "spmd_types" and self.cp == 1 and self.dp_shard > 1:
+        if spmd_backend in ("spmd_types", "full_dtensor") and self.cp == 1 and self.dp_shard > 1:
             roles.add("dp_shard")  # FSDP2 shards over dp_shard itself (no dp_shard x cp flatten)
         elif self.dp_shard * self.cp > 1:
             roles.add("fsdp")
@@ -99,14 +103,16 @@ class Entry:
 
 ENTRIES: tuple[Entry, ...] = (
     # Pairs on 4 ranks: every two of dp_replicate, dp_shard, cp, tp, pp; tp mixed with each.
-    Entry("dpr2-dps2", dp_replicate=2, dp_shard=2),
+    # full_dtensor on three of them: HSDP (FSDP2 concatenates dp_replicate and dp_shard), FSDP2's
+    # own dp_shard x cp flatten beside CP on its own axis, and FSDP x TP.
+    Entry("dpr2-dps2", dp_replicate=2, dp_shard=2, backends=BACKENDS),
     Entry("dpr2-cp2", dp_replicate=2, cp=2, checkpoint=False),
     Entry("dpr2-tp2", dp_replicate=2, tp=2),
     # cp = world (the seed bug's layout) is also the resume scenario (CI time: dp_shard x cp resumed
     # and cross-loaded too until its 2 extra trainings, about 40 s, had to go).
-    Entry("dps2-cp2", dp_shard=2, cp=2),
+    Entry("dps2-cp2", dp_shard=2, cp=2, backends=BACKENDS),
     Entry("cp4", cp=4, scenario=True),
-    Entry("dps2-tp2", dp_shard=2, tp=2, checkpoint=False),
+    Entry("dps2-tp2", dp_shard=2, tp=2, checkpoint=False, backends=BACKENDS),
     Entry("cp2-tp2", cp=2, tp=2),
     # torchtitan 0.3.0 calls pipelining's step(arg_mbs=, kwarg_mbs=, target_mbs=), which torch
     # has from 2.14: on 2.13 stock fails before step 1 ("Expecting 2 arg_mbs but got 1").

@@ -190,7 +190,7 @@ def _registry_facts(trainer: Any) -> dict[str, Any]:
         if name in registry.role_names and mesh.size() > 1:
             mesh_roles[name] = mesh.get_group() is registry.group(name)
     facts["mesh_is_role_group"] = mesh_roles
-    if pd.spmd_backend == "spmd_types":
+    if pd.spmd_backend in ("spmd_types", "full_dtensor"):
         shard_cp = pd.get_optional_mesh(["dp_shard", "cp"])  # None where cp is 1
         if shard_cp is not None:
             flat = torch_private.flatten(shard_cp, "dp_shard_cp")

@@ -18,12 +18,14 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from commgroups.errors import LayoutError, MeshRequestError, RegistryNotCreatedError
 from commgroups.integrations.torchtitan.titan_internals import (
-    SPMD_BACKENDS,
+    FULL_DTENSOR,
     ParallelDims,
     fill_meshes,
     log_mesh_building,
     log_meshes_built,
+    set_spmd_meshes,
     single_axis_meshes,
+    spmd_backends,
     validate_meshes,
 )
 from commgroups.torch_internals import groupless_mesh
@@ -31,9 +33,13 @@ from commgroups.torch_internals import groupless_mesh
 if TYPE_CHECKING:
     from commgroups.registry import GroupRegistry
 
-__all__ = ["PlaceholderMesh", "RegistryParallelDims", "placeholder_mesh"]
+__all__ = ["LOSS_MESH_DIM", "PlaceholderMesh", "RegistryParallelDims", "placeholder_mesh"]
 
 DENSE = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+LOSS_MESH_DIM = "loss_mesh"
+"""The dim name of torchtitan's loss mesh: stock's ``dataloading["batch", "cp"]._flatten("loss_mesh")``
+(0.3.0). ``get_mesh("loss")`` finds it by torchtitan's key ``"loss"``, as stock's."""
 
 
 class PlaceholderMesh(DeviceMesh):
@@ -120,27 +126,27 @@ class RegistryParallelDims(ParallelDims):
 
         Raises:
             RegistryNotCreatedError: ``registry`` is unset or not created (a RuntimeError).
-            LayoutError: ``spmd_backend`` is not one commgroups builds meshes for
-                (``full_dtensor``, which torchtitan main removed, is not).
+            LayoutError: ``spmd_backend`` is not one the installed torchtitan has
+                (:func:`~commgroups.integrations.torchtitan.titan_internals.spmd_backends`:
+                ``full_dtensor`` only where torchtitan still ships it).
         """
         registry = self._registry()
-        if self.spmd_backend not in SPMD_BACKENDS:
-            raise LayoutError(
-                f"parallelism.spmd_backend={self.spmd_backend!r} is not supported through "
-                f"commgroups (torchtitan main removed full_dtensor); fix: use one of "
-                f"{', '.join(SPMD_BACKENDS)}",
-                field="parallelism.spmd_backend",
-            )
+        self._check_backend()
         log_mesh_building(self)
         mesh = registry.device_mesh
         world = mesh(list(DENSE))
         dataloading = mesh(["pp", "batch", "cp", "tp"])
-        loss = mesh("loss")
+        loss = self._loss_mesh(mesh("loss"))
         spmd_dense: DeviceMesh | None = None
         if self.spmd_backend == "spmd_types":
             candidate_dense = ["dp", "cp", "tp"]
             dense = world
             spmd_dense = mesh(["pp", "dp", "cp", "tp"])["dp", "cp", "tp"]
+        elif self.spmd_backend == FULL_DTENSOR:
+            # Parameters carry a cp axis of their own (activations are sharded on it), so dp_shard
+            # and cp stay two axes; FSDP2 flattens them itself (dp_shard_cp: the fsdp role's group).
+            candidate_dense = ["dp_replicate", "dp_shard", "cp", "tp"]
+            dense = world
         else:
             candidate_dense = ["dp_replicate", "fsdp", "tp"]
             dense = mesh(["pp", "dp_replicate", "fsdp", "tp"])
@@ -175,18 +181,45 @@ class RegistryParallelDims(ParallelDims):
         }
         if spmd_dense is not None:
             single_axis["dp"] = spmd_dense["dp"]
+        if self.spmd_backend in ("spmd_types", FULL_DTENSOR):
             single_axis["dp_shard"] = dense["dp_shard"]
         else:
             single_axis["fsdp"] = dense["fsdp"]
-        fill_meshes(self, world=world, global_meshes=global_meshes, single_axis=single_axis,
-                    spmd_meshes=[])
+        fill_meshes(self, world=world, global_meshes=global_meshes, single_axis=single_axis)
         validate_meshes(self)
         activated = [self.get_activated_mesh(candidate_dense),
                      self.get_activated_mesh(["dp_replicate", "efsdp", "ep"])]
-        fill_meshes(self, world=world, global_meshes=global_meshes, single_axis=single_axis,
-                    spmd_meshes=[m for m in activated if m is not None])
+        set_spmd_meshes(self, [m for m in activated if m is not None])
         log_meshes_built(self)
         return world
+
+    def _check_backend(self) -> None:
+        backends = spmd_backends()
+        if self.spmd_backend in backends:
+            return
+        if self.spmd_backend == FULL_DTENSOR:
+            raise LayoutError(
+                "parallelism.spmd_backend='full_dtensor': this torchtitan has no full_dtensor "
+                "backend (torchtitan main removed it, pytorch/torchtitan#4217); fix: use "
+                f"--parallelism.spmd_backend with one of {', '.join(backends)}",
+                field="parallelism.spmd_backend",
+            )
+        raise LayoutError(
+            f"parallelism.spmd_backend={self.spmd_backend!r} is not one commgroups builds meshes "
+            f"for; fix: use one of {', '.join(backends)}",
+            field="parallelism.spmd_backend",
+        )
+
+    @staticmethod
+    def _loss_mesh(role_mesh: DeviceMesh) -> DeviceMesh:
+        """The loss role's group as a 1-D mesh named as stock names it (:data:`LOSS_MESH_DIM`).
+
+        Stock flattens ``batch x cp`` into a dim named ``loss_mesh``; the registry names a role's
+        mesh after the role. Code that reads ``mesh_dim_names`` sees stock's name; the group is the
+        loss role's (``DeviceMesh.from_group`` wraps it, creating nothing).
+        """
+        return DeviceMesh.from_group(role_mesh.get_group(), role_mesh.device_type,
+                                     mesh_dim_names=(LOSS_MESH_DIM,))
 
     def mesh_groups(self) -> dict[str, Any]:
         """Name -> the ProcessGroup of each 1-D mesh torchtitan holds (None for placeholders)."""

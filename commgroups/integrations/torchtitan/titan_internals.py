@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import importlib
 import inspect
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,6 +42,8 @@ __all__ = [
     "CLI_HIDDEN",
     "DCP_LOAD_PARAMETERS",
     "DCP_SAVE_PARAMETERS",
+    "FULL_DTENSOR",
+    "FULL_DTENSOR_MODULE",
     "MODEL",
     "SET_PG_TIMEOUTS_PARAMETERS",
     "SPMD_BACKENDS",
@@ -51,12 +54,15 @@ __all__ = [
     "TitanSeamError",
     "Trainer",
     "fill_meshes",
+    "has_full_dtensor",
     "log_mesh_building",
     "log_meshes_built",
     "replaced_set_pg_timeouts",
     "require_parameters",
+    "set_spmd_meshes",
     "shipped_train_source",
     "single_axis_meshes",
+    "spmd_backends",
     "titan_logger",
     "validate_meshes",
 ]
@@ -69,8 +75,35 @@ CLI_HIDDEN: Any = tyro.conf.Suppress
 torchtitan parses configs with tyro)."""
 
 SPMD_BACKENDS = ("partial_dtensor", "spmd_types")
-"""The ``parallelism.spmd_backend`` values commgroups builds meshes for (0.3.0 and main@b5bcd76;
-0.3.0's ``full_dtensor`` was removed on main, #4217, and is refused here)."""
+"""The ``parallelism.spmd_backend`` values every checked torchtitan has (0.3.0 and main@b5bcd76);
+:func:`spmd_backends` adds ``full_dtensor`` where the installed torchtitan has it."""
+
+FULL_DTENSOR = "full_dtensor"
+"""0.3.0's third ``parallelism.spmd_backend`` (every parameter, buffer and input a DTensor on the
+dense mesh); main removed it (#4217)."""
+
+FULL_DTENSOR_MODULE = "torchtitan.distributed.full_dtensor"
+"""The module that implements :data:`FULL_DTENSOR` (``resolve_fsdp_mesh``, ``parallelize_inputs``):
+in 0.3.0, gone on main@b5bcd76 together with the option."""
+
+
+def has_full_dtensor() -> bool:
+    """Whether the installed torchtitan has the ``full_dtensor`` backend: its module
+    (:data:`FULL_DTENSOR_MODULE`) imports. True on 0.3.0, False on main@b5bcd76 (#4217 removed the
+    module and the option together, so the module stands for both)."""
+    try:
+        importlib.import_module(FULL_DTENSOR_MODULE)
+    except ImportError:
+        return False
+    return True
+
+
+def spmd_backends() -> tuple[str, ...]:
+    """The ``parallelism.spmd_backend`` values commgroups builds meshes for with the installed
+    torchtitan: :data:`SPMD_BACKENDS`, plus :data:`FULL_DTENSOR` where :func:`has_full_dtensor`
+    (0.3.0: all three; main@b5bcd76: two)."""
+    return (*SPMD_BACKENDS, FULL_DTENSOR) if has_full_dtensor() else SPMD_BACKENDS
+
 
 DCP_SAVE_PARAMETERS = ("self", "state_dict", "checkpoint_id", "async_mode",
                        "enable_garbage_collection", "to_hf")
@@ -165,22 +198,30 @@ def replaced_set_pg_timeouts(replacement: Callable[..., None]) -> Iterator[None]
 
 def fill_meshes(parallel_dims: ParallelDims, *, world: DeviceMesh,
                 global_meshes: Mapping[str, DeviceMesh],
-                single_axis: Mapping[str, DeviceMesh],
-                spmd_meshes: Sequence[DeviceMesh]) -> None:
-    """Set what stock ``ParallelDims.build_mesh()`` sets, from meshes commgroups built.
+                single_axis: Mapping[str, DeviceMesh]) -> None:
+    """Set what stock ``ParallelDims.build_mesh()`` sets, from meshes commgroups built, before it
+    looks any mesh up.
 
     ``_world_mesh``, ``_global_meshes`` and ``_single_axis_meshes`` (0.3.0 and main@b5bcd76: every
-    lookup reads them); ``_spmd_meshes`` only where ParallelDims declares it (0.3.0; main removed it);
-    main's ``_multi_axis_meshes`` lookup cache is emptied (it caches slices of the meshes above).
+    lookup reads them); the ``_multi_axis_meshes`` lookup cache (0.3.0 and main) is emptied (it
+    caches slices of the meshes above). :func:`set_spmd_meshes` sets the rest.
     """
     parallel_dims._world_mesh = world
     parallel_dims._global_meshes = dict(global_meshes)
     parallel_dims._single_axis_meshes = dict(single_axis)
-    declared = {f.name for f in fields(ParallelDims)}
-    if "_spmd_meshes" in declared:
-        parallel_dims._spmd_meshes = list(spmd_meshes)
-    if "_multi_axis_meshes" in declared:
+    if "_multi_axis_meshes" in {f.name for f in fields(ParallelDims)}:
         parallel_dims._multi_axis_meshes = {}
+
+
+def set_spmd_meshes(parallel_dims: ParallelDims, spmd_meshes: Sequence[DeviceMesh]) -> None:
+    """``_spmd_meshes``, where ParallelDims declares it (0.3.0; main@b5bcd76 removed it): the activated
+    dense and sparse meshes, set last, as stock does.
+
+    The lookup cache stays: the meshes are the objects ``get_activated_mesh`` cached, so
+    ``resolve_mesh``'s ``mesh in spmd_meshes()`` (full_dtensor) finds them by identity, as stock's.
+    """
+    if "_spmd_meshes" in {f.name for f in fields(ParallelDims)}:
+        parallel_dims._spmd_meshes = list(spmd_meshes)
 
 
 def validate_meshes(parallel_dims: ParallelDims) -> None:
