@@ -97,8 +97,8 @@ def test_a_rank_that_skipped_a_call_is_named_behind_with_where_it_waits(scenario
     for rank in (0, 1, 3):
         got = results[rank]["skip"]
         assert got["cls"] == "RoleHangError", got
-        assert got["flight"]["behind"] == [SKIPPER]
-        assert got["flight"]["ahead"] == [] and got["flight"]["silent"] == []
+        assert got["flight"]["behind"] == [SKIPPER], got
+        assert got["flight"]["ahead"] == [] and got["flight"]["silent"] == [], got
         assert f"behind: rank {SKIPPER} (last all_reduce #1" in got["text"]
         assert "now in hold barrier" in got["text"]
         assert len(got["text"]) <= 300
@@ -110,8 +110,8 @@ def test_a_rank_stuck_in_python_is_named_behind_not_silent(scenarios: Any) -> No
     for rank in (0, 2, 3):
         got = results[rank]["sleep"]
         assert got["cls"] == "RoleHangError", got
-        assert got["flight"]["behind"] == [SLEEPER]
-        assert got["flight"]["silent"] == []
+        assert got["flight"]["behind"] == [SLEEPER], got
+        assert got["flight"]["silent"] == [], got
         state = next(s for s in got["flight"]["ranks"] if s["rank"] == SLEEPER)
         assert state["now"] is None  # in no collective: busy in Python
 
