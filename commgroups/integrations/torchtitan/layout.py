@@ -8,7 +8,8 @@ asks for meshes by name. Every name becomes a registry role, so each gets a dedi
   ``loss`` over ``dp_replicate x dp_shard x cp``, ``fsdp`` over ``dp_shard x cp``;
 - with expert parallelism, the view ``sparse`` re-factorizes the same world as
   ``pp x dp_replicate x efsdp x ep`` (``efsdp = dp_shard * cp * tp / ep``), with roles ``efsdp``,
-  ``ep`` and (when efsdp > 1) ``efsdp_ep`` on it, the last for the experts' grad-norm reduction;
+  ``ep`` and (when efsdp > 1 and cp == tp == 1) ``efsdp_ep`` on it, the last for the experts'
+  grad-norm reduction;
 - ``checkpoint-metadata`` over the world on gloo (DCP's plan exchange).
 
 A layout the user gives (object or file) may set per-role backend, options and timeouts; it must
@@ -118,11 +119,14 @@ def derived_roles(degrees: TitanDegrees) -> list[RoleSpec]:
         roles.append(RoleSpec(name="dp", dims=["dp_replicate", "dp_shard"]))
     if degrees.ep > 1:
         roles += [RoleSpec(name="efsdp", dims=["efsdp"]), RoleSpec(name="ep", dims=["ep"])]
-        if degrees.efsdp > 1:
+        if degrees.efsdp > 1 and degrees.cp == degrees.tp == 1:
             # The experts' grad norm is Partial over efsdp and ep; DTensor merges the two reductions
             # into one on a flattening of the root mesh with their layout. Stock finds one (a
             # world-spanning flatten of its world mesh, the default group); this role is that
-            # flattening on the sparse mesh, so the norm takes one collective, as stock's.
+            # flattening on the sparse mesh, so the norm takes one collective, as stock's
+            # (moe-dps4-ep2). With cp or tp the dense grads are Partial over several dims of the
+            # same ranks, and DTensor would find this role by layout for their reduction too,
+            # where stock merges nothing (moe-dps2-tp2-ep2: one collective a step moved onto it).
             roles.append(RoleSpec(name=EXPERT_NORM_ROLE, dims=["efsdp", "ep"]))
     roles.append(checkpoint_role())
     return roles
