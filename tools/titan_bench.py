@@ -299,12 +299,11 @@ def _step_rows(steps: dict[str, Any], step_table: Table, startup_table: Table) -
     model = ("llama3 debug cp=4", steps["world"], steps["backend"])
     step_times = steps["steps"]
     base = step_times["stock"]
-    for variant in VARIANTS:
-        step_table.add(*model, variant, summarize(step_times[variant]),
-                       summarize(paired_ratios(step_times[variant], base)))
     startups = {v: [b + f for b, f in zip(steps["build"][v], steps["first_step"][v])]
                 for v in VARIANTS}
     for variant in VARIANTS:
+        step_table.add(*model, variant, summarize(step_times[variant]),
+                       summarize(paired_ratios(step_times[variant], base)))
         delta = [a - b for a, b in zip(startups[variant], startups["stock"])]
         startup_table.add(*model, variant, summarize(steps["build"][variant]),
                           summarize(steps["first_step"][variant]), summarize(startups[variant]),
@@ -313,7 +312,6 @@ def _step_rows(steps: dict[str, Any], step_table: Table, startup_table: Table) -
     for key, numerators, denominators in (
             ("torchtitan_step_ratio", "commgroups", "stock"),
             ("torchtitan_flight_recorder_step_ratio", "commgroups", "commgroups-no-flight"),
-            ("torchtitan_flight_recorder_vs_stock_step_ratio", "commgroups", "stock"),
             ("torchtitan_audit_step_ratio", "commgroups+audit", "commgroups")):
         ratio = summarize(paired_ratios(step_times[numerators], step_times[denominators]))
         summary[key] = ratio.median

@@ -18,7 +18,7 @@ def register(subparsers: Any) -> None:
                        help="where torch's own flight-recorder dumps are (NCCL writes them on a "
                             "timeout to TORCH_FR_DUMP_TEMP_FILE, default /tmp/nccl_trace_rank_<rank>); "
                             "default: DIRECTORY")
-    merge.add_argument("--torch-prefix", metavar="PREFIX", default="nccl_trace_rank_",
+    merge.add_argument("--torch-prefix", metavar="PREFIX",
                        help="their file-name prefix (default nccl_trace_rank_)")
     merge.add_argument("--json", action="store_true", help="print JSON instead of text")
     merge.set_defaults(run=run)
@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     # must build its parser where torch cannot be imported.
     from commgroups.flight_recorder.merge import merge_dir
 
-    report = merge_dir(args.directory, args.torch_dumps, args.torch_prefix)
+    prefix = {"torch_prefix": args.torch_prefix} if args.torch_prefix else {}
+    report = merge_dir(args.directory, args.torch_dumps, **prefix)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.render())
     return 0 if report.ok else 1

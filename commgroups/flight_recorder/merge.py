@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,9 @@ from commgroups.errors import FlightDumpError
 from commgroups.flight_recorder.diagnosis import short_site
 from commgroups.flight_recorder.torch_dumps import (
     TORCH_DUMP_PREFIX,
+    enqueued_counts,
     load_torch_dumps,
     torch_group_rows,
-    torch_hazards,
 )
 from commgroups.util.text_table import format_ranks, format_table
 
@@ -151,9 +151,22 @@ def merge_dir(directory: str | Path, torch_dumps: str | Path | None = None,
     rows = torch_group_rows(load_torch_dumps(torch_dumps or directory, torch_prefix),
                             report.groups)
     report.torch_rows = rows
-    report.hazards += [FlightHazard("torch_behind", role, ranks, message)
-                       for role, ranks, message in torch_hazards(rows)]
+    for group, (label, counts) in enqueued_counts(rows).items():
+        behind, ahead, top = _lagging(counts)
+        if behind:
+            report.hazards.append(FlightHazard(
+                "torch_behind", label, tuple(behind),
+                f"torch's counts: rank(s) {format_ranks(behind)} enqueued up to "
+                f"{min(counts[r] for r in behind)}, rank(s) {format_ranks(ahead)} {top} "
+                f"(c10d group {group[:14]})"))
     return report
+
+
+def _lagging(counts: Mapping[int, int]) -> tuple[list[int], list[int], int]:
+    """(ranks below the highest count, ranks at it, the highest count) of rank -> count."""
+    top = max(counts.values())
+    return (sorted(rank for rank, count in counts.items() if count < top),
+            sorted(rank for rank, count in counts.items() if count == top), top)
 
 
 def _row(rank: int, role: str, info: dict[str, Any], trace: Sequence[dict[str, Any]]
@@ -223,15 +236,13 @@ def _role_hazards(role: str, infos: dict[int, dict[str, Any]], members: set[int]
     counts = {rank: _count(info) for rank, info in infos.items()}
     known = {rank: count for rank, count in counts.items() if count is not None}
     if known:
-        top = max(known.values())
-        behind = sorted(rank for rank, count in known.items() if count < top)
+        behind, ahead, top = _lagging(known)
         if behind:
             where = "; ".join(
                 f"rank {rank} at {known[rank]}"
                 + (f" (last {last['op']} at {short_site(last['caller'])})"
                    if (last := (infos[rank].get("entries") or [None])[-1]) else "")
                 for rank in behind[:4])
-            ahead = sorted(rank for rank, count in known.items() if count == top)
             found.append(FlightHazard(
                 "behind", role, tuple(behind),
                 f"{where}{' ...' if len(behind) > 4 else ''}; rank(s) {format_ranks(ahead)} "

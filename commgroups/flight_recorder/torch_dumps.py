@@ -7,7 +7,7 @@ groups by c10d name (``pg_config``: description and member ranks, NCCL only), ea
 last enqueued / started / completed collective (``pg_status``: the watchdog's "last enqueued work:
 242, last completed work: 210") and the entries. Only c10d names say which group hung ("PG ID 0
 ... default_pg"); this module puts the role and member ranks beside each name, from commgroups'
-own dumps, and names the ranks whose torch counts are behind on a role's group.
+own dumps, and gives the counts that name the ranks torch counts behind on a role's group.
 
 Everything here is pure (no torch): a merge runs where torch cannot be imported. The files are
 pickles, read with an unpickler that builds only plain containers and refuses every class (torch's
@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from commgroups.errors import FlightDumpError
-from commgroups.util.text_table import format_ranks
 
-__all__ = ["TORCH_DUMP_PREFIX", "TorchDump", "load_torch_dumps", "torch_group_rows",
-           "torch_hazards"]
+__all__ = ["TORCH_DUMP_PREFIX", "TorchDump", "enqueued_counts", "load_torch_dumps",
+           "torch_group_rows"]
 
 TORCH_DUMP_PREFIX = "nccl_trace_rank_"
 """The file-name part of torch's default ``TORCH_FR_DUMP_TEMP_FILE`` (``/tmp/nccl_trace_rank_``);
@@ -48,7 +47,6 @@ class TorchDump:
     ``ranks`` per group name where the dump says (NCCL), and the ``last`` entry per group."""
 
     rank: int
-    path: str
     status: dict[str, dict[str, int]]
     ranks: dict[str, list[int]]
     last: dict[str, dict[str, Any]]
@@ -106,7 +104,7 @@ def _dump(path: Path, rank: int) -> TorchDump:
             last[name] = {"op": str(entry.get("profiling_name", "")),
                           "seq": int(entry.get("collective_seq_id") or 0),
                           "state": str(entry.get("state", ""))}
-    return TorchDump(rank, str(path), status, ranks, last)
+    return TorchDump(rank, status, ranks, last)
 
 
 def load_torch_dumps(directory: str | Path, prefix: str = TORCH_DUMP_PREFIX) -> list[TorchDump]:
@@ -147,23 +145,12 @@ def torch_group_rows(dumps: Sequence[TorchDump], groups: Mapping[str, Mapping[st
     return rows
 
 
-def torch_hazards(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, tuple[int, ...], str]]:
-    """(role or group, ranks behind, message) for each group where torch's own counts say some
-    ranks enqueued fewer collectives than others (they never issued the call the others wait in)."""
-    by_group: dict[str, dict[int, int]] = {}
-    names: dict[str, str] = {}
+def enqueued_counts(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, dict[int, int]]]:
+    """c10d group -> (its role, or ``group <name>`` where none, rank -> torch's last enqueued
+    collective) over :func:`torch_group_rows`' rows: what names the ranks torch counts behind."""
+    found: dict[str, tuple[str, dict[int, int]]] = {}
     for row in rows:
         if row["enqueued"] is not None:
-            by_group.setdefault(row["group"], {})[row["rank"]] = int(row["enqueued"])
-            names[row["group"]] = row["role"] or f"group {row['group'][:14]}"
-    found = []
-    for group, counts in by_group.items():
-        top = max(counts.values())
-        behind = sorted(rank for rank, count in counts.items() if count < top)
-        if behind:
-            ahead = sorted(rank for rank, count in counts.items() if count == top)
-            found.append((names[group], tuple(behind), (
-                f"torch's counts: rank(s) {format_ranks(behind)} enqueued up to "
-                f"{min(counts[r] for r in behind)}, rank(s) {format_ranks(ahead)} {top} "
-                f"(c10d group {group[:14]})")))
+            label = row["role"] or f"group {row['group'][:14]}"
+            found.setdefault(row["group"], (label, {}))[1][row["rank"]] = int(row["enqueued"])
     return found
