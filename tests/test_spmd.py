@@ -26,6 +26,13 @@ spmd = pytest.importorskip("spmd_types")
 
 WORLD = 4
 
+#: What the world records for a call gloo refuses (torch 2.10 has no gloo list all_to_all).
+_GLOO_NO_ALLTOALL = "gloo has no list all_to_all"
+
+
+def _torch_before(major: int, minor: int) -> bool:
+    return tuple(int(p) for p in torch.__version__.split(".")[:2]) < (major, minor)
+
 
 def _spmd_world(rank: int, world: int) -> dict[str, Any]:
     import spmd_types as spmd
@@ -83,7 +90,15 @@ def _spmd_world(rank: int, world: int) -> dict[str, Any]:
         with activate(registry, ["cp"]):
             for label, call in calls.items():
                 with cg.audit.record(registry) as audited:
-                    call()
+                    try:
+                        call()
+                    except RuntimeError as err:
+                        # gloo's list all_to_all is missing on the oldest torch we support (2.10
+                        # raises before any communication, on every rank alike)
+                        if "does not support alltoall" not in str(err):
+                            raise
+                        out["paths"][label] = _GLOO_NO_ALLTOALL
+                        continue
                 out["paths"][label] = [(r.op, r.async_op, r.roles) for r in audited.records]
 
         # restored when the body raises
@@ -187,6 +202,10 @@ def test_audit_tells_the_dist_path_from_the_functional_one(
     newer = tuple(int(p) for p in version("spmd-types").split(".")[:2]) >= (0, 3)
     for out in spmd_results:
         for label, records in out["paths"].items():
+            if records == _GLOO_NO_ALLTOALL:
+                # torch 2.10's gloo has no list all_to_all; 2.13 and 2.15 have it (checked in CI)
+                assert label.startswith("all_to_all") and _torch_before(2, 13), (label, records)
+                continue
             assert records, label
             assert all(roles == ("cp",) and async_op is True for _, async_op, roles in records), (
                 label, records)
