@@ -249,7 +249,8 @@ class GroupRegistry:
             alive: the global ranks known alive, this one included: the check-in ends when they
                 are all in. None: every member checks in or stops beating, or the window ends.
             timeout: the check-in window (seconds or timedelta), a backstop. Default: the longest
-                role ``timeout_s`` given, else ``create_timeout_s``.
+                role ``timeout_s`` given plus half of it (at least 2 s: a rank that waited out its
+                role timeout still gets in), else ``create_timeout_s``.
 
         Raises:
             ReplanError: the survivors cannot form the layout; on every survivor, nothing retired.

@@ -1,40 +1,42 @@
-"""commgroups.rank_loss.check_in: after a real rank loss the survivors check in and learn one set of
-live ranks; a rank that misses the window is told so and left out.
-
-A real 4-rank gloo world (the launcher hosts the store); the layout is test_rebuild.py's HSDP one.
-"""
+"""commgroups.rank_loss.check_in, pure: the check-in window's default (the world's check-ins are in
+tests/test_check_in_world.py)."""
 
 from __future__ import annotations
 
-import os
-import time
+from datetime import timedelta
 
 import pytest
 
-from commgroups import GroupRegistry
-from commgroups.errors import RebuildError
+from commgroups.layout.specs import RoleSpec
+from commgroups.rank_loss.check_in import check_in_window, window_slack_s
 from tests.test_rebuild import hsdp_layout
-from tests.worlds import run_world
-
-pytestmark = pytest.mark.world
 
 
-def _late_rank(rank: int, world: int) -> str:
-    registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
-    registry.collectives("checkpoint-metadata").barrier()  # every rank's groups are connected
-    if rank == 3:
-        os._exit(0)
-    if rank == 2:
-        time.sleep(4)  # noticed the loss much later than the window allows
-    try:
-        report = registry.rebuild(timeout=1.5)
-    except RebuildError as error:
-        return f"excluded: {error}"
-    return report.place
+def _layout(*timeouts: float | None) -> object:
+    layout = hsdp_layout()
+    roles = [RoleSpec(**{**role.model_dump(), "timeout_s": timeout})
+             for role, timeout in zip(layout.roles, [*timeouts, *[None] * len(layout.roles)],
+                                      strict=False)]
+    return layout.model_copy(update={"roles": roles})
 
 
-def test_a_rank_that_misses_the_window_is_told_and_left_out() -> None:
-    results = run_world(_late_rank, 4, timeout=60, expect_errors=True)
-    assert results[0] == results[1] == "member"
-    assert isinstance(results[2], str) and results[2].startswith("excluded"), results[2]
-    assert "timeout" in results[2]
+def test_the_default_window_outlasts_the_longest_role_timeout() -> None:
+    # A rank whose collective could not be interrupted reaches rebuild() one role timeout after it
+    # issued it: a window of exactly that length, started by an earlier reporter, ends first.
+    assert check_in_window(None, _layout(3.0), {}, 60) == timedelta(seconds=5)
+    assert check_in_window(None, _layout(3.0, 600.0), {}, 60) == timedelta(seconds=900)
+    assert check_in_window(None, _layout(1.0), {"fsdp": timedelta(seconds=10)}, 60) == timedelta(
+        seconds=15)
+    for timeout in (0.5, 3.0, 10.0, 600.0):
+        assert window_slack_s(timeout) >= max(2.0, timeout / 2)
+
+
+def test_without_role_timeouts_the_window_is_create_timeout() -> None:
+    assert check_in_window(None, _layout(), {}, 42) == timedelta(seconds=42)
+
+
+def test_an_explicit_window_is_taken_as_given_and_validated() -> None:
+    assert check_in_window(1.5, _layout(3.0), {}, 60) == timedelta(seconds=1.5)
+    assert check_in_window(timedelta(seconds=7), _layout(3.0), {}, 60) == timedelta(seconds=7)
+    with pytest.raises(ValueError, match="timeout"):
+        check_in_window(-1, _layout(3.0), {}, 60)

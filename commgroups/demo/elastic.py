@@ -57,7 +57,7 @@ class ElasticRun:
     """The global rank that exits mid-step (None: nobody)."""
     kill_step: int = 1
     rebuild_timeout_s: float | None = None
-    """The check-in window (None: the roles' longest timeout)."""
+    """The check-in window (None: rebuild()'s default, the roles' longest timeout and half again)."""
     alive_known: bool = False
     """Survivors pass ``alive=`` (every rank but ``kill_rank``), as a launcher's failure report
     would let them: the check-in ends once they are all in instead of at the window's end."""

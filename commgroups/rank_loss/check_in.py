@@ -33,7 +33,7 @@ from commgroups.layout import limits
 from commgroups.layout.specs import Layout
 from commgroups.rank_loss.liveness import Liveness
 
-__all__ = ["check_in", "check_in_window", "forget_check_ins", "record_made"]
+__all__ = ["check_in", "check_in_window", "forget_check_ins", "record_made", "window_slack_s"]
 
 _JOINED = "joined"
 _DECIDED = "decided"
@@ -151,17 +151,33 @@ def forget_check_ins(root: Store, prefix: str, attempts: int) -> None:
 def check_in_window(timeout: float | timedelta | None, layout: Layout,
                     overrides: Mapping[str, timedelta], create_timeout_s: float) -> timedelta:
     """The check-in window: ``timeout`` (validated), else the longest role timeout the job set
-    (a ``timeout_s`` or ``set_timeout()``), else ``create_timeout_s``.
+    (a ``timeout_s`` or ``set_timeout()``) plus :func:`window_slack_s`, else ``create_timeout_s``.
 
     With heartbeats the window only bounds the wait for a rank that is alive but slow to call
-    ``rebuild()``: one step, which a role timeout bounds. Never torch's 30-minute default.
+    ``rebuild()``: one step, which a role timeout bounds. A rank whose collective could not be
+    interrupted (no socket to sever; torch 2.10's gloo sometimes leaves a local send waiting)
+    reaches ``rebuild()`` one role timeout after it issued that collective, about when the first
+    reporter's window of the same length ends: the slack lets it in. Never torch's 30-minute
+    default.
+
+    Example: roles of 3 s and 600 s -> a 900 s window; roles of 3 s only -> 5 s.
     """
     if timeout is not None:
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         return timedelta(seconds=limits.check_timeout(seconds, "timeout"))
     given = [role.timeout_s for role in layout.roles if role.timeout_s is not None]
     given += [value.total_seconds() for value in overrides.values()]
-    return timedelta(seconds=max(given, default=create_timeout_s))
+    if not given:
+        return timedelta(seconds=create_timeout_s)
+    longest = max(given)
+    return timedelta(seconds=longest + window_slack_s(longest))
+
+
+def window_slack_s(role_timeout_s: float) -> float:
+    """What the default check-in window adds to the longest role timeout: half of it, at least 2 s
+    (a rank that waited out that timeout still has to unwind and reach the store, on a loaded
+    machine)."""
+    return max(2.0, role_timeout_s / 2)
 
 
 def _short(ranks: Sequence[int], limit: int = 16) -> str:
