@@ -10,9 +10,10 @@ Three measurements:
 - step time and start-up: torchtitan's llama3 debug model, cp=4 on a 4-rank gloo world
   (spmd_types on torch >= 2.14, else partial_dtensor), through commgroups (flight recorder on, as
   by default; off; audit on) and stock, interleaved trainings after one uncounted warm-up
-  training; per training the median step time (step 1, the warm-up, left out), and its start-up:
-  building the trainer (``config.build()``: distributed init, the registry, meshes, model,
-  parallelization) plus step 1. Ratios and differences are per repetition, against the stock
+  training, each starting on every rank at once (a barrier, as a launcher starts its ranks); per
+  training the median step time (step 1, the warm-up, left out), and its start-up: building the
+  trainer (``config.build()``: distributed init, the registry, meshes, model, parallelization)
+  plus step 1. Ratios and differences are per repetition, against the stock
   training of the same repetition.
 - communicators per rank and mesh building: one process plays rank 0 of a fake 65,536-rank world
   (pp=8 x dp_shard=512 x cp=4 x tp=4, and one with ep=8 over dp_replicate=2): stock
@@ -118,7 +119,7 @@ def measure_steps(rank: int, world_size: int, progress: Progress, config: TitanC
             run = TitanRun(dump_folder=f"{directory}/titan-{variant}-{repetition}", assets=assets,
                            registry=variant != "stock", cp=world_size,
                            spmd_backend=_spmd_backend(), steps=config.steps,
-                           checkpoint_interval=0, step_times=True,
+                           checkpoint_interval=0, step_times=True, aligned_start=True,
                            audit=variant == "commgroups+audit",
                            flight_recorder=variant != "commgroups-no-flight")
             # torchtitan turns automatic collection off while it trains and runs a full one

@@ -61,6 +61,12 @@ class TitanRun:
     flight_recorder: bool = True
     """False: ``COMMGROUPS_FLIGHT_RECORDER=0`` in this rank process while it builds and trains
     (the user's switch; the benchmark's recorder-off variant)."""
+    aligned_start: bool = False
+    """Meet the other ranks (a barrier on the default group) just before building the trainer, as
+    ranks a launcher starts together do. Within one world the ranks leave a training up to 2 s
+    apart (rank 0 reports last): without it, stock's early ranks build their model while rank 0
+    is still busy (none of stock's meshes makes a group when cp spans the world), a registry's
+    wait in ``create()`` for rank 0, and rank 0's build time measures that skew."""
 
     def args(self) -> list[str]:
         """The command line ``python -m torchtitan.train`` would get."""
@@ -298,6 +304,8 @@ def _train_rank_as_set(rank: int, world_size: int, run: TitanRun) -> RankResult:
     config = ConfigManager().parse_args(run.args())
     result = RankResult(rank)
     result.default_group = _group_key(torch_private.default_group())
+    if run.aligned_start:
+        dist.barrier()  # before the count starts: not one of the training's collectives
     before = _default_sequence()
     tally = Tally()
     tally.start()
