@@ -11,10 +11,11 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
-# The fast loop: pure logic only, no process worlds (a file that starts them says
-# `pytestmark = pytest.mark.world`, tests/README.md).
+# The fast loop (under a minute): pure logic only, no process worlds (a file that starts them says
+# `pytestmark = pytest.mark.world`, tests/README.md) and none of the heavy pure tests (fake worlds of
+# thousands of ranks, fuzzing: `pytest.mark.heavy`); `make test` runs both.
 test-fast: setup
-	$(PY) -m pytest -q -m "not world"
+	$(PY) -m pytest -q -m "not world and not heavy"
 
 # torchtitan (excluded from `make test`): against stock, the isolation matrix and the train/resume/MoE
 # scenarios; with_registry under torchrun elastic losing a node (tests/test_restart.py, its

@@ -23,7 +23,7 @@ LAYOUTS = Path(__file__).resolve().parent.parent / "examples" / "layouts"
 """The shipped example layouts, found from this file (the suite runs from any directory)."""
 
 # Layout validation is pydantic alone: CI runs it on the main torch leg only.
-pytestmark = pytest.mark.version_independent
+pytestmark = [pytest.mark.version_independent, pytest.mark.heavy]
 
 NAMES = st.sampled_from(["dp_shard", "cp", "tp", "pp", "world", "", "1x", "a b", "fsdp", "ep"])
 SCALARS = st.one_of(

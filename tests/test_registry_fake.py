@@ -15,6 +15,8 @@ from tests.strategies import layouts
 
 FakeStore = torch_private.fake_store()  # registers backend "fake"
 
+pytestmark = pytest.mark.heavy  # fake worlds of thousands of ranks: left out of make test-fast
+
 
 @pytest.mark.parametrize("rank", [0, 5, 2047, 4095])
 def test_4096_ranks_plan_and_groups(fake_world: Callable[..., None], rank: int) -> None:

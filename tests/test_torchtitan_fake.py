@@ -16,10 +16,11 @@ import torch.distributed as dist
 
 from tests import torch_private
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("torchtitan") is None,
-    reason="torchtitan is not installed (pip install 'commgroups[torchtitan]')",
-)
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
+                       reason="torchtitan is not installed (pip install 'commgroups[torchtitan]')"),
+    pytest.mark.heavy,  # seconds a test: left out of make test-fast
+]
 
 LAYOUTS = {
     # name: (pp, dp_replicate, dp_shard, cp, tp, ep, spmd_backend)

@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch.distributed as dist
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("torchtitan") is None,
-    reason="torchtitan is not installed (pip install 'commgroups[torchtitan]')",
-)
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
+                       reason="torchtitan is not installed (pip install 'commgroups[torchtitan]')"),
+    pytest.mark.heavy,  # seconds a test: left out of make test-fast
+]
 
 # (imports no torchtitan itself: collected everywhere, skipped above without it)
 from tests.titan.parallel_dims import BACKENDS, Degrees, built_pair, compare, stock_on_cpu  # noqa: E402
