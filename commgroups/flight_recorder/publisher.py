@@ -18,12 +18,17 @@ from typing import Any
 
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
-__all__ = ["DEFAULT_INTERVAL_S", "StatusPublisher", "read_status"]
+__all__ = ["DEFAULT_INTERVAL_S", "REQUEST_POLLS_PER_INTERVAL", "StatusPublisher", "read_status"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 1.0
-"""Seconds between two looks at the snapshot (and at the request key)."""
+"""Seconds between two looks at the snapshot."""
+
+REQUEST_POLLS_PER_INTERVAL = 4
+"""Looks at the request counter per interval: a rank asked after a peer's connection closed waits
+for the others' answers while rank-loss handling waits for it, so they answer within a quarter
+interval (one or two store reads each)."""
 
 
 class StatusPublisher:
@@ -34,7 +39,8 @@ class StatusPublisher:
         prefix: the key prefix, ending in ``/``; ``<prefix>request`` is the request key.
         rank: this rank's global rank (the key's last part).
         snapshot: returns this rank's JSON-ready status; called from the thread.
-        interval_s: seconds between ticks.
+        interval_s: seconds between two looks at the snapshot; the request key is looked at
+            :data:`REQUEST_POLLS_PER_INTERVAL` times as often (:attr:`poll_s`).
         on_request: called from the thread with a request's payload (e.g. ``{"dump": dir}``)
             when another rank asks (:meth:`ask`).
 
@@ -57,6 +63,11 @@ class StatusPublisher:
         self._answered = 0
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"commgroups-flight-{rank}")
+
+    @property
+    def poll_s(self) -> float:
+        """Seconds between two looks at the request counter: how soon a live rank answers."""
+        return self.interval_s / REQUEST_POLLS_PER_INTERVAL
 
     @property
     def key(self) -> str:
@@ -104,10 +115,13 @@ class StatusPublisher:
         self.publish_now(force=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        polls = 0
+        while not self._stop.wait(self.poll_s):
             try:
                 self._poll()
-                self.publish_now()
+                polls += 1
+                if polls % REQUEST_POLLS_PER_INTERVAL == 0:
+                    self.publish_now()
             except Exception as error:  # the store went away (its host died): stop quietly
                 logger.warning("flight recorder publisher stops: %r", error)
                 return

@@ -126,7 +126,8 @@ class FlightSession:
         asking every rank to publish (and dump) now; ``failure`` itself if the store cannot say.
 
         Waits for the other ranks' answers: at most about 2.5 intervals after a timeout, 1.5
-        after another failure.
+        request polls (0.675 s with the defaults) after another failure, none once a loss is
+        reported.
         """
         publisher = self.publisher
         if publisher is None or entry is None or self.interrupted:
@@ -142,15 +143,18 @@ class FlightSession:
     def _compare(self, role: str, entry: FlightEntry, publisher: StatusPublisher,
                  wait: bool) -> Diagnosis:
         """Ask every rank to publish and dump, and wait for their answers (a rank that gives
-        none is silent): a live rank answers within one interval, its thread runs whatever its
-        main thread does. After a timeout up to 2.5 intervals (a loaded machine delays threads);
+        none is silent): a live rank answers within one request poll, its thread runs whatever
+        its main thread does. After a timeout up to 2.5 intervals (a loaded machine delays threads);
         after another failure (a peer's connection closed: rank-loss handling is waiting) up to
-        1.5. Without the wait a status can be an interval old: a rank would look behind."""
+        1.5 request polls (a quarter interval each: 0.675 s with the defaults), and no longer
+        once a loss is reported (the generation is interrupted). Without the
+        wait a status can be an interval old: a rank would look behind."""
         directory = self.default_dir()
         publisher.publish_now(force=True)
         asked = publisher.ask({"dump": directory})
         members = [r for r in self.recorder.ranks(role) if r != self.recorder.rank]
-        deadline = time.monotonic() + (2.5 if wait else 1.5) * publisher.interval_s + 0.3
+        deadline = time.monotonic() + 0.3 + (2.5 * publisher.interval_s if wait
+                                             else 1.5 * publisher.poll_s)
         published: dict[int, Mapping[str, Any] | None] = {}
         while True:
             for other in members:
@@ -159,7 +163,10 @@ class FlightSession:
                     published[other] = read_status(publisher.store, publisher.prefix, other)
             answered = all(v is not None and int(v.get("answered", 0)) >= asked
                            for v in published.values())
-            if answered or time.monotonic() > deadline:
+            # A loss reported meanwhile (the liveness thread interrupted this generation): the
+            # rank-loss handling is waiting for this rank's rebuild(), and the dead rank would
+            # never answer; what answered so far is all the diagnosis gets.
+            if answered or self.interrupted or time.monotonic() > deadline:
                 break
             time.sleep(min(0.1, publisher.interval_s / 4))
         path = self.dump_soon(directory)
