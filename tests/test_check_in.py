@@ -7,12 +7,12 @@ from datetime import timedelta
 
 import pytest
 
-from commgroups.layout.specs import RoleSpec
+from commgroups.layout.specs import Layout, RoleSpec
 from commgroups.rank_loss.check_in import check_in_window, window_slack_s
 from tests.test_rebuild import hsdp_layout
 
 
-def _layout(*timeouts: float | None) -> object:
+def _layout(*timeouts: float | None) -> Layout:
     layout = hsdp_layout()
     roles = [RoleSpec(**{**role.model_dump(), "timeout_s": timeout})
              for role, timeout in zip(layout.roles, [*timeouts, *[None] * len(layout.roles)],

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from commgroups import GroupRegistry
 from commgroups.demo.config import seed_layout
+from commgroups.torch_internals.version import torch_version
 from tests import torch_private
 from tests.test_dcp_world import C10dRecorder
 from tests.worlds import run_world
@@ -28,10 +29,6 @@ WORLD = 4
 
 #: What the world records for a call gloo refuses (torch 2.10 has no gloo list all_to_all).
 _GLOO_NO_ALLTOALL = "gloo has no list all_to_all"
-
-
-def _torch_before(major: int, minor: int) -> bool:
-    return tuple(int(p) for p in torch.__version__.split(".")[:2]) < (major, minor)
 
 
 def _spmd_world(rank: int, world: int) -> dict[str, Any]:
@@ -204,7 +201,7 @@ def test_audit_tells_the_dist_path_from_the_functional_one(
         for label, records in out["paths"].items():
             if records == _GLOO_NO_ALLTOALL:
                 # torch 2.10's gloo has no list all_to_all; 2.13 and 2.15 have it (checked in CI)
-                assert label.startswith("all_to_all") and _torch_before(2, 13), (label, records)
+                assert label.startswith("all_to_all") and torch_version() < (2, 13, 0), (label, records)
                 continue
             assert records, label
             assert all(roles == ("cp",) and async_op is True for _, async_op, roles in records), (

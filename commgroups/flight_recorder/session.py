@@ -168,7 +168,7 @@ class FlightSession:
             # never answer; what answered so far is all the diagnosis gets.
             if answered or self.interrupted or time.monotonic() > deadline:
                 break
-            time.sleep(min(0.1, publisher.interval_s / 4))
+            time.sleep(min(0.1, publisher.poll_s))
         path = self.dump_soon(directory)
         # The group's count now, not the entry's: an object collective issues several calls,
         # and the one that hung is the last one counted.
