@@ -1,7 +1,12 @@
 # Every target sets up .venv itself (scripts/setup-env) on first use.
 PY := .venv/bin/python
+# pytest-xdist workers for the suite: a process world mostly waits (timeouts, rendezvous, a killed
+# rank's peers), so three workers keep two cores busy; files stay whole on one worker (their shared
+# worlds start once). WORKERS=0 runs in this process.
+WORKERS ?= 3
+XDIST := $(if $(filter 0,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadfile)
 
-.PHONY: setup demo test test-fast test-titan lint bench wheel-check ci
+.PHONY: setup demo test test-fast test-torch-dependent test-titan test-titan-ci lint bench wheel-check ci
 setup:
 	@scripts/setup-env
 
@@ -9,20 +14,31 @@ demo: setup
 	$(PY) -m commgroups demo
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 # The fast loop (under a minute): pure logic only, no process worlds (a file that starts them says
 # `pytestmark = pytest.mark.world`, tests/README.md) and none of the heavy pure tests (fake worlds of
 # thousands of ranks, fuzzing: `pytest.mark.heavy`); `make test` runs both.
 test-fast: setup
-	$(PY) -m pytest -q -m "not world and not heavy"
+	$(PY) -m pytest -q -n 2 -m "not world and not heavy"
+
+# The tests CI's extra torch legs run (tests/README.md, "Which tests run on every torch"):
+# make test-torch-dependent PY=.venv-torch2.15/bin/python
+test-torch-dependent: setup
+	$(PY) -m pytest -q $(XDIST) -m "torch_dependent and not titan_matrix"
 
 # torchtitan (excluded from `make test`): against stock, the isolation matrix and the train/resume/MoE
 # scenarios; with_registry under torchrun elastic losing a node (tests/test_restart.py, its
 # titan_matrix test); -rP prints every loss and grad norm.
 test-titan: setup
-	$(PY) -m pytest -q -rP -m titan_matrix tests/test_torchtitan_matrix.py tests/test_torchtitan_train.py \
-	  tests/test_restart.py
+	$(PY) -m pytest -q -rP -p no:xdist -m titan_matrix tests/test_torchtitan_matrix.py \
+	  tests/test_torchtitan_train.py tests/test_restart.py
+
+# CI's torchtitan subset (tests/titan/matrix.py CI_JOBS: each spmd backend once, each isolation
+# hazard once, one resume, one restart), trained in one 4-rank world plus the restart.
+test-titan-ci: setup
+	$(PY) -m pytest -q -rP -p no:xdist -m "titan_matrix and titan_ci" tests/test_torchtitan_matrix.py \
+	  tests/test_torchtitan_train.py tests/test_restart.py
 
 lint: setup
 	.venv/bin/ruff check commgroups backends tests benchmarks tools

@@ -10,16 +10,70 @@ without it that starts a process fails, naming itself.
 
 from __future__ import annotations
 
+import ast
+import functools
 import multiprocessing.process
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.distributed as dist
 
 WORLD_MARK = "world"
+TORCH_DEPENDENT_MARK = "torch_dependent"
+VERSION_INDEPENDENT_MARK = "version_independent"
+
+TORCH_FACING_IMPORTS = (
+    "torch.distributed", "torch.testing", "commgroups.torch_internals", "commgroups.backends",
+    "backends", "tests.torch_private", "tests.nccl_fakes", "tests.worlds", "tests.gloo_support",
+    "torchtitan", "spmd_types", "megatron",
+)
+"""Imports through which a test file reaches torch's distributed runtime, torch's private names or
+a client framework built on them (tests/README.md, "Which tests run on every torch")."""
+
+TORCH_WORLD_FIXTURES = frozenset({"fake_world", "one_rank", "titan_worlds"})
+"""Fixtures that make a torch world in the test's own process (fake backend, one gloo rank)."""
+
+
+@functools.cache
+def _imports_torch_facing(path: Path) -> bool:
+    """Whether the test file at ``path`` imports one of :data:`TORCH_FACING_IMPORTS`."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        if any(name == facing or name.startswith(facing + ".")
+               for name in names for facing in TORCH_FACING_IMPORTS):
+            return True
+    return False
+
+
+def is_torch_dependent(item: pytest.Item) -> bool:
+    """The rule that picks the tests CI's extra torch legs run (tests/README.md): a test whose
+    outcome can depend on torch's version. Not ``version_independent``, and it starts processes
+    (``world``: they run torch.distributed), makes a torch world in process (a fixture of
+    :data:`TORCH_WORLD_FIXTURES`), or its file imports a name of :data:`TORCH_FACING_IMPORTS`."""
+    if item.get_closest_marker(VERSION_INDEPENDENT_MARK):
+        return False
+    if item.get_closest_marker(WORLD_MARK):
+        return True
+    if TORCH_WORLD_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    return _imports_torch_facing(Path(str(item.path)))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test the rule of :func:`is_torch_dependent` picks ``torch_dependent``."""
+    for item in items:
+        if is_torch_dependent(item):
+            item.add_marker(TORCH_DEPENDENT_MARK)
 
 
 def _font_cache_probe(args: Any) -> bool:
