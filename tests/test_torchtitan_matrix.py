@@ -5,7 +5,8 @@ for expert parallelism) through commgroups and stock, same seed, 2 steps: losses
 equal stock's as exact floats on every rank, 0 collectives on the default group, the
 checkpoint-metadata group busy only inside DCP save/load, every role torchtitan communicates on
 busy, and the collectives per rank set equal stock's (tests/titan/matrix.py says how each is
-counted). Worlds are shared: one spawn trains every entry of a world.
+counted). Worlds are shared: one spawn trains every job of a world size. The jobs in
+:data:`tests.titan.matrix.CI_JOBS` are also marked ``titan_ci`` (CI's subset).
 
 Marked ``titan_matrix`` (excluded by default; ``make test-titan`` runs it, on CI's main leg). The
 ``spmd_types`` backend and pipeline parallelism (torchtitan 0.3.0 calls pipelining's
@@ -32,19 +33,19 @@ pytestmark = [
 def _jobs() -> list[Any]:
     if importlib.util.find_spec("torchtitan") is None:
         return []
-    from tests.titan.matrix import ENTRIES, Job
+    from tests.titan.matrix import ENTRIES, Job, ci_marks
 
-    return [Job(entry, backend) for entry in ENTRIES if entry.in_matrix
-            for backend in entry.backends]
+    jobs = [Job(entry, backend) for entry in ENTRIES if entry.in_matrix for backend in entry.backends]
+    return [pytest.param(job, marks=ci_marks(job), id=job.id) for job in jobs]
 
 
-@pytest.mark.parametrize("job", _jobs(), ids=lambda job: job.id)
+@pytest.mark.parametrize("job", _jobs())
 def test_entry_equals_stock_and_stays_isolated(job: Any, titan_worlds: Any) -> None:
     from tests.titan.matrix import compare, render
 
     done = titan_worlds.runs(job)
     runs = done.runs
-    print(f"[{job.backend}, world {job.entry.world} ({', '.join(done.world_jobs)}) took "
+    print(f"[world of {job.entry.world_size} ranks ({', '.join(done.world_jobs)}) took "
           f"{done.world_seconds:.0f}s]")
     print(render(job.entry, runs["registry"], runs["stock"]))
     problems = compare(job.entry, runs["registry"], runs["stock"], job.backend)

@@ -37,12 +37,13 @@ SCENARIOS = (("cp4", "spmd_types"), ("cp4", "partial_dtensor"), ("cp4", "full_dt
 def _jobs(pairs: tuple[tuple[str, str], ...]) -> list[Any]:
     if importlib.util.find_spec("torchtitan") is None:
         return []
-    from tests.titan.matrix import Job, entry
+    from tests.titan.matrix import Job, ci_marks, entry
 
-    return [Job(entry(name), backend) for name, backend in pairs]
+    jobs = [Job(entry(name), backend) for name, backend in pairs]
+    return [pytest.param(job, marks=ci_marks(job), id=job.id) for job in jobs]
 
 
-@pytest.fixture(scope="module", params=_jobs(SCENARIOS), ids=lambda job: job.id)
+@pytest.fixture(scope="module", params=_jobs(SCENARIOS))
 def scenario(request: pytest.FixtureRequest, titan_worlds: Any) -> tuple[Any, Any]:
     job = request.param
     done = titan_worlds.runs(job)
@@ -173,8 +174,7 @@ def test_checkpoints_bitwise_equal(scenario: tuple[Any, Any], tmp_path: Path) ->
             assert torch.equal(stock[key], registry[key]), (step, key)
 
 
-@pytest.mark.parametrize("job", _jobs((("moe-dps4-ep2", "partial_dtensor"),)),
-                         ids=lambda job: job.id)
+@pytest.mark.parametrize("job", _jobs((("moe-dps4-ep2", "partial_dtensor"),)))
 def test_moe_expert_parallel_equals_stock(job: Any, titan_worlds: Any) -> None:
     """torchtitan's MoE debug model (qwen3), ep=2 on 4 ranks: efsdp x ep from the registry's view."""
     runs = titan_worlds.runs(job).runs

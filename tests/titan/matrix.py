@@ -1,10 +1,11 @@
 """The torchtitan isolation matrix: parallelism pairs (and triples), stock against commgroups.
 
-Each :class:`Entry` is one parallelism configuration. A spawned world trains several entries in
-turn (start-up is the expensive part on CPU), each through commgroups and then stock, with the
-same seed and command line but ``--module``; a ``scenario`` entry also resumes each side from the
-other's checkpoint (:mod:`tests.titan.scenario`). A :class:`Job` is an entry under one spmd
-backend: the tests ask for jobs, and :func:`world_rank` trains every job a world holds.
+Each :class:`Entry` is one parallelism configuration. A :class:`Job` is an entry under one spmd
+backend: the tests ask for jobs, and one spawned world per world size trains every job of that
+size in turn (start-up is the expensive part on CPU: :func:`world_rank`), each through commgroups
+and then stock, with the same seed and command line but ``--module``; a ``scenario`` entry also
+resumes each side from the other's checkpoint (:mod:`tests.titan.scenario`). :data:`CI_JOBS` is
+the subset CI trains on every submission (``-m titan_ci``); ``make test-titan`` trains them all.
 :func:`compare` then checks one entry:
 
 - losses (average, max) and grad norms, as exact floats, equal stock's on every rank;
@@ -31,8 +32,8 @@ from typing import Any
 from tests.titan.counts import GroupKey
 from tests.titan.run import RankResult, TitanRun, train_rank
 
-__all__ = ["BACKENDS", "ENTRIES", "Entry", "Job", "compare", "entry", "render", "world_rank",
-           "worlds"]
+__all__ = ["BACKENDS", "CI_JOBS", "ENTRIES", "Entry", "Job", "ci_marks", "compare", "entry",
+           "render", "world_rank"]
 
 BACKENDS = ("partial_dtensor", "spmd_types", "full_dtensor")
 """Every spmd backend the matrix trains; an entry lists its own (:attr:`Entry.backends`)."""
@@ -53,7 +54,6 @@ class Entry:
     ep: int = 1
     model: str = "llama3"
     checkpoint: bool = True
-    world: str = "dense"
     min_torch: tuple[int, int] = (2, 10)
     """Oldest torch stock torchtitan trains this entry on (below it the test skips)."""
     scenario: bool = False
@@ -63,7 +63,7 @@ class Entry:
     """Checked by the matrix test (False: trained only for another test's checks)."""
     backends: tuple[str, ...] = ("partial_dtensor", "spmd_types")
     """The spmd backends the matrix trains this entry under (full_dtensor, torchtitan 0.3.0's
-    third backend, only on the few entries that show its meshes: one world of its own)."""
+    third backend, only on the few entries that show its meshes)."""
 
     def __post_init__(self) -> None:
         assert self.checkpoint or not self.scenario, f"{self.name}: a scenario resumes: checkpoint"
@@ -116,18 +116,18 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("cp2-tp2", cp=2, tp=2),
     # torchtitan 0.3.0 calls pipelining's step(arg_mbs=, kwarg_mbs=, target_mbs=), which torch
     # has from 2.14: on 2.13 stock fails before step 1 ("Expecting 2 arg_mbs but got 1").
-    Entry("pp2-dpr2", pp=2, dp_replicate=2, checkpoint=False, world="pp", min_torch=(2, 14)),
-    Entry("pp2-dps2", pp=2, dp_shard=2, world="pp", min_torch=(2, 14)),
-    Entry("pp2-cp2", pp=2, cp=2, world="pp", min_torch=(2, 14)),
-    Entry("pp2-tp2", pp=2, tp=2, checkpoint=False, world="pp", min_torch=(2, 14)),
+    Entry("pp2-dpr2", pp=2, dp_replicate=2, checkpoint=False, min_torch=(2, 14)),
+    Entry("pp2-dps2", pp=2, dp_shard=2, min_torch=(2, 14)),
+    Entry("pp2-cp2", pp=2, cp=2, min_torch=(2, 14)),
+    Entry("pp2-tp2", pp=2, tp=2, checkpoint=False, min_torch=(2, 14)),
     # Expert parallelism on the MoE debug model (qwen3, tests/titan/configs.py), mixed with tp, and
     # alone (efsdp x ep from the registry's view: tests/test_torchtitan_train.py checks its losses
-    # and meshes), in a world of their own. The experts' grad norm is one collective per step, as
+    # and meshes). The experts' grad norm is one collective per step, as
     # stock's (DTensor merges efsdp x ep onto the efsdp_ep role; stock onto its world group).
-    Entry("moe-dps4-ep2", dp_shard=4, ep=2, model="moe", checkpoint=False, world="moe"),
-    Entry("moe-dps2-tp2-ep2", dp_shard=2, tp=2, ep=2, model="moe", world="moe"),
+    Entry("moe-dps4-ep2", dp_shard=4, ep=2, model="moe", checkpoint=False),
+    Entry("moe-dps2-tp2-ep2", dp_shard=2, tp=2, ep=2, model="moe"),
     # A triple on 8 ranks.
-    Entry("dps2-cp2-tp2", dp_shard=2, cp=2, tp=2, world="triple"),
+    Entry("dps2-cp2-tp2", dp_shard=2, cp=2, tp=2),
 )
 
 
@@ -161,26 +161,28 @@ class Job:
         return None
 
 
-def world_rank(rank: int, world_size: int, post: Any, entries: tuple[Entry, ...], root: str,
-               assets: str, spmd_backend: str) -> dict[str, dict[str, Any]]:
-    """Train every entry on this rank (commgroups first, then stock; a scenario entry then resumes
-    each from the other's checkpoint); entry name -> run name -> result."""
+def world_rank(rank: int, world_size: int, post: Any, jobs: tuple[Job, ...], root: str,
+               assets: str) -> dict[str, dict[str, Any]]:
+    """Train every job on this rank (commgroups first, then stock; a scenario entry then resumes
+    each from the other's checkpoint); job id -> run name -> result. The spmd backend is a
+    command-line option of each training, so one world trains jobs of every backend."""
     from tests.titan.scenario import scenario_rank
 
     results: dict[str, dict[str, Any]] = {}
-    for entry in entries:
+    for job in jobs:
+        entry, spmd_backend = job.entry, job.backend
         if entry.scenario:
             base = entry.run(Path(root), Path(assets), spmd_backend, registry=True)
             base = dataclasses.replace(base, dump_folder=str(Path(root) / entry.name / spmd_backend))
-            results[entry.name] = scenario_rank(rank, world_size, post, base)
+            results[job.id] = scenario_rank(rank, world_size, post, base)
             continue
-        results[entry.name] = {}
+        results[job.id] = {}
         for registry in (True, False):
             run = entry.run(Path(root), Path(assets), spmd_backend, registry)
             started = time.monotonic()
             result = train_rank(rank, world_size, post, run)
             result.notes["seconds"] = time.monotonic() - started
-            results[entry.name]["registry" if registry else "stock"] = result
+            results[job.id]["registry" if registry else "stock"] = result
     return results
 
 
@@ -261,12 +263,28 @@ def render(entry: Entry, registry: list[RankResult], stock: list[RankResult]) ->
     return "\n".join(lines)
 
 
-def worlds(entries: tuple[Entry, ...]) -> dict[str, tuple[Entry, ...]]:
-    """Entries grouped by the world that trains them (one spawn each)."""
-    grouped: dict[str, list[Entry]] = {}
-    for entry in entries:
-        grouped.setdefault(entry.world, []).append(entry)
-    for name, group in grouped.items():
-        sizes = {e.world_size for e in group}
-        assert len(sizes) == 1, f"world {name}: entries need {sizes} ranks"
-    return {name: tuple(group) for name, group in grouped.items()}
+CI_JOBS: tuple[str, ...] = (
+    # cp == world under partial_dtensor, the resume scenario: DeviceMesh would hand back the
+    # default group for cp and for fsdp (dp_shard x cp); a stock checkpoint resumes through
+    # commgroups and back; checkpoint metadata only inside DCP.
+    "cp4-partial_dtensor",
+    # full_dtensor (the registry's 5-D dense mesh, FSDP2's dp_shard_cp flatten) with FSDP x TP:
+    # the grad-norm reduction DTensor merges over two dims, found by layout.
+    "dps2-tp2-full_dtensor",
+    # HSDP: FSDP2's replica all-reduce, a blocking call it has no hook for, run inside the
+    # trainer's async-and-wait scope on the dp_replicate role.
+    "dpr2-dps2-partial_dtensor",
+    # Expert parallelism: the experts' grad norm merged over efsdp x ep (the efsdp_ep view role).
+    "moe-dps4-ep2-partial_dtensor",
+    # spmd_types with cp == world, the seed bug's own path (torch >= 2.14: CI's newest leg).
+    "cp4-spmd_types",
+)
+"""The jobs CI trains on every submission (``pytest -m titan_ci``): each spmd backend once, each
+isolation hazard once, one resume (``make test-titan`` trains every job before a release)."""
+
+
+def ci_marks(job: Job) -> list[Any]:
+    """The marks of ``job``'s test parameter: ``titan_ci`` for the jobs in :data:`CI_JOBS`."""
+    import pytest
+
+    return [pytest.mark.titan_ci] if job.id in CI_JOBS else []

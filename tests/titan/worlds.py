@@ -1,10 +1,11 @@
 """The spawned torchtitan worlds of one test session: each trains once, only what the tests need.
 
-Starting a world (forking ranks, importing torchtitan, the first training's warm-up) is the
-expensive part on CPU, so the matrix and the scenario tests share worlds: a :class:`Job` (an entry
-under one spmd backend) belongs to the world its entry names, and the first test that asks for a
-world's results trains, in one spawn, every job of that world and backend that the session's
-selected tests ask for (``-k`` and ``-m`` included); the other tests read the same results.
+Starting a world (forking ranks, importing torchtitan, the first training's warm-up: about 30 s of
+a 4-rank world on 2 cores) is the expensive part on CPU, so the matrix and the scenario tests
+share worlds: a :class:`Job` (an entry under one spmd backend) belongs to the world of its
+entry's size, and the first test that asks for a world's results trains, in one spawn, every job
+of that size that the session's selected tests ask for (``-k`` and ``-m`` included), whatever its
+spmd backend; the other tests read the same results.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class TitanWorlds:
         self._needed = {job for job in needed if job.skip_reason(TORCH) is None}
         self._tmp = tmp
         self._assets: Path | None = None
-        self._done: dict[tuple[str, str], dict[str, Any]] = {}
+        self._done: dict[int, dict[str, Any]] = {}
 
     def _assets_dir(self) -> Path:
         if self._assets is None:
@@ -76,36 +77,32 @@ class TitanWorlds:
         reason = job.skip_reason(TORCH)
         if reason is not None:
             pytest.skip(reason)
-        key = (job.entry.world, job.backend)
-        if key not in self._done:
-            self._done[key] = self._run(key, job)
-        done = self._done[key]
-        assert "error" not in done, f"world {key} failed:\n{done['error']}"
-        return JobRuns(done["jobs"][job.entry.name], done["root"] / job.entry.name / job.backend,
+        size = job.entry.world_size
+        if size not in self._done:
+            self._done[size] = self._run(size, job)
+        done = self._done[size]
+        assert "error" not in done, f"world of {size} ranks failed:\n{done['error']}"
+        return JobRuns(done["jobs"][job.id], done["root"] / job.entry.name / job.backend,
                        done["seconds"], done["names"])
 
-    def _run(self, key: tuple[str, str], asked: Job) -> dict[str, Any]:
-        world, backend = key
-        jobs = sorted({asked} | {j for j in self._needed if (j.entry.world, j.backend) == key},
-                      key=lambda j: j.entry.name)
-        entries = tuple(job.entry for job in jobs)
-        sizes = {e.world_size for e in entries}
-        assert len(sizes) == 1, f"world {world}: entries need {sizes} ranks"
-        world_size = sizes.pop()
-        root = self._tmp.mktemp(f"titan-{world}-{backend}")
+    def _run(self, world_size: int, asked: Job) -> dict[str, Any]:
+        jobs = tuple(sorted({asked} | {j for j in self._needed if j.entry.world_size == world_size},
+                            key=lambda j: j.id))
+        root = self._tmp.mktemp(f"titan-world{world_size}")
         assets = self._assets_dir()
         started = time.monotonic()
-        reports = run_local_world(world_rank, world_size, entries, str(root), str(assets), backend,
-                                  timeout_s=3000, preload=PRELOAD)
+        # Each training takes 10-40 s on 2 cores: the deadline grows with the world's jobs.
+        trainings = sum(4 if job.entry.scenario else 2 for job in jobs)
+        reports = run_local_world(world_rank, world_size, jobs, str(root), str(assets),
+                                  timeout_s=600 + 120 * trainings, preload=PRELOAD)
         seconds = time.monotonic() - started
-        names = tuple(e.name for e in entries)
-        print(f"\n[world {world} ({backend}, {world_size} ranks: {', '.join(names)}) took "
-              f"{seconds:.0f}s]")
+        names = tuple(job.id for job in jobs)
+        print(f"\n[world of {world_size} ranks ({', '.join(names)}) took {seconds:.0f}s]")
         failed = {r: rep.traceback for r, rep in reports.items() if not rep.ok}
         missing = sorted(set(range(world_size)) - set(reports))
         if failed or missing:
             return {"error": "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in failed.items())
                     or f"ranks missing: {missing}"}
-        by_job = {e.name: {run: [reports[r].value[e.name][run] for r in range(world_size)]
-                           for run in reports[0].value[e.name]} for e in entries}
+        by_job = {job.id: {run: [reports[r].value[job.id][run] for r in range(world_size)]
+                           for run in reports[0].value[job.id]} for job in jobs}
         return {"jobs": by_job, "root": root, "seconds": seconds, "names": names}
