@@ -30,15 +30,14 @@ test-torch-dependent: setup
 # torchtitan (excluded from `make test`): against stock, the isolation matrix and the train/resume/MoE
 # scenarios; with_registry under torchrun elastic losing a node (tests/test_restart.py, its
 # titan_matrix test); -rP prints every loss and grad norm.
+TITAN_TESTS := tests/test_torchtitan_matrix.py tests/test_torchtitan_train.py tests/test_restart.py
 test-titan: setup
-	$(PY) -m pytest -q -rP -p no:xdist -m titan_matrix tests/test_torchtitan_matrix.py \
-	  tests/test_torchtitan_train.py tests/test_restart.py
+	$(PY) -m pytest -q -rP -p no:xdist -m titan_matrix $(TITAN_TESTS)
 
 # CI's torchtitan subset (tests/titan/matrix.py CI_JOBS: each spmd backend once, each isolation
 # hazard once, one resume, one restart), trained in one 4-rank world plus the restart.
 test-titan-ci: setup
-	$(PY) -m pytest -q -rP -p no:xdist -m "titan_matrix and titan_ci" tests/test_torchtitan_matrix.py \
-	  tests/test_torchtitan_train.py tests/test_restart.py
+	$(PY) -m pytest -q -rP -p no:xdist -m "titan_matrix and titan_ci" $(TITAN_TESTS)
 
 lint: setup
 	.venv/bin/ruff check commgroups backends tests benchmarks tools

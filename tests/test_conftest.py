@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TORCH_DEPENDENT_MARK, _imports_torch_facing
+from tests.conftest import TORCH_DEPENDENT_MARK, VERSION_INDEPENDENT_MARK, _imports_torch_facing
 
 TESTS = Path(__file__).resolve().parent
 
@@ -49,5 +49,5 @@ def test_process_worlds_run_on_every_torch_and_version_independent_files_do_not(
 def test_a_pure_test_with_a_torch_world_fixture_is_torch_dependent(
         request: pytest.FixtureRequest) -> None:
     items = [item for item in request.session.items if "fake_world" in item.fixturenames
-             and not item.get_closest_marker("version_independent")]
+             and not item.get_closest_marker(VERSION_INDEPENDENT_MARK)]
     assert all(item.get_closest_marker(TORCH_DEPENDENT_MARK) for item in items)

@@ -262,8 +262,11 @@ def _rebuild_cycles(rank: int, world: int, cycles: int) -> list[dict[str, int]]:
         # a fixed 1.5 s wait (one key short in the first count, 16 descriptors not yet closed in
         # the last: 2 of 3 runs under xdist failed), so each rank waits until its counts hold
         # still for longer than the publisher's interval; a real leak never settles back.
-        resources = (_settled_resources() if cycle in (0, 1, cycles - 1)
-                     else (time.sleep(0.3), _resources())[1])
+        if cycle in (0, 1, cycles - 1):
+            resources = _settled_resources()
+        else:
+            time.sleep(0.3)
+            resources = _resources()
         dist.barrier(group=registry.group("checkpoint-metadata"))
         seen.append({**resources, "torch_keys": torch_keys})
     registry.close()

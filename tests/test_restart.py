@@ -315,7 +315,7 @@ def test_lost_node_restarts_smaller_and_resumes_from_the_checkpoint(
 
 
 @pytest.mark.world
-@pytest.mark.titan_matrix  # torchtitan on 2 cores: `make test-titan` (CI's main leg), not `make test`
+@pytest.mark.titan_matrix  # torchtitan on 2 cores: `make test-titan`, not `make test`
 @pytest.mark.titan_ci  # CI's one torchtitan restart
 @pytest.mark.timeout(1200)
 @pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,

@@ -8,7 +8,7 @@ busy, and the collectives per rank set equal stock's (tests/titan/matrix.py says
 counted). Worlds are shared: one spawn trains every job of a world size. The jobs in
 :data:`tests.titan.matrix.CI_JOBS` are also marked ``titan_ci`` (CI's subset).
 
-Marked ``titan_matrix`` (excluded by default; ``make test-titan`` runs it, on CI's main leg). The
+Marked ``titan_matrix`` (excluded by default; ``make test-titan`` runs it, CI its ``titan_ci`` jobs). The
 ``spmd_types`` backend and pipeline parallelism (torchtitan 0.3.0 calls pipelining's
 ``step(arg_mbs=...)``) need torch >= 2.14 and are skipped below that. Three 4-rank entries also
 train under ``full_dtensor`` (torchtitan 0.3.0's third backend; it runs on 2.13).
@@ -33,10 +33,10 @@ pytestmark = [
 def _jobs() -> list[Any]:
     if importlib.util.find_spec("torchtitan") is None:
         return []
-    from tests.titan.matrix import ENTRIES, Job, ci_marks
+    from tests.titan.matrix import ENTRIES, Job, job_param
 
-    jobs = [Job(entry, backend) for entry in ENTRIES if entry.in_matrix for backend in entry.backends]
-    return [pytest.param(job, marks=ci_marks(job), id=job.id) for job in jobs]
+    return [job_param(Job(entry, backend)) for entry in ENTRIES if entry.in_matrix
+            for backend in entry.backends]
 
 
 @pytest.mark.parametrize("job", _jobs())

@@ -37,10 +37,9 @@ SCENARIOS = (("cp4", "spmd_types"), ("cp4", "partial_dtensor"), ("cp4", "full_dt
 def _jobs(pairs: tuple[tuple[str, str], ...]) -> list[Any]:
     if importlib.util.find_spec("torchtitan") is None:
         return []
-    from tests.titan.matrix import Job, ci_marks, entry
+    from tests.titan.matrix import Job, entry, job_param
 
-    jobs = [Job(entry(name), backend) for name, backend in pairs]
-    return [pytest.param(job, marks=ci_marks(job), id=job.id) for job in jobs]
+    return [job_param(Job(entry(name), backend)) for name, backend in pairs]
 
 
 @pytest.fixture(scope="module", params=_jobs(SCENARIOS))

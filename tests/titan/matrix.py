@@ -32,7 +32,7 @@ from typing import Any
 from tests.titan.counts import GroupKey
 from tests.titan.run import RankResult, TitanRun, train_rank
 
-__all__ = ["BACKENDS", "CI_JOBS", "ENTRIES", "Entry", "Job", "ci_marks", "compare", "entry",
+__all__ = ["BACKENDS", "CI_JOBS", "ENTRIES", "Entry", "Job", "compare", "entry", "job_param",
            "render", "world_rank"]
 
 BACKENDS = ("partial_dtensor", "spmd_types", "full_dtensor")
@@ -283,8 +283,8 @@ CI_JOBS: tuple[str, ...] = (
 isolation hazard once, one resume (``make test-titan`` trains every job before a release)."""
 
 
-def ci_marks(job: Job) -> list[Any]:
-    """The marks of ``job``'s test parameter: ``titan_ci`` for the jobs in :data:`CI_JOBS`."""
+def job_param(job: Job) -> Any:
+    """``job`` as a test parameter: its id, marked ``titan_ci`` where it is one of :data:`CI_JOBS`."""
     import pytest
 
-    return [pytest.mark.titan_ci] if job.id in CI_JOBS else []
+    return pytest.param(job, marks=[pytest.mark.titan_ci] if job.id in CI_JOBS else [], id=job.id)

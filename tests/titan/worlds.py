@@ -22,6 +22,7 @@ import torch
 from commgroups.util.local_world import run_local_world
 from tests.titan.matrix import Job, world_rank
 from tests.titan.run import RankResult
+from tests.titan.scenario import RUN_NAMES
 
 __all__ = ["TORCH", "JobRuns", "TitanWorlds", "jobs_of"]
 
@@ -92,7 +93,7 @@ class TitanWorlds:
         assets = self._assets_dir()
         started = time.monotonic()
         # Each training takes 10-40 s on 2 cores: the deadline grows with the world's jobs.
-        trainings = sum(4 if job.entry.scenario else 2 for job in jobs)
+        trainings = sum(len(RUN_NAMES) if job.entry.scenario else 2 for job in jobs)
         reports = run_local_world(world_rank, world_size, jobs, str(root), str(assets),
                                   timeout_s=600 + 120 * trainings, preload=PRELOAD)
         seconds = time.monotonic() - started
