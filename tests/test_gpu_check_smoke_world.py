@@ -51,7 +51,7 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     results, device_out = tmp_path / "results", tmp_path / "handed-back"
     out = subprocess.run(["bash", str(SCRIPT), "--cpu-smoke", "--out", str(results),
                           "--also-out", str(device_out)], cwd=ROOT,
-                         env=_env(), capture_output=True, text=True, timeout=280)
+                         env=_env(), capture_output=True, text=True, timeout=480)  # a hang bound: ~90 s quiet
     assert out.returncode == 0, out.stdout + out.stderr
     names = {"measurements.json", "traces.json", "analysis.json", "report.md", "report.png",
              "log.txt"}

@@ -233,29 +233,40 @@ def _settled_resources(still_s: float = 1.5, deadline_s: float = 30.0) -> dict[s
     return last
 
 
+def _quiet_count() -> dict[str, int]:
+    """:func:`_settled_resources` taken by every rank at once: a default-group barrier before (so
+    no rank measures while another still works) and after (so none starts working while another
+    still measures). The default group's timeout is the world's (minutes), not a role's: one
+    rank may settle seconds after another on loaded cores."""
+    dist.barrier()
+    resources = _settled_resources()
+    dist.barrier()
+    return resources
+
+
 def _keys_one_generation_leaves(rank: int) -> int:
     """The store keys that creating and closing one registry of the same layout leaves behind:
     torch's own rendezvous keys of each new group (their names are torch's, never ours to
-    delete), measured here."""
-    store = torch_internals.default_store()
-    dist.barrier()
-    before = int(store.num_keys())
-    GroupRegistry(hsdp_layout(), create_timeout_s=60).create().close()
-    dist.barrier()
-    time.sleep(0.3)
-    return int(store.num_keys()) - before
+    delete), measured here. The first registry of a world also leaves a few keys once (the
+    prefixes' epoch counters), so the second one is counted."""
+    counts = []
+    for _ in range(2):
+        before = _quiet_count()["keys"]
+        GroupRegistry(hsdp_layout(timeout_s=60), create_timeout_s=60).create().close()
+        counts.append(_quiet_count()["keys"] - before)
+    return counts[-1]
 
 
 def _rebuild_cycles(rank: int, world: int, cycles: int) -> list[dict[str, int]]:
     torch_keys = _keys_one_generation_leaves(rank)
-    registry = GroupRegistry(hsdp_layout(), create_timeout_s=60).create()
+    # 60 s role timeouts: the barriers below wait for the slowest rank's settling.
+    registry = GroupRegistry(hsdp_layout(timeout_s=60), create_timeout_s=60).create()
     registry.device_mesh(["dp_replicate", "fsdp"])
     seen = []
     for cycle in range(cycles):
         with contextlib.suppress(RuntimeError):  # a faster rank's rebuild() interrupts it
             registry.collectives("fsdp").all_reduce(torch.ones(4))
         registry.rebuild()  # every rank: nobody lost, a new generation each time
-        dist.barrier(group=registry.group("checkpoint-metadata"))
         # The counts the assertions read (cycles 0, 1 and the last) are taken once they settle:
         # every rank's flight publisher writes its new status within its 1 s interval, and gloo
         # closes a destroyed group's sockets from its own threads. On 2 loaded cores both lagged
@@ -263,11 +274,12 @@ def _rebuild_cycles(rank: int, world: int, cycles: int) -> list[dict[str, int]]:
         # the last: 2 of 3 runs under xdist failed), so each rank waits until its counts hold
         # still for longer than the publisher's interval; a real leak never settles back.
         if cycle in (0, 1, cycles - 1):
-            resources = _settled_resources()
+            resources = _quiet_count()
         else:
+            dist.barrier(group=registry.group("checkpoint-metadata"))
             time.sleep(0.3)
             resources = _resources()
-        dist.barrier(group=registry.group("checkpoint-metadata"))
+            dist.barrier(group=registry.group("checkpoint-metadata"))
         seen.append({**resources, "torch_keys": torch_keys})
     registry.close()
     return seen
