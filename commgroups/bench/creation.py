@@ -215,7 +215,7 @@ def measure_gloo(rank: int, world_size: int, progress: Progress, repetition: int
     calls: dict[str, list[int]] = {v: [] for v in VARIANTS}
     methods: dict[str, set[str]] = {v: set() for v in VARIANTS}
     aliases: dict[str, int] = {}
-    kept: list[Any] = []
+    kept: list[tuple[str, Created]] = []
     progress.describe(f"creation, gloo x{world_size}")
     warm_up = dist.new_group(group_desc="bench-warm-up")
     dist.barrier(group=warm_up)  # type: ignore[arg-type]  # every rank is a member
@@ -230,24 +230,33 @@ def measure_gloo(rank: int, world_size: int, progress: Progress, repetition: int
         slowest = torch.tensor([elapsed], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         samples[variant].append(float(slowest.item()))
-        kept.append(created)
+        kept.append((variant, created))
     progress.advance()
-    dist.barrier()
-    for created in kept:
+    # Teardown is timed too (a job that rebuilds, or a test that makes many registries, pays it
+    # each time): each variant's, in creation order, the slowest rank's, after a barrier.
+    closes: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for variant, created in kept:
+        dist.barrier()
+        start = time.perf_counter()
         created.teardown()
+        slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        closes[variant].append(float(slowest.item()))
     return {"world": world_size, "backend": "gloo", "samples": samples, "calls": calls,
             "methods": {v: sorted(m) for v, m in methods.items()}, "aliases": aliases,
-            "roles": len(layout.roles)}
+            "roles": len(layout.roles), "closes": closes}
 
 
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     """One result from several worlds' results of the same size (samples and calls joined)."""
     merged: dict[str, Any] = {**results[0], "samples": {v: [] for v in VARIANTS},
+                              "closes": {v: [] for v in VARIANTS},
                               "calls": {v: [] for v in VARIANTS},
                               "methods": {v: set() for v in VARIANTS}}
     for result in results:
         for variant in VARIANTS:
             merged["samples"][variant].extend(result["samples"][variant])
+            merged["closes"][variant].extend(result["closes"][variant])
             merged["calls"][variant].extend(result["calls"][variant])
             merged["methods"][variant].update(result["methods"][variant])
     merged["methods"] = {v: sorted(m) for v, m in merged["methods"].items()}
@@ -261,6 +270,7 @@ def measure_fake(rank: int, world_size: int, progress: Progress, repetitions: in
 
     layout = bench_layout(world_size)
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    closes: dict[str, list[float]] = {v: [] for v in VARIANTS}
     calls: dict[str, list[int]] = {v: [] for v in VARIANTS}
     methods: dict[str, set[str]] = {v: set() for v in VARIANTS}
     aliases: dict[str, int] = {}
@@ -274,14 +284,16 @@ def measure_fake(rank: int, world_size: int, progress: Progress, repetitions: in
                 calls[variant].append(count)
                 methods[variant].add(created.method)
                 aliases[variant] = _aliases(created)
+                start = time.perf_counter()
                 created.teardown()
+                closes[variant].append(time.perf_counter() - start)
             finally:
                 dist.destroy_process_group()
             samples[variant].append(elapsed)
         progress.advance()
     return {"world": world_size, "backend": "fake", "samples": samples, "calls": calls,
             "methods": {v: sorted(m) for v, m in methods.items()}, "aliases": aliases,
-            "roles": len(layout.roles)}
+            "roles": len(layout.roles), "closes": closes}
 
 
 def _span(values: list[int]) -> int | str:
@@ -295,17 +307,20 @@ def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
         "creation",
         "Creation: registry vs DeviceMesh vs all-ranks new_group loop (dp_shard x cp, 4 roles)",
         ["world", "backend", "variant", "method", "time ms", "creation calls / rank",
-         "roles aliasing default group", "ratio vs devicemesh"],
+         "roles aliasing default group", "ratio vs devicemesh", "close ms",
+         "close ratio vs devicemesh"],
     )
     summary: dict[str, Any] = {}
     for result in sorted(results, key=lambda r: (r["backend"] != "gloo", r["world"])):
-        base = result["samples"]["devicemesh"]
+        base, close_base = result["samples"]["devicemesh"], result["closes"]["devicemesh"]
         for variant in VARIANTS:
-            times = result["samples"][variant]
+            times, closes = result["samples"][variant], result["closes"][variant]
             ratio = summarize(paired_ratios(times, base))
             table.add(result["world"], result["backend"], variant,
                       " / ".join(result["methods"][variant]), summarize(times).scaled(1e3),
-                      _span(result["calls"][variant]), result["aliases"][variant], ratio)
+                      _span(result["calls"][variant]), result["aliases"][variant], ratio,
+                      summarize(closes).scaled(1e3),
+                      summarize(paired_ratios(closes, close_base)))
     for result in results:
         if result["backend"] != "gloo":
             continue
@@ -314,6 +329,8 @@ def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
                                   ("devicemesh_own_fsdp", "devicemesh + own fsdp")):
             summary[f"creation_ratio_vs_{key}_gloo{result['world']}"] = summarize(
                 paired_ratios(registry, result["samples"][base_variant])).median
+        summary[f"close_ratio_vs_devicemesh_gloo{result['world']}"] = summarize(
+            paired_ratios(result["closes"]["registry"], result["closes"]["devicemesh"])).median
     simulated = [r for r in results if r["backend"] == "fake"]
     if simulated:
         largest = max(simulated, key=lambda r: r["world"])
@@ -333,5 +350,7 @@ def tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
         "process (no data moves)",
         "gloo: one fresh world per repetition, every variant once in it (a job creates its groups "
         "once; groups piling up in one world slowed every variant down)",
+        "close: registry.close() (its threads and keys too) vs destroy_process_group on every group "
+        "the variant made, slowest rank, after a barrier; the variants close in creation order",
     ]
     return table, summary
