@@ -13,8 +13,10 @@ setup:
 demo: setup
 	$(PY) -m commgroups demo
 
+# Then, alone, the tests that load every core on purpose (they would starve the tests beside them).
 test: setup
 	$(PY) -m pytest -q $(XDIST)
+	$(PY) -m pytest -q -p no:xdist -m loads_cores
 
 # The fast loop (under a minute): pure logic only, no process worlds (a file that starts them says
 # `pytestmark = pytest.mark.world`, tests/README.md) and none of the heavy pure tests (fake worlds of
@@ -25,7 +27,8 @@ test-fast: setup
 # The tests CI's extra torch legs run (tests/README.md, "Which tests run on every torch"):
 # make test-torch-dependent PY=.venv-torch2.15/bin/python
 test-torch-dependent: setup
-	$(PY) -m pytest -q $(XDIST) -m "torch_dependent and not titan_matrix"
+	$(PY) -m pytest -q $(XDIST) -m "torch_dependent and not titan_matrix and not loads_cores"
+	$(PY) -m pytest -q -p no:xdist -m "torch_dependent and loads_cores"
 
 # torchtitan (excluded from `make test`): against stock, the isolation matrix and the train/resume/MoE
 # scenarios; with_registry under torchrun elastic losing a node (tests/test_restart.py, its

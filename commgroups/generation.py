@@ -509,21 +509,31 @@ class Generation:
             set_group_timeout(created, timeout)
 
     # ------------------------------------------------------------------------------ teardown
-    def interrupt(self, keep: Collection[dist.ProcessGroup] = ()) -> None:
+    def interrupt(self, keep: Collection[dist.ProcessGroup] = (),
+                  holding: Collection[int] | None = None) -> None:
         """Free every collective blocked on this generation's groups, here and at their peers.
 
         From any thread (the liveness watcher calls it when a peer reports a loss), idempotent:
         device groups are aborted where the backend can, gloo groups severed
         (:mod:`commgroups.rank_loss.sever`). Every later collective on them fails at once.
         Handles and meshes stay until :meth:`retire`. ``keep``: groups left alone (the NCCL
-        spine a shrink rebuild still needs).
+        spine a shrink rebuild still needs). ``holding``: only the roles whose group here holds
+        one of these global ranks (the ranks that left the generation); None: every role.
         """
         if self.ended:
             return
+        made = [*self.roles.values(), *self.dim_groups.values()]
+        if holding is not None:
+            wanted = set(holding)
+            made = [role for role in made
+                    if any(wanted.intersection(dist.get_process_group_ranks(group))
+                           for group in role.owned)]
+            if not made:
+                return
         self.interrupted = True
         if self.flight is not None:  # the failures that follow are this interruption's
             self.flight.interrupted = True
-        _abort_groups([*self.roles.values(), *self.dim_groups.values()], self.aborted, keep)
+        _abort_groups(made, self.aborted, keep)
 
     def retire(self) -> None:
         """After a rank loss: every handle goes stale, meshes are forgotten, groups aborted where

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 import numpy as np
 import torch.distributed as dist
+from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
 from commgroups import torch_internals
 from commgroups.creation.role_groups import CreationContext
@@ -51,7 +52,8 @@ class Recovery:
     retired: list[Generation] = field(default_factory=list)
     """Retired generations not yet released (see :meth:`release_retired`)."""
     attempts: int = 0
-    """Decided rebuilds toward the next generation that failed afterwards."""
+    """The check-in attempt this rank last used toward the next generation (the store's open
+    one: attempts before it were decided and failed afterwards)."""
     attempts_made: int = 0
     """How many check-ins the last successful rebuild took."""
     previous_check_ins: tuple[str, int] | None = None
@@ -72,18 +74,27 @@ class Recovery:
             logger.debug("rank %d: the job's store is not a TCPStore: no heartbeats", self.rank)
             return
 
-        def on_loss(number: int) -> None:  # the heartbeat thread: no lock, the main thread may
-            generation = live()            # be blocked in a collective of this generation
-            if generation is not None and generation.number == number:
-                logger.info("rank %d: a loss was reported in generation %d: interrupting it",
-                            self.rank, number)
-                generation.interrupt(self._kept(generation, from_thread=True))
+        def on_loss(number: int, suspects: frozenset[int] | None) -> None:
+            generation = live()  # the listening thread: no lock, the main thread may be
+            if generation is not None and generation.number == number:  # blocked in g
+                logger.info("rank %d: a loss was reported in generation %d: interrupting %s",
+                            self.rank, number, "it" if suspects is None
+                            else f"its groups holding ranks {sorted(suspects)}")
+                generation.interrupt(self._kept(generation, from_thread=True), suspects)
 
-        self.liveness = Liveness(client, f"{STORE_PREFIX}/live/{self.registry_id}/", self.rank,
+        self.liveness = Liveness(client, torch_internals.default_store(),
+                                 f"{STORE_PREFIX}/live/{self.registry_id}/", self.rank,
                                  interval_s=heartbeat_s, dead_after_s=dead_after_s,
                                  on_loss=on_loss)
         self.liveness.start()
         self.liveness.watch(current.number, members)
+        self.attach_flight(current)
+
+    def attach_flight(self, generation: Generation) -> None:
+        """Let ``generation``'s flight publisher hear asks through the listener (no polling)."""
+        flight = generation.flight
+        if self.liveness is not None and flight is not None and flight.publisher is not None:
+            flight.publisher.listen_through(self.liveness.emit, self.liveness.subscribe)
 
     def _kept(self, generation: Generation, from_thread: bool = False) -> list[dist.ProcessGroup]:
         """Groups an interrupt leaves alone: the spine a shrink needs; from the heartbeat thread on
@@ -95,10 +106,11 @@ class Recovery:
                      for group in made.owned]
         return keep
 
-    def stop_liveness(self) -> None:
-        """Stop the heartbeat (a rank out of the job, or ``close()``)."""
+    def stop_liveness(self, members: int = 0) -> None:
+        """Stop the listening thread: a rank out of the job, or ``close()`` of a generation of
+        ``members`` ranks (the last of them to close wakes every thread still waiting)."""
         if self.liveness is not None:
-            self.liveness.close()
+            self.liveness.close(members)
             self.liveness = None
 
     # --------------------------------------------------------------------------------- rebuild
@@ -113,8 +125,13 @@ class Recovery:
         seconds: dict[str, float] = {}
         started = time.monotonic()
         the_plan = current.plan
-        if self.liveness is not None:
-            self.liveness.report(current.number, f"rank {self.rank} called rebuild()")
+        # The ranks known lost take no further part in g: the others' groups holding one of them
+        # are interrupted, and only those (a collective among ranks still at it finishes; this
+        # rank's own groups are interrupted below, which frees a gloo peer blocked on it).
+        # Nobody known: every group. Every rank listed alive: nothing to tell.
+        suspects = None if known is None else set(members) - set(known.tolist())
+        if self.liveness is not None and suspects != set():
+            self.liveness.report(current.number, f"rank {self.rank} called rebuild()", suspects)
         current.interrupt(self._kept(current))  # ours too: another thread may be blocked on g
         if str(dist.get_backend()) == "fake":
             if known is None:
@@ -122,12 +139,18 @@ class Recovery:
                                    "alive= (there is nobody to check in with)")
             survivors = known
         else:
-            prefix = f"{self._rebuild_prefix(current.number + 1)}{self.attempts}/"
+            root = torch_internals.default_store()
+            # The attempt is the store's, not this rank's: every rank that checks in toward g+1
+            # uses the one open attempt, whatever failed where before (a count kept per rank
+            # drifted apart under load, and two attempts decided two worlds: a split).
+            attempt = self._open_attempt(root, current.number + 1)
+            prefix = f"{self._rebuild_prefix(current.number + 1)}{attempt}/"
             survivors = np.asarray(check_in(
-                torch_internals.default_store(), prefix, self.rank, members, window,
+                root, prefix, self.rank, members, window,
                 None if known is None else known.tolist(), self.liveness, self._made_key,
                 current.number),
                 dtype=np.int64)
+            self.attempts = attempt
         seconds["check_in"] = time.monotonic() - started
 
         mark = time.monotonic()
@@ -144,8 +167,6 @@ class Recovery:
             self.spine = self.spine.retarget(new_plan.members or (), self.rank)
         self.retire(current)
         seconds["retire"] = time.monotonic() - mark
-        # Every rank of the decision moves on to the next attempt if what follows fails.
-        self.attempts += 1
         number = current.number + 1
         if not bool(new_plan.holds(np.array([self.rank]))[0]):
             self.release_retired(decision.lost.tolist(), first=False)
@@ -155,8 +176,12 @@ class Recovery:
                                  dropped, place, seconds), None
 
         mark = time.monotonic()
-        generation = make(number, decision.layout, new_plan, len(lost))
-        self.attempts_made, self.attempts = self.attempts, 0
+        try:
+            generation = make(number, decision.layout, new_plan, len(lost))
+        except BaseException:
+            self._close_attempt(number)  # every survivor's next try checks in anew
+            raise
+        self.attempts_made = self.attempts + 1
         seconds["create"] = time.monotonic() - mark
         new = new_plan.members or ()
         return RebuildReport(number, decision.layout, new, lost, spares, dropped, "member",
@@ -170,7 +195,7 @@ class Recovery:
         if self.liveness is not None:
             self.liveness.watch(report.generation, members)
         first = bool(members) and members[0] == self.rank
-        self.release_retired(lost_positions, first)
+        self.release_retired(lost_positions, first, members)
         if first and str(dist.get_backend()) != "fake":
             root = torch_internals.default_store()
             record_made(root, self._made_key, report.generation, members)
@@ -191,21 +216,26 @@ class Recovery:
             current.retire()
             self.retired.append(current)
 
-    def release_retired(self, lost_positions: Sequence[int] = (), first: bool = False) -> None:
+    def release_retired(self, lost_positions: Sequence[int] = (), first: bool = False,
+                        survivors: Sequence[int] | None = None) -> None:
         """Release every retired generation: its groups are interrupted on every survivor (no
         collective waits on them) and every survivor is past the check-in that read its keys.
-        ``first``: this rank deletes the shared keys (one rank does)."""
+        ``first``: this rank deletes the shared keys (one rank does); ``survivors``: the
+        current members, if known."""
         for old in self.retired:
             if old.release(lost_positions) and first and self.liveness is not None:
-                self.liveness.release(old.number)
+                self.liveness.release(old.number, old.plan.members
+                                      or range(old.layout.world_size),  # generation 0: identity
+                                      survivors)
         self.retired = [old for old in self.retired if old.ended != "released"]
 
-    def close(self, number: int, first: bool) -> None:
-        """``close()`` of generation ``number``: stop the heartbeat, release the retired
-        generations, close the spine; ``first`` (one rank): delete the rebuild records too."""
+    def close(self, number: int, first: bool, members: Sequence[int] = ()) -> None:
+        """``close()`` of generation ``number`` (on ``members``, if this rank is one): stop the
+        listening thread, release the retired generations, close the spine; ``first`` (one
+        rank): delete the rebuild records too."""
         if first and self.liveness is not None:
-            self.liveness.release(number)
-        self.stop_liveness()
+            self.liveness.release(number, members)
+        self.stop_liveness(len(members))
         self.release_retired()
         if (first and self.previous_check_ins is not None and dist.is_initialized()
                 and str(dist.get_backend()) != "fake"):
@@ -217,6 +247,19 @@ class Recovery:
         if self.spine is not None:
             self.spine.close()
             self.spine = None
+
+    def _open_attempt(self, root: Store, generation: int) -> int:
+        """The check-in attempt toward ``generation`` that is open now (0 until one failed)."""
+        return int(root.add(f"{self._rebuild_prefix(generation)}open", 0))
+
+    def _close_attempt(self, generation: int) -> None:
+        """After a decided attempt failed here: open the next one, for every rank (once)."""
+        if str(dist.get_backend()) == "fake":
+            return
+        root = torch_internals.default_store()
+        key = f"{self._rebuild_prefix(generation)}open"
+        with contextlib.suppress(RuntimeError):  # the store's host died: the retry will say so
+            root.compare_set(key, str(self.attempts), str(self.attempts + 1))
 
     def _rebuild_prefix(self, generation: int) -> str:
         """The store namespace of the check-ins toward ``generation`` (one per attempt below it)."""

@@ -1,10 +1,11 @@
 """A daemon thread that keeps this rank's status in the store, so other ranks can read it even
 while this rank is stuck (in Python, or in a collective that holds no GIL).
 
-Self-contained on purpose: a store, a key prefix, a rank and a ``snapshot`` callable, so the
-heartbeat of :mod:`commgroups.rank_loss` can later share the one thread. The collective's path
-never touches the store: the thread publishes at ``interval_s``, only when the snapshot changed or
-another rank asked (a request key read once a tick).
+Self-contained on purpose: a store, a key prefix, a rank and a ``snapshot`` callable. The
+collective's path never touches the store: the thread publishes at ``interval_s``, only when the
+snapshot changed or another rank asked. Asks arrive as events through the registry's listener
+(:meth:`StatusPublisher.listen_through`: no store request while nobody asks); without one (no
+TCPStore, heartbeats off) the thread reads the request counter a few times an interval.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class StatusPublisher:
         self._answered = 0
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"commgroups-flight-{rank}")
+        self._emit: Callable[[dict[str, Any]], None] | None = None
+        self._subscribe: Callable[[str, Callable[[], None] | None], None] | None = None
 
     @property
     def poll_s(self) -> float:
@@ -90,11 +93,29 @@ class StatusPublisher:
             value = {"t": time.time(), "answered": self._answered, "status": status}
             self.store.set(self.key, json.dumps(value, default=str))
 
+    def listen_through(self, emit: Callable[[dict[str, Any]], None],
+                       subscribe: Callable[[str, Callable[[], None] | None], None]) -> None:
+        """Hear asks as events (``subscribe(prefix, handler)``, called back from the listener's
+        thread) and send them with ``emit``, instead of polling the request counter: every
+        publisher of the prefix must do it alike (they do: the registry attaches each)."""
+        self._emit, self._subscribe = emit, subscribe
+        subscribe(self.prefix, self._heard)
+        self._heard()  # an ask made before this publisher listened
+
+    def _heard(self) -> None:
+        try:
+            self._poll()
+        except Exception as error:  # the store went away, or a dump failed: keep listening
+            logger.debug("flight recorder: answering an ask: %r", error)
+
     def ask(self, payload: dict[str, Any] | None = None) -> int:
         """Ask every publisher of ``prefix`` to publish now (and handle ``payload``); returns the
         request number their ``answered`` reaches once they did."""
         self.store.set(f"{self.prefix}request", json.dumps(payload or {}))
-        return int(self.store.add(f"{self.prefix}requests", 1))
+        number = int(self.store.add(f"{self.prefix}requests", 1))
+        if self._emit is not None:
+            self._emit({"k": "ask", "p": self.prefix})
+        return number
 
     def _poll(self) -> None:
         # The counter, not the request key, says how many asks there were: two ranks asking at
@@ -116,8 +137,11 @@ class StatusPublisher:
 
     def _run(self) -> None:
         polls = 0
-        while not self._stop.wait(self.poll_s):
+        while not self._stop.wait(self.interval_s if self._emit is not None else self.poll_s):
             try:
+                if self._emit is not None:  # asks come as events: only publish a change
+                    self.publish_now()
+                    continue
                 self._poll()
                 polls += 1
                 if polls % REQUEST_POLLS_PER_INTERVAL == 0:
@@ -129,6 +153,8 @@ class StatusPublisher:
     def stop(self, release: bool = True, members: int = 0) -> None:
         """Stop the thread; ``release``: :meth:`release` the keys (``close()``)."""
         self._stop.set()
+        if self._subscribe is not None:
+            self._subscribe(self.prefix, None)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(1.0, 2 * self.interval_s))
         if release:

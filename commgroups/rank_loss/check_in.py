@@ -5,16 +5,22 @@ decided exactly once, by one compare-and-set on the key ``decided``, by the firs
 
 - every rank it expects (``expected``: the ranks the caller knows to be alive, else every member
   of the old generation) checked in; or
-- with heartbeats (:class:`~commgroups.rank_loss.liveness.Liveness`): every absent member stopped
-  beating (dead), so nobody waits for a window to end; or
+- without ``expected``, with a listening thread per rank
+  (:class:`~commgroups.rank_loss.liveness.Liveness`): every absent member left the loss report
+  unanswered for ``dead_after_s``. A live rank's thread answers within milliseconds, wherever its
+  main thread is, so nobody waits for a window to end and an absent rank that answered is waited
+  for. A rank the caller listed in ``expected`` is never counted dead: only the window ends the
+  wait for it; or
 - its window (counted from its own check-in, the backstop) ended: the ranks in by then are the
-  survivors, if they are a majority of the live members (an absent member that still beats is
-  alive). A minority decides nothing and raises: a lone ``rebuild()`` never splits the job.
+  survivors, if they are a majority of the live members (an absent member that is listed, or
+  answered the loss report, is alive). A minority decides nothing and raises: a lone ``rebuild()``
+  never splits the job.
 
 Every survivor reads the one decided set, so all get the same answer. A rank that checks in after the
 decision is not in it and raises :class:`~commgroups.errors.RebuildError` (the others rebuilt without
 it); it never forms a world of its own. Only the store is used (no process group: the old groups hold
-a dead rank): per look (every 20 ms) one read of the list and one ``add`` per absent member's beat.
+a dead rank): per look (every 20 ms) one read of the list and, after ``dead_after_s``, one ``check``
+per absent member.
 """
 
 from __future__ import annotations
@@ -72,8 +78,10 @@ def check_in(
         members: the old generation's global ranks (the only ranks that may check in).
         window: how long this rank waits, from its own check-in, for the others (the backstop).
         expected: ranks known to be alive; the set is decided as soon as all of them are in.
-        liveness: the ranks' heartbeats: the set is decided as soon as every member is in or has
-            stopped beating; at the window's end only a majority of the live members decides.
+        liveness: the ranks' listening threads: without ``expected``, the set is decided as
+            soon as every member is in or left generation ``generation``'s loss report
+            unanswered for its ``dead_after_s``; at the window's end only a majority of the
+            live members decides.
         made_key: where the survivors record the last generation they made (:func:`record_made`);
             one newer than ``generation`` (this rank's) means this check-in was decided long ago
             and its keys may be gone: this rank is out (were it in that generation, it would be
@@ -108,11 +116,16 @@ def check_in(
                 break
             joined = [r for r in _joined(store) if r in member_set]
             missing = sorted(wanted - set(joined))
-            dead = liveness.dead(missing, started) if liveness is not None and missing else set()
+            dead: set[int] = set()
+            if (missing and liveness is not None and expected is None
+                    and time.monotonic() - started >= liveness.dead_after_s):
+                dead = set(missing) - liveness.answered(generation, missing)
             if not missing or set(missing) <= dead:
                 decided = _decide(store, joined)
             elif time.monotonic() >= deadline:
-                absent_alive = [r for r in missing if r not in dead] if liveness else []
+                # Listed ranks are alive by the caller's word; others, if they answered.
+                absent_alive = ([r for r in missing if r not in dead]
+                                if liveness is not None or expected is not None else [])
                 if len(joined) <= len(absent_alive):
                     break  # no majority of the live members: deciding would split the job
                 decided = _decide(store, joined)
@@ -139,10 +152,13 @@ def record_made(root: Store, made_key: str, generation: int, members: Sequence[i
 
 
 def forget_check_ins(root: Store, prefix: str, attempts: int) -> None:
-    """Delete the keys of the check-ins ``prefix + "0/" .. prefix + f"{attempts - 1}/"``; call on
-    one rank, a generation later (a rank that late reads :func:`record_made`'s key instead)."""
+    """Delete the keys of the check-ins ``prefix + "0/" .. prefix + f"{attempts - 1}/"`` and
+    their open-attempt counter; call on one rank, a generation later (a rank that late reads
+    :func:`record_made`'s key instead)."""
+    with contextlib.suppress(RuntimeError):
+        root.delete_key(f"{prefix}open")
     for attempt in range(attempts):
-        store = PrefixStore(f"{prefix}{attempt}/", root)
+        store = PrefixStore(f"{prefix}{attempt}/", root)  # as check_in() wrote them
         for key in (_JOINED, _DECIDED):
             with contextlib.suppress(RuntimeError):  # never written (that rank was not first)
                 store.delete_key(key)

@@ -1,43 +1,65 @@
-"""Who is alive, learned through the store: a heartbeat per rank, and a loss reported to every rank.
+"""Who is alive, learned through the store: one listening thread per rank that costs the store
+almost nothing while nothing happens, and events that reach every rank at once when something does.
 
-One daemon thread per registry (:class:`Liveness`), on its own connection to the job's TCPStore
-(a wait on the shared connection would hold its lock and stop the beats), every ``interval_s``:
+Two daemon threads per registry (:class:`Liveness`):
 
-1. **beats**: adds 1 to ``beat/<rank>``;
-2. **listens**: reads ``lost/<g>`` for the live generation ``g``; once a rank has reported a loss
-   there, it calls ``on_loss(g)`` (the registry interrupts ``g``'s groups, so no rank of the job waits
-   out a collective timeout on them);
-3. **watches** the next member of ``g`` (in a ring, so each rank is watched by one other): a beat
-   that has not moved for ``report_after_s`` (ten times ``dead_after_s``) is reported as a loss of
-   that rank. A backstop: a dead rank's peers see their collective fail within milliseconds and
-   report first; a watcher that reported a rank holding the GIL for a second would stop the job.
+1. **the listener**, on its own connection to the job's TCPStore, blocks in ``wait`` on the
+   registry's next event key (``event/<n>``). A blocked wait is one request that the store answers
+   when the key is set: an idle listener sends nothing at all. (It never times out: a timed-out
+   store wait makes torch print two warnings.) Events (:meth:`Liveness.emit`, from any rank):
 
-Each step is one non-blocking ``add`` (O(1) store operations per rank per interval). A rank that is
-only slow (its process alive, in Python or in a collective) goes on beating from this thread and is
-never reported; a rank whose process holds the GIL in C for longer than ``dead_after_s`` would be.
-:meth:`Liveness.dead` is the check-in's use of the beats: which of some ranks have not beaten for
-``dead_after_s`` while it looked.
+   - ``loss``: a rank reported a loss in generation ``g`` (:meth:`Liveness.report`), naming the
+     ranks that will take no further part in ``g`` (the reporter and the ranks it knows lost), or
+     nobody in particular. The thread first answers that it is alive (``lost/<g>/here/<rank>``:
+     the survivors' check-in waits for a rank that answered and counts one that did not within
+     ``dead_after_s`` as dead), then ``on_loss(g, suspects)`` interrupts ``g``'s groups that hold
+     a suspect (all of them when the report named nobody), so no rank waits out a collective
+     timeout on a peer that left it, and a collective whose members are all still at it goes on;
+   - ``ask``: a flight recorder asks for statuses (the subscriber of that prefix handles it);
+   - ``close``: the last member closed; every listener still waiting ends (``wake``: a rank that
+     closed alone ends its own).
+
+2. **the beat** (the backstop, every ``interval_s``, on the job's shared connection): adds 1 to
+   ``beat/<rank>`` and reads its ring
+   successor's beat; a beat that has not moved for ``report_after_s`` (ten times ``dead_after_s``)
+   is reported as a loss of that rank. A dead process is seen by its peers' sockets within
+   milliseconds and by a roll call within ``dead_after_s``; the beat only catches a process alive
+   but wedged (holding the GIL in C), so it can be slow.
+
+Idle cost per rank: two requests every ``interval_s`` (the beat, the read of the successor's),
+whatever the world's size; 0.2 per second at the default 10 s. Requests from other threads
+(reports, answers' checks, flight asks) go through the job's shared connection: the listener's
+own is held by its wait.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import timedelta
+from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]  # re-exported
 
-__all__ = ["Liveness", "own_connection"]
+__all__ = ["Liveness", "OnLoss", "own_connection"]
 
 logger = logging.getLogger(__name__)
 
+OnLoss = Callable[[int, frozenset[int] | None], None]
+"""``on_loss(generation, suspects)``: suspects None means every group of that generation."""
+
+_ABSENT = "\x00"  # a value no key holds: compare_set(key, _ABSENT, x) reads without creating
+_FOREVER = timedelta(days=365)  # the listener's wait: an event (a close included) ends it
+
 
 def own_connection(store: Store, timeout: timedelta) -> Store | None:
-    """A new client connection to the TCPStore under ``store`` (through PrefixStores), or None
-    when the job's store is not a TCPStore (a FileStore or HashStore: no heartbeats then)."""
+    """A new client connection to the TCPStore under ``store``, with the same key prefixes
+    (``Store.clone()``, meant for one store per thread; on 2.10-2.15), or None when the job's
+    store is not a TCPStore (a FileStore or HashStore: no listener then)."""
     inner = store
     for _ in range(8):
         if not hasattr(inner, "underlying_store"):
@@ -45,135 +67,279 @@ def own_connection(store: Store, timeout: timedelta) -> Store | None:
         inner = inner.underlying_store
     if not isinstance(inner, TCPStore):
         return None
-    return TCPStore(inner.host, inner.port, is_master=False, timeout=timeout,
-                         wait_for_workers=False)
+    client: Store = store.clone()  # type: ignore[attr-defined,unused-ignore]  # not in the stubs
+    client.set_timeout(timeout)
+    return client
 
 
 class Liveness:
-    """The heartbeat thread of one registry on one rank; see the module docstring.
+    """The listening thread of one registry on one rank; see the module docstring.
 
     Args:
         client: this thread's own store connection (:func:`own_connection`).
+        shared: the job's store as the main thread uses it (the default group's).
         namespace: a key prefix the same on every rank of the registry, and no other registry's.
         rank: this rank's global rank.
-        interval_s: seconds between beats.
-        dead_after_s: a beat unchanged this long means its rank is dead.
-        on_loss: called from the thread with a generation number when a loss in it is reported.
+        interval_s: seconds between backstop beats (and between the wait's renewals).
+        dead_after_s: how long a check-in waits for a rank's answer to a loss report before it
+            counts that rank as dead (:meth:`answered`).
+        on_loss: called from the thread when a loss is reported (:data:`OnLoss`).
     """
 
-    def __init__(self, client: Store, namespace: str, rank: int, *, interval_s: float,
-                 dead_after_s: float, on_loss: Callable[[int], None]) -> None:
-        self._store = PrefixStore(namespace, client)
+    def __init__(self, client: Store, shared: Store, namespace: str, rank: int, *,
+                 interval_s: float, dead_after_s: float, on_loss: OnLoss) -> None:
+        self._own = PrefixStore(namespace, client)
         self._client = client
+        self._shared = PrefixStore(namespace, shared)
+        self._root = shared
         self.rank = rank
         self.interval_s = interval_s
         self.dead_after_s = dead_after_s
-        self.report_after_s = 10 * dead_after_s
+        self.report_after_s = max(10 * dead_after_s, 3 * interval_s)
         self._on_loss = on_loss
-        self._lock = threading.Lock()  # one operation at a time on the one connection
+        self._lock = threading.Lock()  # guards the watch state below
         self._watched: tuple[int, int | None] | None = None  # generation, the member watched
-        self._handled: set[int] = set()
-        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (last beat, when it last moved)
+        self._interrupted: dict[int, set[int] | None] = {}  # generation -> suspects handled
+        self._answered: set[int] = set()  # generations whose loss report this rank answered
+        self._seen: tuple[int, int, float] | None = None  # successor, its beat, when it moved
+        self._subscribers: dict[str, Callable[[], None]] = {}
+        self._next = 1
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"commgroups-liveness-{rank}",
-                                        daemon=True)
+        self._threads = [threading.Thread(target=target, name=f"commgroups-{name}-{rank}",
+                                          daemon=True)
+                         for target, name in ((self._listen, "listen"), (self._beats, "beat"))]
 
     def start(self) -> None:
         """Beat once (so peers see this rank at once), then start the thread."""
-        self._add(f"beat/{self.rank}", 1)
-        self._thread.start()
+        self._own.add(f"beat/{self.rank}", 1)
+        self._next = int(self._own.add("event/count", 0)) + 1
+        for thread in self._threads:
+            thread.start()
 
     def watch(self, generation: int | None, members: Sequence[int] = ()) -> None:
-        """Listen for losses in ``generation`` and watch its next member; None: beat only."""
+        """Listen for losses in ``generation`` and watch its next member; None: beat only.
+
+        A loss reported in ``generation`` before this call (before this rank listened) is
+        handled now: the report's counter is state, the event only its wake-up."""
         ring = list(members)
         successor = (ring[(ring.index(self.rank) + 1) % len(ring)]
                      if self.rank in ring and len(ring) > 1 else None)
         with self._lock:
             self._watched = None if generation is None else (generation, successor)
-            self._seen.clear()
+            self._seen = None
+        if generation is not None and int(self._shared.add(f"lost/{generation}", 0)) > 0:
+            self._answer(generation, self._shared)
+            self._handle_loss(generation, self._read_suspects(generation, self._shared))
 
-    def report(self, generation: int, reason: str, suspect: int | None = None) -> bool:
-        """Report a loss in ``generation`` to every rank; False if one was reported already.
-        The reason (and the rank suspected, if any) goes to this rank's log."""
-        with self._lock:
-            first = int(self._store.add(f"lost/{generation}", 1)) == 1
+    def report(self, generation: int, reason: str,
+               suspects: Collection[int] | None = None) -> bool:
+        """Report a loss in ``generation`` to every rank; True if it was the first report.
+
+        ``suspects``: the ranks that take no further part in ``generation`` (this rank, when it
+        calls ``rebuild()``, and any it knows lost); None: unknown, every group is interrupted.
+        The reason goes to this rank's log."""
+        return self._report(self._shared, generation, reason, suspects)
+
+    def _report(self, store: Store, generation: int, reason: str,
+                suspects: Collection[int] | None) -> bool:
+        token = "*" if suspects is None else ",".join(str(r) for r in sorted(suspects))
+        # One event per distinct report, not per reporter: every survivor of a loss reports it,
+        # and each event costs every listener a read.
+        # The first report claims the key (its event is released with the generation); a later
+        # one with other suspects (rare) appends and wakes the listeners again.
+        mine = f"{token}@{self.rank};"
+        who = bytes(store.compare_set(f"lost/{generation}/who", "", mine)).decode()
+        claimed = who == mine
+        new = claimed or token not in [part.split("@")[0] for part in who.split(";")]
+        if new and not claimed:
+            # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
+            store.append(f"lost/{generation}/who", mine)  # type: ignore[attr-defined,unused-ignore]
+        first = int(store.add(f"lost/{generation}", 1)) == 1
+        if new:
+            number = self._emit(store, {"k": "loss", "g": generation})
+            if claimed:
+                store.set(f"lost/{generation}/events", str(number))
         if first:
-            logger.info("rank %d: reported a loss in generation %d (%s%s)", self.rank, generation,
-                        reason, "" if suspect is None else f"; suspect: rank {suspect}")
+            logger.info("rank %d: reported a loss in generation %d (%s; suspects: %s)",
+                        self.rank, generation, reason, token)
         return first
 
-    def dead(self, ranks: Sequence[int], since: float) -> set[int]:
-        """Which of ``ranks`` have not beaten for ``dead_after_s``, watched from ``since``
-        (``time.monotonic()``) at the latest. Call repeatedly; each call reads every beat once."""
-        now = time.monotonic()
-        with self._lock:
-            # ``add(key, 0)`` would create the key of a rank that closed (and deleted it): look first.
-            beats = [int(self._store.add(f"beat/{r}", 0)) if self._store.check([f"beat/{r}"])
-                     else 0 for r in ranks]
-            return {r for r, beat in zip(ranks, beats, strict=True)
-                    if now - self._moved(r, beat, since) >= self.dead_after_s}
+    def emit(self, event: dict[str, Any]) -> None:
+        """Wake every rank's thread with ``event`` (two requests, from the calling thread)."""
+        self._emit(self._shared, event)
 
-    def _moved(self, rank: int, beat: int, since: float) -> float:
-        """When ``rank``'s beat last moved (as far as this rank saw); call under the lock."""
-        last = self._seen.get(rank)
-        if last is None or last[0] != beat:
-            moved = since if last is None else time.monotonic()
-            self._seen[rank] = (beat, moved)
-            return moved
-        return last[1]
+    @staticmethod
+    def _emit(store: Store, event: dict[str, Any]) -> int:
+        number = int(store.add("event/count", 1))
+        store.set(f"event/{number}", json.dumps(event))
+        return number
 
-    def close(self) -> None:
-        """Stop the thread (within one interval) and delete this rank's beat. Local."""
+    def answered(self, generation: int, ranks: Sequence[int]) -> set[int]:
+        """Which of ``ranks`` answered the loss report of ``generation`` (alive when they heard
+        it). One request per rank asked, from the calling thread."""
+        return {r for r in ranks if self._shared.check([f"lost/{generation}/here/{r}"])}
+
+    def subscribe(self, prefix: str, handler: Callable[[], None] | None) -> None:
+        """Call ``handler`` from the thread on each ``ask`` event for ``prefix`` (None: stop)."""
+        if handler is None:
+            self._subscribers.pop(prefix, None)
+        else:
+            self._subscribers[prefix] = handler
+
+    def close(self, members: int = 0) -> None:
+        """Stop the threads and delete this rank's beat; the last of ``members`` ranks to close
+        wakes every listener still waiting and deletes the events. Local.
+
+        The listener ends at once where every member closes within a second (the last one's
+        ``close`` event). Otherwise (a rank dropped, or closing alone) this rank wakes the
+        listeners itself after that second: one read for each of them."""
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=max(1.0, 2 * self.interval_s))
         with contextlib.suppress(RuntimeError):  # the store's host is gone
-            self._store.delete_key(f"beat/{self.rank}")
+            self._shared.delete_key(f"beat/{self.rank}")
+            if members and int(self._shared.add("closed", 1)) >= members:
+                self._emit(self._shared, {"k": "close"})
+                count = int(self._shared.add("event/count", 0))
+                # Every member's listener is stopped: none reads these after its wait returns.
+                for key in ("closed", "event/count", *(f"event/{n}" for n in range(1, count + 1))):
+                    self._shared.delete_key(key)
+        listener, beater = self._threads
+        if listener.is_alive() and listener is not threading.current_thread():
+            listener.join(timeout=1.0)
+            if listener.is_alive():
+                with contextlib.suppress(RuntimeError):
+                    self._emit(self._shared, {"k": "wake"})
+                listener.join(timeout=1.0)
+        if beater.is_alive() and beater is not threading.current_thread():
+            beater.join(timeout=1.0)
 
-    def release(self, generation: int) -> None:
-        """Delete ``generation``'s loss report (call once per generation, after every survivor
-        read it: when the next generation exists)."""
-        with self._lock, contextlib.suppress(RuntimeError):  # the store's host is gone
-            self._store.delete_key(f"lost/{generation}")
+    def release(self, generation: int, members: Sequence[int] = (),
+                survivors: Sequence[int] | None = None) -> None:
+        """Delete ``generation``'s loss report and its ``members``' answers (call on one rank
+        once per generation, after every survivor read it: when the next generation exists).
 
-    # ------------------------------------------------------------------------------ the thread
-    def _add(self, key: str, amount: int) -> int:
-        with self._lock:
-            return int(self._store.add(key, amount))
+        Its first event goes too where every one of ``survivors`` answered the report (their
+        listeners handle events in order, so each is past it); a later one of the same
+        generation (a second report naming other ranks: rare) stays until the registry closes,
+        as does the first where ``survivors`` is not given. A listener never waits on a deleted
+        event."""
+        with contextlib.suppress(RuntimeError):  # the store's host is gone
+            if not self._shared.check([f"lost/{generation}"]):
+                return  # nobody reported a loss in it: nothing was written
+            events = bytes(self._shared.compare_set(f"lost/{generation}/events", _ABSENT,
+                                                    _ABSENT)).decode()
+            first = None if events == _ABSENT else events
+            passed = survivors is not None and len(self.answered(generation, survivors)) == len(
+                survivors)
+            for key in ("", "/who", "/events", *(f"/here/{r}" for r in members)):
+                self._shared.delete_key(f"lost/{generation}{key}")
+            if first is not None and passed:
+                self._shared.delete_key(f"event/{first}")
 
-    def _run(self) -> None:
+    # ----------------------------------------------------------------------------- the threads
+    def _listen(self) -> None:
+        """The listener: block on the next event (no timeout: a timed-out store wait costs a
+        request and makes torch print two warnings, every time), handle it, repeat."""
         failures = 0
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.is_set():
             try:
-                self._step()
+                self._own.wait([f"event/{self._next}"], _FOREVER)
+                if self._stop.is_set():
+                    return
+                self._dispatch(json.loads(bytes(self._own.get(f"event/{self._next}"))))
+                self._next += 1
                 failures = 0
-            except Exception as error:  # a store hiccup must not kill the heartbeat
+            except Exception as error:  # a store hiccup must not kill the listener
+                if self._stop.is_set():
+                    return
                 failures += 1
-                logger.debug("rank %d: liveness step failed (%d): %s", self.rank, failures, error)
-                if failures >= 50:  # the store's host is gone: nothing left to beat to
+                logger.debug("rank %d: liveness listener failed (%d): %s", self.rank, failures,
+                             error)
+                if failures >= 20:  # the store's host is gone: nothing left to listen to
                     logger.warning("rank %d: liveness stopped, the store is unreachable: %s",
                                    self.rank, error)
                     return
+                self._stop.wait(0.5)
 
-    def _step(self) -> None:
-        self._add(f"beat/{self.rank}", 1)
-        watched = self._watched
+    def _beats(self) -> None:
+        """The backstop beat, every ``interval_s``, on the shared connection."""
+        failures = 0
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._beat()
+                failures = 0
+            except Exception as error:  # a store hiccup must not kill the heartbeat
+                failures += 1
+                logger.debug("rank %d: beat failed (%d): %s", self.rank, failures, error)
+                if failures >= 20:
+                    return
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        kind = event.get("k")
+        if kind == "loss":
+            generation = int(event["g"])
+            self._answer(generation, self._own)
+            self._handle_loss(generation, self._read_suspects(generation, self._own))
+        elif kind == "ask":
+            handler = self._subscribers.get(str(event.get("p")))
+            if handler is not None:
+                handler()
+        elif kind == "close":
+            self._stop.set()
+
+    def _answer(self, generation: int, store: Store) -> None:
+        """Say this rank is alive, once per generation whose loss it heard of (before the
+        interrupt, which may take a while)."""
+        with self._lock:
+            if generation in self._answered:
+                return
+            self._answered.add(generation)
+        store.set(f"lost/{generation}/here/{self.rank}", "1")
+
+    def _read_suspects(self, generation: int, store: Store) -> set[int] | None:
+        key = f"lost/{generation}/who"
+        value = bytes(store.compare_set(key, _ABSENT, _ABSENT)).decode()
+        if value == _ABSENT:
+            return None  # reported by a version that names nobody: everything
+        suspects: set[int] = set()
+        for part in value.split(";"):
+            token = part.split("@")[0]
+            if token == "*":
+                return None
+            suspects.update(int(part) for part in token.split(",") if part)
+        return suspects
+
+    def _handle_loss(self, generation: int, suspects: set[int] | None) -> None:
+        with self._lock:
+            watched = self._watched
+            if watched is None or watched[0] != generation:
+                return  # an older generation's report (retired already) or a newer one's
+            done = self._interrupted.get(generation, set())
+            if done is None or (suspects is not None and suspects <= done):
+                return
+            self._interrupted[generation] = None if suspects is None else done | suspects
+        self._on_loss(generation, None if suspects is None else frozenset(suspects))
+
+    def _beat(self) -> None:
+        self._shared.add(f"beat/{self.rank}", 1)
+        with self._lock:
+            watched, seen = self._watched, self._seen
         if watched is None:
             return
         generation, successor = watched
-        if generation in self._handled:
-            return
-        if self._add(f"lost/{generation}", 0) > 0:
-            self._handled.add(generation)
-            self._on_loss(generation)
-            return
-        # Only a rank seen beating (its registry running) can be reported as stopped: one that
-        # never beat is still finishing create(), or died in it (create() fails then).
         if successor is None:
             return
-        now = time.monotonic()
-        self.dead([successor], now)  # notes when its beat last moved
-        beat, moved = self._seen.get(successor, (0, now))
-        if beat > 0 and now - moved >= self.report_after_s:
-            self.report(generation, f"rank {successor} stopped beating for "
-                        f"{self.report_after_s:g}s", suspect=successor)
+        if self._interrupted.get(generation, set()) is None:
+            return  # everything is interrupted already: the rebuild is under way
+        value = bytes(self._shared.compare_set(f"beat/{successor}", _ABSENT, _ABSENT)).decode()
+        if value == _ABSENT:
+            return  # closed (deleted its beat), or not yet beating: never reported
+        beat, now = int(value), time.monotonic()
+        if seen is None or seen[0] != successor or seen[1] != beat:
+            with self._lock:
+                self._seen = (successor, beat, now)
+            return
+        if now - seen[2] >= self.report_after_s:
+            self._report(self._shared, generation, f"rank {successor} stopped beating for "
+                         f"{self.report_after_s:g}s", None)
+            with self._lock:
+                self._seen = (successor, beat, now)

@@ -1,0 +1,97 @@
+"""The control plane (:mod:`commgroups.rank_loss.liveness`, the check-in) under load and at rest.
+
+Real gloo worlds. Under load: a healthy job whose every rank calls ``rebuild(alive=every rank)``
+then a collective, six times, while six busy processes share the cores, is never shrunk nor split
+(it was, in 6 of 7 runs, when a stalled beat counted as death and each rank kept its own attempt
+count). At rest: the store requests an idle job sends, counted at a proxy in front of the store.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported at runtime
+
+from commgroups import GroupRegistry, Layout
+from commgroups.util.local_world import run_local_world
+from tests.store_proxy import CountingProxy
+from tests.test_rebuild import hsdp_layout
+from tests.worlds import run_world
+
+pytestmark = pytest.mark.world
+
+REBUILDS = 6
+BUSY_PROCESSES = 6  # 3 per core on CI's 2 cores
+IDLE_S = 10.0
+IDLE_REQUESTS_PER_RANK_S = 1.0  # the issue's ceiling (goal 0.2)
+
+
+def _rebuild_then_reduce(rank: int, world: int) -> list[Any]:
+    registry = GroupRegistry(hsdp_layout(timeout_s=20), create_timeout_s=60).create()
+    seen = []
+    for _ in range(REBUILDS):
+        report = registry.rebuild(alive=range(world))
+        value = torch.ones(1)
+        registry.collectives("dp_shard").all_reduce(value)
+        seen.append((report.generation, report.members, report.lost, value.item()))
+    registry.close()
+    return seen
+
+
+@pytest.mark.loads_cores
+def test_a_healthy_job_rebuilt_under_load_is_never_shrunk_nor_split() -> None:
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(BUSY_PROCESSES)]
+    try:
+        results = run_world(_rebuild_then_reduce, 4, timeout=300)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    expected = [(g, (0, 1, 2, 3), (), 2.0) for g in range(1, REBUILDS + 1)]
+    assert results == [expected] * 4
+
+
+def _idle(rank: int, world: int, post: Any, port: int) -> None:
+    store = TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    try:
+        registry = GroupRegistry(Layout(dims={"dp_shard": 2, "cp": 2}), create_timeout_s=60)
+        registry.create()
+        registry.collectives("fsdp").all_reduce(torch.ones(1))
+        dist.barrier()
+        if rank == 0:
+            post("idle")
+        time.sleep(IDLE_S)
+        if rank == 0:
+            post("busy")
+        time.sleep(2.0)  # the launcher reads the mark (a queue) before close()'s deletions
+        dist.barrier()
+        registry.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_idle_job_sends_the_store_almost_nothing() -> None:
+    """Listener, beat and flight recorder on by default; the store hosted outside the ranks."""
+    server = TCPStore("127.0.0.1", 0, 4, is_master=True, wait_for_workers=False)
+    proxy = CountingProxy(server.port)
+    marks: dict[str, tuple[int, float]] = {}
+    try:
+        reports = run_local_world(_idle, 4, proxy.port, backend=None, timeout_s=180,
+                                  on_message=lambda m: marks.setdefault(m, (proxy.sent,
+                                                                           time.monotonic())))
+    finally:
+        proxy.close()
+    assert all(report.ok for report in reports.values()), reports
+    (sent_idle, idle_at), (sent_busy, busy_at) = marks["idle"], marks["busy"]
+    per_rank_s = (sent_busy - sent_idle) / (busy_at - idle_at) / 4
+    assert per_rank_s <= IDLE_REQUESTS_PER_RANK_S, per_rank_s
+    assert proxy.connections == 8  # the job's own and one listener per rank
