@@ -304,9 +304,10 @@ def _kill_table(samples: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
         "detection: kill -> that member's collective raised (a direct peer of the victim sees the "
         "closed socket; the others are interrupted when the first rebuild() reports the loss); "
         "first survivor's detection: the earliest survivor's",
-        f"rebuild(): no alive=, the check-in ends when every absent member's heartbeat stood still "
-        f"for dead_after_s ({DEFAULT_DEAD_AFTER_S:g} s, heartbeat every {DEFAULT_HEARTBEAT_S:g} s, "
-        "the defaults); rebuild(alive=): ends when the given survivors are in",
+        f"rebuild(): no alive=, the check-in ends when every absent member left the loss report "
+        f"unanswered for dead_after_s ({DEFAULT_DEAD_AFTER_S:g} s; backstop beat every "
+        f"{DEFAULT_HEARTBEAT_S:g} s, the defaults); rebuild(alive=): ends when the given "
+        "survivors are in",
         "the victim's replica partner is dropped by the new layout (HSDP replicas are elastic): "
         "not a member, not counted",
     ]
