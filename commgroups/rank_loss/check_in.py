@@ -116,13 +116,17 @@ def check_in(
                 break
             joined = [r for r in _joined(store) if r in member_set]
             missing = sorted(wanted - set(joined))
+            # One clock reading per look: under load a look takes a while, and the window's end
+            # must never be judged before the answers were (every live absent rank would then
+            # count as alive and no majority would decide).
+            now = time.monotonic()
             dead: set[int] = set()
             if (missing and liveness is not None and expected is None
-                    and time.monotonic() - started >= liveness.dead_after_s):
+                    and (now - started >= liveness.dead_after_s or now >= deadline)):
                 dead = set(missing) - liveness.answered(generation, missing)
             if not missing or set(missing) <= dead:
                 decided = _decide(store, joined)
-            elif time.monotonic() >= deadline:
+            elif now >= deadline:
                 # Listed ranks are alive by the caller's word; others, if they answered.
                 absent_alive = ([r for r in missing if r not in dead]
                                 if liveness is not None or expected is not None else [])
