@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 OnLoss = Callable[[int, frozenset[int] | None], None]
 """``on_loss(generation, suspects)``: suspects None means every group of that generation."""
 
-_ABSENT = "\x00"  # a value no key holds: compare_set(key, _ABSENT, x) reads without creating
+_ABSENT = "\x00"  # a value no key holds: compare_set(key, _ABSENT, _ABSENT) reads, never creates
 _FOREVER = timedelta(days=365)  # the listener's wait: an event (a close included) ends it
 
 
@@ -72,6 +72,13 @@ def own_connection(store: Store, timeout: timedelta) -> Store | None:
     return client
 
 
+def _read(store: Store, key: str) -> str | None:
+    """``key``'s value, or None where it does not exist; one request, and unlike ``get`` it
+    never blocks on a missing key, unlike ``add(key, 0)`` it never creates one."""
+    value = bytes(store.compare_set(key, _ABSENT, _ABSENT)).decode()
+    return None if value == _ABSENT else value
+
+
 class Liveness:
     """The listening thread of one registry on one rank; see the module docstring.
 
@@ -89,7 +96,6 @@ class Liveness:
     def __init__(self, client: Store, shared: Store, namespace: str, rank: int, *,
                  interval_s: float, dead_after_s: float, on_loss: OnLoss) -> None:
         self._own = PrefixStore(namespace, client)
-        self._client = client
         self._shared = PrefixStore(namespace, shared)
         self._root = shared
         self.rank = rank
@@ -225,9 +231,7 @@ class Liveness:
         with contextlib.suppress(RuntimeError):  # the store's host is gone
             if not self._shared.check([f"lost/{generation}"]):
                 return  # nobody reported a loss in it: nothing was written
-            events = bytes(self._shared.compare_set(f"lost/{generation}/events", _ABSENT,
-                                                    _ABSENT)).decode()
-            first = None if events == _ABSENT else events
+            first = _read(self._shared, f"lost/{generation}/events")
             passed = survivors is not None and len(self.answered(generation, survivors)) == len(
                 survivors)
             for key in ("", "/who", "/events", *(f"/here/{r}" for r in members)):
@@ -296,16 +300,15 @@ class Liveness:
         store.set(f"lost/{generation}/here/{self.rank}", "1")
 
     def _read_suspects(self, generation: int, store: Store) -> set[int] | None:
-        key = f"lost/{generation}/who"
-        value = bytes(store.compare_set(key, _ABSENT, _ABSENT)).decode()
-        if value == _ABSENT:
+        value = _read(store, f"lost/{generation}/who")
+        if value is None:
             return None  # reported by a version that names nobody: everything
         suspects: set[int] = set()
-        for part in value.split(";"):
-            token = part.split("@")[0]
+        for report in value.split(";"):
+            token = report.split("@")[0]
             if token == "*":
                 return None
-            suspects.update(int(part) for part in token.split(",") if part)
+            suspects.update(int(rank) for rank in token.split(",") if rank)
         return suspects
 
     def _handle_loss(self, generation: int, suspects: set[int] | None) -> None:
@@ -330,8 +333,8 @@ class Liveness:
             return
         if self._interrupted.get(generation, set()) is None:
             return  # everything is interrupted already: the rebuild is under way
-        value = bytes(self._shared.compare_set(f"beat/{successor}", _ABSENT, _ABSENT)).decode()
-        if value == _ABSENT:
+        value = _read(self._shared, f"beat/{successor}")
+        if value is None:
             return  # closed (deleted its beat), or not yet beating: never reported
         beat, now = int(value), time.monotonic()
         if seen is None or seen[0] != successor or seen[1] != beat:
