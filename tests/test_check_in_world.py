@@ -14,14 +14,14 @@ import pytest
 from commgroups import GroupRegistry
 from commgroups.errors import RebuildError
 from tests.test_rebuild import hsdp_layout
-from tests.worlds import run_world
+from tests.worlds import connected_barrier, run_world
 
 pytestmark = pytest.mark.world
 
 
 def _late_rank(rank: int, world: int) -> str:
     registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
-    registry.collectives("checkpoint-metadata").barrier()  # every rank's groups are connected
+    connected_barrier(registry, rank, world)
     if rank == 3:
         os._exit(0)
     if rank == 2:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import commgroups as cg
 from tests import torch_private
-from tests.worlds import run_world
+from tests.worlds import connected_barrier, run_world
 
 pytestmark = pytest.mark.world
 
@@ -96,7 +96,7 @@ def _collective_faults(rank: int, world_size: int, fault: str) -> dict[str, Any]
         value = torch.ones(8)
         cp.all_reduce(value)
         assert value[0].item() == world_size
-    dist.barrier(group=registry.group("checkpoint-metadata"))
+    connected_barrier(registry, rank, world_size)
     if rank == 3:
         if fault == "killed":
             os._exit(3)

@@ -24,7 +24,7 @@ from commgroups.creation.agreement import store_barrier
 from commgroups.errors import LeftOutError, RebuildError
 from tests.test_generation import _group_count
 from tests.test_rebuild import hsdp_layout
-from tests.worlds import run_world
+from tests.worlds import connected_barrier, run_world
 
 pytestmark = pytest.mark.world
 
@@ -160,7 +160,7 @@ def test_a_lone_rebuild_that_nobody_joins_fails_on_that_rank_and_splits_nothing(
 
 def _late_and_retrying(rank: int, world: int) -> dict[str, Any]:
     registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
-    registry.collectives("checkpoint-metadata").barrier()  # every rank's groups are connected
+    connected_barrier(registry, rank, world)
     if rank == 3:
         os._exit(0)
     if rank == 2:
@@ -191,7 +191,7 @@ def _far_behind(rank: int, world: int) -> str:
     """Rank 2 reaches rebuild() two generations late, after the check-in it missed was deleted."""
     registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
     store = torch_internals.default_store()
-    registry.collectives("checkpoint-metadata").barrier()  # every rank's groups are connected
+    connected_barrier(registry, rank, world)
     if rank == 3:
         os._exit(0)
     if rank == 2:

@@ -20,7 +20,7 @@ from commgroups import GroupRegistry, Layout, RoleSpec, default_roles
 from commgroups.errors import RebuildError, ReplanError, StaleGenerationError
 from commgroups.generation import Generation
 from tests import torch_private
-from tests.worlds import run_world
+from tests.worlds import connected_barrier, run_world
 
 pytestmark = pytest.mark.world
 
@@ -42,7 +42,7 @@ def _fail_then_rebuild(rank: int, world: int, victim: int, role: str,
     registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
     old = registry.collectives(role)
     mesh = registry.device_mesh(["dp_replicate", "fsdp"])
-    registry.collectives("checkpoint-metadata").barrier()
+    connected_barrier(registry, rank, world)
     if rank == victim:
         os._exit(0)  # lost for good: no report, no cleanup
     started = time.monotonic()
@@ -171,7 +171,7 @@ def _second_loss_during_rebuild(rank: int, world: int) -> dict[str, Any]:
     check-in. The others' first rebuild fails; their second one succeeds without rank 0."""
     registry = GroupRegistry(hsdp_layout({"dp_replicate": 3, "dp_shard": 2}),
                              create_timeout_s=6).create()
-    registry.collectives("checkpoint-metadata").barrier()
+    connected_barrier(registry, rank, world)
     if rank == 5:
         os._exit(0)
     if rank == 0:

@@ -9,8 +9,11 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
+from commgroups import GroupRegistry, torch_internals
+from commgroups.creation.agreement import store_barrier
 from commgroups.util.local_world import Post, run_local_world
 
 
@@ -64,3 +67,16 @@ def run_world(
             f"ranks {missing} reported nothing within {timeout:g}s (hang, or crash before reporting)"
         )
     return [reports[r].value for r in range(world_size)]
+
+
+def connected_barrier(registry: GroupRegistry, rank: int, world_size: int) -> None:
+    """A checkpoint-metadata barrier that every rank has left before this returns on any rank.
+
+    Call it before a test kills a rank. A gloo barrier returns on a rank once that rank has what it
+    needs, while a slower peer may still be reading the rank's last message; a rank that exits at
+    that moment fails its peer's barrier (CI saw this: the survivor raised before its rebuild). The
+    store barrier after it lets the victim exit only once every peer's barrier has returned.
+    """
+    registry.collectives("checkpoint-metadata").barrier()
+    store_barrier(torch_internals.default_store(), f"tests/left-barrier/{registry.generation}",
+                  rank, world_size, timedelta(seconds=60), "tests: every rank left the barrier")
