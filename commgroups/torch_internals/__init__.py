@@ -73,9 +73,12 @@ __all__ = [
     "group_naming_state",
     "group_sequence_counter",
     "group_sequence_number",
+    "has_reconfigure",
     "hccl_process_group_class",
     "import_fake_backend",
     "predict_group_names",
+    "reconfigure_group",
+    "reconfigure_handle",
     "recv_source_rank",
     "register_flattened_mesh",
     "registered_group_names",
@@ -83,6 +86,7 @@ __all__ = [
     "set_group_timeout",
     "set_options_timeout",
     "shrink_abort_flag",
+    "supports_reconfigure",
     "tree_leaves",
     "torchcomms_enabled",
 ]
@@ -308,6 +312,73 @@ def torchcomms_enabled() -> bool:
     """
     check = getattr(c10d, "_use_torchcomms_enabled", None)
     return bool(check()) if callable(check) else False
+
+
+# ------------------------------------------------------------------------------ reconfigure
+def has_reconfigure() -> bool:
+    """Whether this torch has the reconfigure API at all (no process group needed).
+
+    ``distributed_c10d._supports_reconfigure``, ``_get_reconfigure_handle`` and ``_reconfigure``, all
+    three: 2.15.0 has them (read and run), 2.10 and 2.13 have none; 2.14.1 NOT CHECKED.
+    """
+    return all(callable(getattr(c10d, name, None))
+               for name in ("_supports_reconfigure", "_get_reconfigure_handle", "_reconfigure"))
+
+
+def supports_reconfigure(group: dist.ProcessGroup | None = None) -> bool:
+    """Whether ``group`` (None: the default group) can be reconfigured onto a new set of peers.
+
+    ``distributed_c10d._supports_reconfigure(group)``: private and experimental, present on 2.15.0
+    (read and run), absent on 2.10 and 2.13; 2.14.1 NOT CHECKED (facts say it has it; no venv of it
+    here). On 2.15.0 it reports the backend's capability, not the regime: every gloo group answers
+    True, made with or without ``init_process_group(enable_reconfigure=True)``, ``new_group``
+    included (measured, ``benchmarks/reconfigure.py``). False where torch lacks it, where the default
+    group is not initialized, or where the query raises: never raises itself.
+    """
+    probe = getattr(c10d, "_supports_reconfigure", None)
+    if not callable(probe):
+        return False
+    try:
+        if group is None and not dist.is_initialized():
+            return False
+        return bool(probe(group))
+    except Exception as error:  # a backend without the capability may raise instead of saying no
+        logger.debug("_supports_reconfigure(%s) raised: %s", group, error)
+        return False
+
+
+def reconfigure_handle(group: dist.ProcessGroup | None = None) -> str:
+    """This rank's opaque reconfigure handle for ``group`` (exchange it out of band).
+
+    ``distributed_c10d._get_reconfigure_handle(group)``: 2.15.0 only (absent on 2.10 and 2.13; 2.14.1
+    NOT CHECKED). On 2.15.0's
+    gloo it reads ``gloo:<group rank>:<uuid of the last reconfigure, -1 before>:<group rank>:
+    <store host>:<store port>``; treat it as opaque. Call only where :func:`supports_reconfigure`
+    said True.
+    """
+    get_handle: Callable[..., Any] = getattr(c10d, "_get_reconfigure_handle")  # noqa: B009
+    return str(get_handle(group))
+
+
+def reconfigure_group(group: dist.ProcessGroup | None, *, uuid: int, handles: Sequence[str],
+                      timeout: timedelta | None = None) -> None:
+    """Rebuild ``group``'s communicator in place on the peers ``handles`` name, and wait for it.
+
+    ``distributed_c10d._reconfigure(uuid=, handles=, group=, timeout=)``: 2.15.0 only (absent on
+    2.10 and 2.13; 2.14.1 NOT CHECKED). Every rank of the new set calls it with the same fresh
+    ``uuid`` and the same handle list (its order gives the new group ranks). On 2.15.0's gloo,
+    measured (``benchmarks/reconfigure.py``): the call blocks until every listed peer called it, then
+    takes 20-65 ms (4 and 8 ranks); a collective this rank had blocked on the old peers then raises
+    "Connection closed by peer", 20-200 ms later, whichever thread made the call.
+
+    torch's own tables are NOT updated: ``group.rank()`` and ``group.size()`` are the new ones, but
+    ``dist.get_rank(group)``, ``get_process_group_ranks`` and every rooted collective's global
+    ``src``/``dst`` still use the old membership (a broadcast from a survivor's global rank fails
+    "invalid root rank"), and DeviceMesh keeps the old ranks. Use it only where the membership's
+    order is kept, or the group is addressed by group rank alone.
+    """
+    reconfigure: Callable[..., Any] = getattr(c10d, "_reconfigure")  # noqa: B009  (2.15 only)
+    reconfigure(uuid=uuid, handles=list(handles), group=group, timeout=timeout).wait()
 
 
 # -------------------------------------------------------------------------------------- p2p
