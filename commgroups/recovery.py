@@ -198,7 +198,7 @@ class Recovery:
         self.release_retired(lost_positions, first, members)
         if first and str(dist.get_backend()) != "fake":
             root = torch_internals.default_store()
-            record_made(root, self._made_key, report.generation, members)
+            record_made(root, self._made_key, report.generation, len(members))
             if self.previous_check_ins is not None:  # a generation ago: nobody reads them now
                 forget_check_ins(root, *self.previous_check_ins)
         self.previous_check_ins = (self._rebuild_prefix(report.generation), self.attempts_made)
@@ -224,9 +224,7 @@ class Recovery:
         current members, if known."""
         for old in self.retired:
             if old.release(lost_positions) and first and self.liveness is not None:
-                self.liveness.release(old.number, old.plan.members
-                                      or range(old.layout.world_size),  # generation 0: identity
-                                      survivors)
+                self.liveness.release(old.number, survivors)
         self.retired = [old for old in self.retired if old.ended != "released"]
 
     def close(self, number: int, first: bool, members: Sequence[int] = ()) -> None:
@@ -234,7 +232,7 @@ class Recovery:
         listening thread, release the retired generations, close the spine; ``first`` (one
         rank): delete the rebuild records too."""
         if first and self.liveness is not None:
-            self.liveness.release(number, members)
+            self.liveness.release(number)
         self.stop_liveness(len(members))
         self.release_retired()
         if (first and self.previous_check_ins is not None and dist.is_initialized()

@@ -24,7 +24,12 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
-from commgroups.errors import AgreementTimeoutError, LayoutMismatchError, StoreUnreachableError
+from commgroups.errors import (
+    AgreementTimeoutError,
+    CommGroupsError,
+    LayoutMismatchError,
+    StoreUnreachableError,
+)
 from commgroups.util.error_text import fit_lines
 from commgroups.util.text_table import format_ranks
 
@@ -289,6 +294,8 @@ def store_calls(store: Store, rank: int, started: float, what: str) -> Iterator[
     """
     try:
         yield
+    except CommGroupsError:
+        raise  # ours, raised inside (a RebuildError is a RuntimeError too): never the store's
     except RuntimeError as error:  # DistNetworkError, DistStoreError: torch's store failures
         # torch's own text gets what the bound leaves; why and how to survive it: the guide.
         raise StoreUnreachableError(fit_lines(

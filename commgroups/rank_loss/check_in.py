@@ -1,7 +1,10 @@
-"""The survivors' check-in after a rank loss: every survivor learns the same set of live ranks.
+"""The survivors' check-in after a rank loss: every survivor learns the same set of lost ranks, at a
+store cost per rank that does not grow with the job.
 
-Each survivor appends its global rank to one store key and looks for the decision. The set is
-decided exactly once, by one compare-and-set on the key ``decided``, by the first rank that sees:
+Each survivor appends its global rank to one list (``joined``) and adds 1 to a counter (``count``).
+The first rank in is the decider: it alone looks at the check-in (every 20 ms: the counter, and the
+lists only when the counter moved), and it decides exactly once, by one compare-and-set on the key
+``decided``, as soon as:
 
 - every rank it expects (``expected``: the ranks the caller knows to be alive, else every member
   of the old generation) checked in; or
@@ -16,11 +19,16 @@ decided exactly once, by one compare-and-set on the key ``decided``, by the firs
   answered the loss report, is alive). A minority decides nothing and raises: a lone ``rebuild()``
   never splits the job.
 
-Every survivor reads the one decided set, so all get the same answer. A rank that checks in after the
-decision is not in it and raises :class:`~commgroups.errors.RebuildError` (the others rebuilt without
-it); it never forms a world of its own. Only the store is used (no process group: the old groups hold
-a dead rank): per look (every 20 ms) one read of the list and, after ``dead_after_s``, one ``check``
-per absent member.
+The decision names the ranks *out* (members that did not check in): a few, where the list of
+survivors would be the whole job. Every other rank blocks in one store ``wait`` on ``decided`` and
+reads it once, so all get the same answer; a follower whose window ends first takes the decider's
+last look itself (the decider may have died). A rank that checks in after the decision is out and
+raises :class:`~commgroups.errors.LeftOutError` (the others rebuilt without it); it never forms a
+world of its own. Only the store is used (no process group: the old groups hold a dead rank).
+
+Cost per follower: five requests of constant size (the made-generation read, the append, the add,
+the wait, the read of the decision), whatever the job's size; the decider's reads of the two lists
+(O(N) bytes, one rank) happen only when the counter moved.
 """
 
 from __future__ import annotations
@@ -28,8 +36,9 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
+from typing import Protocol
 
 from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported
 
@@ -37,24 +46,170 @@ from commgroups.creation.agreement import store_calls
 from commgroups.errors import LeftOutError, RebuildError
 from commgroups.layout import limits
 from commgroups.layout.specs import Layout
-from commgroups.rank_loss.liveness import Liveness
 
-__all__ = ["check_in", "check_in_window", "forget_check_ins", "record_made", "window_slack_s"]
+__all__ = ["Answers", "CheckIn", "check_in", "check_in_window", "forget_check_ins", "record_made",
+           "window_slack_s"]
 
 _JOINED = "joined"
+_COUNT = "count"
 _DECIDED = "decided"
-_POLL_S = 0.02  # between looks at the check-in: the decision waits at most this much longer
+_POLL_S = 0.02  # between the decider's looks: the decision waits at most this much longer
+_ABSENT = "\x00"  # a value no key holds: compare_set(key, _ABSENT, _ABSENT) reads, never creates
 
 
-def _joined(store: Store) -> list[int]:
-    text = bytes(store.get(_JOINED)).decode()
-    return sorted({int(part) for part in text.split(",") if part})
+class Answers(Protocol):
+    """Who answered a loss report (:class:`~commgroups.rank_loss.liveness.Liveness` is one)."""
+
+    dead_after_s: float
+    """How long an unanswered report counts as nothing yet; after it, as death."""
+
+    def answered(self, generation: int, ranks: Collection[int]) -> set[int]:
+        """Which of ``ranks`` answered generation ``generation``'s loss report."""
 
 
-def _decide(store: Store, ranks: Sequence[int]) -> tuple[int, ...]:
-    """Propose ``ranks``; returns the set that holds (ours, or one decided before)."""
-    held = bytes(store.compare_set(_DECIDED, "", json.dumps(sorted(ranks)))).decode()
-    return tuple(json.loads(held))
+class CheckIn:
+    """One rank's check-in toward the next generation, in steps (:meth:`join`, :meth:`look`,
+    :meth:`await_decision`) that :func:`check_in` runs in order; the benchmark drives them for
+    many simulated ranks at once.
+
+    Args: as :func:`check_in`.
+    """
+
+    def __init__(self, root: Store, prefix: str, rank: int, members: Sequence[int],
+                 window: timedelta, expected: Sequence[int] | None = None,
+                 liveness: Answers | None = None, made_key: str | None = None,
+                 generation: int = 0) -> None:
+        self.root = root
+        self.store = PrefixStore(prefix, root)
+        self.rank = rank
+        self.members = frozenset(members)
+        self.window = window
+        self.expected = None if expected is None else frozenset(expected)
+        self.liveness = liveness
+        self.made_key = made_key
+        self.generation = generation
+        self.started = time.monotonic()
+        self.deadline = self.started + window.total_seconds()
+        self._count = -1
+        self._judged = False  # deaths were judged once (then again only when the count moves)
+        self._joined: frozenset[int] = frozenset()
+        self._absent_alive: list[int] = []
+
+    def join(self) -> bool:
+        """Check in (three requests); True where this rank is the first in (the decider).
+
+        Raises LeftOutError at once where a generation newer than ours was made already."""
+        self.started = time.monotonic()
+        self.deadline = self.started + self.window.total_seconds()
+        self._left_out_by_made()
+        # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
+        self.store.append(_JOINED, f"{self.rank},")  # type: ignore[attr-defined,unused-ignore]
+        return int(self.store.add(_COUNT, 1)) == 1
+
+    def look(self, final: bool = False) -> frozenset[int] | None:
+        """The decider's look: the ranks out if decided now (by this look or before), else None.
+
+        ``final`` (or the window's end): decide by majority, or raise RebuildError."""
+        # One clock reading per look: under load a look takes a while, and the window's end must
+        # never be judged before the answers were (every live absent rank would then count as
+        # alive and no majority would decide).
+        now = time.monotonic()
+        final = final or now >= self.deadline
+        wanted = self.expected if self.expected is not None else self.members
+        liveness = self.liveness if self.expected is None else None
+        judge_deaths = liveness is not None and (final or now - self.started >= liveness.dead_after_s)
+        count = int(self.store.add(_COUNT, 0))
+        moved, self._count = count != self._count, count
+        # The lists are read only when they can decide something: a count below what is wanted
+        # decides nothing until deaths are judged (at 65,536 ranks a list is 400 kB).
+        due = final or (moved and count >= len(wanted)) or (
+            judge_deaths and (moved or not self._judged))
+        if not due:
+            return self._decided()
+        self._judged = self._judged or judge_deaths
+        self._joined = self._read_joined()
+        missing = wanted - self._joined
+        dead: set[int] = set()
+        if missing and liveness is not None and judge_deaths:
+            dead = set(missing) - liveness.answered(self.generation, missing)
+        if not missing or missing <= dead:
+            return self._decide(self._joined)
+        if not final:
+            return self._decided()
+        # Listed ranks are alive by the caller's word; others, if they answered.
+        self._absent_alive = (sorted(r for r in missing if r not in dead)
+                              if self.liveness is not None or self.expected is not None else [])
+        if len(self._joined) <= len(self._absent_alive):
+            decided = self._decided()  # another rank may have decided meanwhile
+            if decided is not None:
+                return decided
+            raise RebuildError(
+                f"rank {self.rank}: ranks {_short(self._absent_alive)} are alive but did not call "
+                f"rebuild() within {self.window.total_seconds():g}s, and the {len(self._joined)} "
+                "in are no majority; nothing was decided. fix: call rebuild() on every rank")
+        return self._decide(self._joined)
+
+    def await_decision(self) -> frozenset[int]:
+        """A follower's wait: one blocked request until the decision, one to read it. Where this
+        rank's window ends first, it takes the last look itself (the decider may be dead)."""
+        while True:
+            remaining = self.deadline - time.monotonic()
+            try:
+                self.store.wait([_DECIDED], timedelta(seconds=max(remaining, 0.001)))
+            except RuntimeError:  # DistStoreError: a timeout, or the store itself failed
+                if time.monotonic() < self.deadline - 0.05:
+                    raise  # not our timeout: the store failed (store_calls names its host)
+                self._left_out_by_made()
+                decided = self.look(final=True)
+                assert decided is not None  # a final look decides or raises
+                return decided
+            # A wait can return before the key exists: torch's libuv server wakes a key's
+            # waiters when any client compare_sets that key while it is missing (2.10-2.15).
+            out = self._decided()
+            if out is not None:
+                return out
+
+    def outcome(self, out: frozenset[int]) -> tuple[int, ...]:
+        """The survivors, ascending; LeftOutError where this rank is out."""
+        if self.rank in out:
+            survivors = len(self.members) - len(out)
+            raise LeftOutError(
+                f"rank {self.rank}: checked in to rebuild() after the {survivors} survivors were "
+                "decided without it; this rank is out of the job. fix: exit, or give rebuild() a "
+                "longer timeout= (its check-in window)")
+        return tuple(sorted(self.members - out))
+
+    def _read_joined(self) -> frozenset[int]:
+        text = bytes(self.store.get(_JOINED)).decode()
+        return frozenset(int(part) for part in text.split(",") if part) & self.members
+
+    def _decide(self, joined: frozenset[int]) -> frozenset[int]:
+        """Propose the members not in ``joined`` as out; returns what holds (ours, or older)."""
+        proposal = json.dumps({"out": sorted(self.members - joined)})
+        held = bytes(self.store.compare_set(_DECIDED, "", proposal)).decode()
+        return frozenset(json.loads(held)["out"])
+
+    def _decided(self) -> frozenset[int] | None:
+        # check, then get: a compare_set read of the missing key would wake every follower.
+        if not self.store.check([_DECIDED]):
+            return None
+        return frozenset(json.loads(bytes(self.store.get(_DECIDED)).decode())["out"])
+
+    def _left_out_by_made(self) -> None:
+        """A generation newer than ours was made: this check-in was decided long ago and its keys
+        may be gone; this rank is out (were it in that generation, it would be at it)."""
+        if self.made_key is None:
+            return
+        value = bytes(self.root.compare_set(self.made_key, _ABSENT, _ABSENT)).decode()
+        if value == _ABSENT:
+            return
+        made = json.loads(value)
+        if made["generation"] > self.generation:
+            raise LeftOutError(
+                f"rank {self.rank}: generation {made['generation']} was made by {made['size']} "
+                f"ranks without it while this rank was at generation {self.generation}; this rank "
+                "is out of the job. fix: exit, or give rebuild() a longer timeout= (its check-in "
+                "window)")
 
 
 def check_in(
@@ -64,7 +219,7 @@ def check_in(
     members: Sequence[int],
     window: timedelta,
     expected: Sequence[int] | None = None,
-    liveness: Liveness | None = None,
+    liveness: Answers | None = None,
     made_key: str | None = None,
     generation: int = 0,
 ) -> tuple[int, ...]:
@@ -78,14 +233,13 @@ def check_in(
         members: the old generation's global ranks (the only ranks that may check in).
         window: how long this rank waits, from its own check-in, for the others (the backstop).
         expected: ranks known to be alive; the set is decided as soon as all of them are in.
-        liveness: the ranks' listening threads: without ``expected``, the set is decided as
-            soon as every member is in or left generation ``generation``'s loss report
-            unanswered for its ``dead_after_s``; at the window's end only a majority of the
-            live members decides.
+        liveness: who answered the loss report (the ranks' listening threads): without
+            ``expected``, the set is decided as soon as every member is in or left generation
+            ``generation``'s loss report unanswered for its ``dead_after_s``; at the window's end
+            only a majority of the live members decides.
         made_key: where the survivors record the last generation they made (:func:`record_made`);
             one newer than ``generation`` (this rank's) means this check-in was decided long ago
-            and its keys may be gone: this rank is out (were it in that generation, it would be
-            at it).
+            and its keys may be gone: this rank is out.
         generation: the number of the generation this rank is rebuilding from.
 
     Raises:
@@ -94,65 +248,24 @@ def check_in(
             decided).
         StoreUnreachableError: the store stopped answering (its host died).
     """
-    store = PrefixStore(prefix, root)
-    wanted = set(expected if expected is not None else members)
-    member_set = set(members)
-    started = time.monotonic()
-    deadline = started + window.total_seconds()
-    joined: list[int] = []
-    absent_alive: list[int] = []
-    with store_calls(root, rank, started, "registry.rebuild()'s check-in"):
-        # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
-        store.append(_JOINED, f"{rank},")  # type: ignore[attr-defined,unused-ignore]
-        decided: tuple[int, ...] | None = None
-        while decided is None:
-            if made_key is not None and root.check([made_key]):
-                made = json.loads(bytes(root.get(made_key)).decode())
-                if made["generation"] > generation:  # made from ours, or later: we are out
-                    decided = tuple(made["members"])
-                    break
-            if store.check([_DECIDED]):
-                decided = tuple(json.loads(bytes(store.get(_DECIDED)).decode()))
-                break
-            joined = [r for r in _joined(store) if r in member_set]
-            missing = sorted(wanted - set(joined))
-            # One clock reading per look: under load a look takes a while, and the window's end
-            # must never be judged before the answers were (every live absent rank would then
-            # count as alive and no majority would decide).
-            now = time.monotonic()
-            dead: set[int] = set()
-            if (missing and liveness is not None and expected is None
-                    and (now - started >= liveness.dead_after_s or now >= deadline)):
-                dead = set(missing) - liveness.answered(generation, missing)
-            if not missing or set(missing) <= dead:
-                decided = _decide(store, joined)
-            elif now >= deadline:
-                # Listed ranks are alive by the caller's word; others, if they answered.
-                absent_alive = ([r for r in missing if r not in dead]
-                                if liveness is not None or expected is not None else [])
-                if len(joined) <= len(absent_alive):
-                    break  # no majority of the live members: deciding would split the job
-                decided = _decide(store, joined)
-            else:
+    attempt = CheckIn(root, prefix, rank, members, window, expected, liveness, made_key,
+                      generation)
+    with store_calls(root, rank, time.monotonic(), "registry.rebuild()'s check-in"):
+        if attempt.join():
+            out = attempt.look()
+            while out is None:
                 time.sleep(_POLL_S)
-    if decided is None:
-        raise RebuildError(
-            f"rank {rank}: ranks {_short(absent_alive)} are alive but did not call rebuild() "
-            f"within {window.total_seconds():g}s, and the {len(joined)} in are no majority; "
-            "nothing was decided. fix: call rebuild() on every rank")
-    if rank not in decided:
-        raise LeftOutError(
-            f"rank {rank}: checked in to rebuild() after the survivors were decided without it "
-            f"({len(decided)} ranks: {_short(decided)}); this rank is out of the job. fix: exit, "
-            "or give rebuild() a longer timeout= (its check-in window)"
-        )
-    return decided
+                out = attempt.look()
+        else:
+            out = attempt.await_decision()
+    return attempt.outcome(out)
 
 
-def record_made(root: Store, made_key: str, generation: int, members: Sequence[int]) -> None:
-    """Record that generation ``generation`` was made on ``members`` (one key, overwritten by
-    each rebuild): a rank of an older generation that checks in later learns it is out."""
-    root.set(made_key, json.dumps({"generation": generation, "members": list(members)}))
+def record_made(root: Store, made_key: str, generation: int, size: int) -> None:
+    """Record that generation ``generation`` was made on ``size`` ranks (one key of constant size,
+    overwritten by each rebuild): a rank of an older generation that checks in later learns it is
+    out."""
+    root.set(made_key, json.dumps({"generation": generation, "size": size}))
 
 
 def forget_check_ins(root: Store, prefix: str, attempts: int) -> None:
@@ -163,7 +276,7 @@ def forget_check_ins(root: Store, prefix: str, attempts: int) -> None:
         root.delete_key(f"{prefix}open")
     for attempt in range(attempts):
         store = PrefixStore(f"{prefix}{attempt}/", root)  # as check_in() wrote them
-        for key in (_JOINED, _DECIDED):
+        for key in (_JOINED, _COUNT, _DECIDED):
             with contextlib.suppress(RuntimeError):  # never written (that rank was not first)
                 store.delete_key(key)
 

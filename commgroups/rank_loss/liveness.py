@@ -45,7 +45,7 @@ from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]  # re-exported
 
-__all__ = ["Liveness", "OnLoss", "own_connection"]
+__all__ = ["Liveness", "OnLoss", "answer", "answered", "own_connection"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,28 @@ def own_connection(store: Store, timeout: timedelta) -> Store | None:
     client: Store = store.clone()  # type: ignore[attr-defined,unused-ignore]  # not in the stubs
     client.set_timeout(timeout)
     return client
+
+
+def answer(store: Store, generation: int, rank: int) -> None:
+    """Say that ``rank`` heard generation ``generation``'s loss report and is alive: one append
+    to the answers' list (``store``: the registry's namespace), which only a deciding rank reads."""
+    # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
+    store.append(f"lost/{generation}/here", f"{rank},")  # type: ignore[attr-defined,unused-ignore]
+
+
+def answered(store: Store, generation: int, ranks: Collection[int]) -> set[int]:
+    """Which of ``ranks`` answered generation ``generation``'s loss report (:func:`answer`)."""
+    value = _read(store, f"lost/{generation}/here")
+    if value is None:
+        return set()
+    return {int(part) for part in value.split(",") if part} & set(ranks)
+
+
+def _suspects(token: str) -> set[int] | None:
+    """A report's suspects (``"1,5"``; ``"*"``: everyone, None)."""
+    if token == "*":
+        return None
+    return {int(rank) for rank in token.split(",") if rank}
 
 
 def _read(store: Store, key: str) -> str | None:
@@ -143,7 +165,14 @@ class Liveness:
 
         ``suspects``: the ranks that take no further part in ``generation`` (this rank, when it
         calls ``rebuild()``, and any it knows lost); None: unknown, every group is interrupted.
-        The reason goes to this rank's log."""
+        The reason goes to this rank's log. Nothing is sent where this rank already heard a
+        report of ``generation`` that covers ``suspects`` (every rank heard it: at 65,536 ranks
+        each survivor's own report would cost the store four requests for nothing)."""
+        with self._lock:
+            heard = generation in self._interrupted
+            done = self._interrupted.get(generation, set())
+        if heard and (done is None or (suspects is not None and set(suspects) <= done)):
+            return False
         return self._report(self._shared, generation, reason, suspects)
 
     def _report(self, store: Store, generation: int, reason: str,
@@ -161,8 +190,8 @@ class Liveness:
             # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
             store.append(f"lost/{generation}/who", mine)  # type: ignore[attr-defined,unused-ignore]
         first = int(store.add(f"lost/{generation}", 1)) == 1
-        if new:
-            number = self._emit(store, {"k": "loss", "g": generation})
+        if new:  # the event carries the suspects: no listener reads ``who`` for them
+            number = self._emit(store, {"k": "loss", "g": generation, "s": token})
             if claimed:
                 store.set(f"lost/{generation}/events", str(number))
         if first:
@@ -180,10 +209,10 @@ class Liveness:
         store.set(f"event/{number}", json.dumps(event))
         return number
 
-    def answered(self, generation: int, ranks: Sequence[int]) -> set[int]:
+    def answered(self, generation: int, ranks: Collection[int]) -> set[int]:
         """Which of ``ranks`` answered the loss report of ``generation`` (alive when they heard
-        it). One request per rank asked, from the calling thread."""
-        return {r for r in ranks if self._shared.check([f"lost/{generation}/here/{r}"])}
+        it). One request (a read of the answers' list), from the calling thread."""
+        return answered(self._shared, generation, ranks)
 
     def subscribe(self, prefix: str, handler: Callable[[], None] | None) -> None:
         """Call ``handler`` from the thread on each ``ask`` event for ``prefix`` (None: stop)."""
@@ -218,10 +247,9 @@ class Liveness:
         if beater.is_alive() and beater is not threading.current_thread():
             beater.join(timeout=1.0)
 
-    def release(self, generation: int, members: Sequence[int] = (),
-                survivors: Sequence[int] | None = None) -> None:
-        """Delete ``generation``'s loss report and its ``members``' answers (call on one rank
-        once per generation, after every survivor read it: when the next generation exists).
+    def release(self, generation: int, survivors: Sequence[int] | None = None) -> None:
+        """Delete ``generation``'s loss report and its answers (call on one rank once per
+        generation, after every survivor read it: when the next generation exists).
 
         Its first event goes too where every one of ``survivors`` answered the report (their
         listeners handle events in order, so each is past it); a later one of the same
@@ -234,7 +262,7 @@ class Liveness:
             first = _read(self._shared, f"lost/{generation}/events")
             passed = survivors is not None and len(self.answered(generation, survivors)) == len(
                 survivors)
-            for key in ("", "/who", "/events", *(f"/here/{r}" for r in members)):
+            for key in ("", "/who", "/events", "/here"):
                 self._shared.delete_key(f"lost/{generation}{key}")
             if first is not None and passed:
                 self._shared.delete_key(f"event/{first}")
@@ -282,7 +310,9 @@ class Liveness:
         if kind == "loss":
             generation = int(event["g"])
             self._answer(generation, self._own)
-            self._handle_loss(generation, self._read_suspects(generation, self._own))
+            token = event.get("s")
+            self._handle_loss(generation, self._read_suspects(generation, self._own)
+                              if token is None else _suspects(str(token)))
         elif kind == "ask":
             handler = self._subscribers.get(str(event.get("p")))
             if handler is not None:
@@ -297,7 +327,7 @@ class Liveness:
             if generation in self._answered:
                 return
             self._answered.add(generation)
-        store.set(f"lost/{generation}/here/{self.rank}", "1")
+        answer(store, generation, self.rank)
 
     def _read_suspects(self, generation: int, store: Store) -> set[int] | None:
         value = _read(store, f"lost/{generation}/who")
@@ -305,10 +335,10 @@ class Liveness:
             return None  # reported by a version that names nobody: everything
         suspects: set[int] = set()
         for report in value.split(";"):
-            token = report.split("@")[0]
-            if token == "*":
+            named = _suspects(report.split("@")[0])
+            if named is None:
                 return None
-            suspects.update(int(rank) for rank in token.split(",") if rank)
+            suspects |= named
         return suspects
 
     def _handle_loss(self, generation: int, suspects: set[int] | None) -> None:
