@@ -9,6 +9,7 @@ scenarios. The last scenario kills a rank.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -20,8 +21,9 @@ import pytest
 import torch
 
 import commgroups as cg
+from commgroups.flight_recorder import session
 from commgroups.flight_recorder.merge import merge_dir
-from tests.worlds import run_world
+from tests.worlds import connected_barrier, run_world
 
 pytestmark = pytest.mark.world
 
@@ -40,7 +42,32 @@ def _caught(call: Any) -> dict[str, Any]:
     return {"cls": None}
 
 
+def _log_diagnoses(rank: int) -> None:
+    """Every record of the flight recorder's session, debug included, into a file per rank (a
+    dying rank's too: the handler writes each record at once)."""
+    directory = Path(os.environ["COMMGROUPS_FLIGHT_DIR"])
+    handler = logging.FileHandler(directory / f"log-rank{rank}.txt", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log = logging.getLogger(session.__name__)
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+
+
+def _diagnoses(directory: Path, ranks: range) -> dict[str, dict[str, list[int]]]:
+    """role -> level -> the ranks that logged its diagnosis at that level."""
+    found: dict[str, dict[str, list[int]]] = {}
+    for rank in ranks:
+        path = directory / f"log-rank{rank}.txt"
+        for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+            level, _, text = line.partition(" ")
+            if text.startswith("flight recorder, role "):
+                role = text.removeprefix("flight recorder, role ").split(":")[0]
+                found.setdefault(role, {}).setdefault(level, []).append(rank)
+    return found
+
+
 def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
+    _log_diagnoses(rank)
     roles = [cg.RoleSpec(name=name, dims=["cp"], timeout_s=2)
              for name in ("skip", "sleep", "mismatch", "dies")]
     roles.append(cg.RoleSpec(name="hold", dims=["cp"], timeout_s=60))
@@ -161,6 +188,49 @@ def test_a_dead_rank_is_named_silent(scenarios: Any) -> None:
         assert got["flight"]["behind"] == [] and got["flight"]["mismatch"] == []
         assert "silent: rank 3 (no fresh status: dead or frozen" in got["text"]
     assert diagnosed >= 1  # its direct peers see the closed connection before any heartbeat
+
+
+def test_each_hang_is_printed_by_one_rank_and_logged_at_debug_by_the_others(
+        scenarios: Any) -> None:
+    results, directory = scenarios
+    found = _diagnoses(directory, range(4))
+    for role in ("skip", "sleep", "mismatch"):
+        waiting = sorted(rank for rank in range(4) if results[rank].get(role, {}).get("flight"))
+        # the lowest rank that diagnosed prints it; every other one keeps it at debug
+        assert found[role].get("WARNING") == [waiting[0]], (role, found)
+        assert sorted(found[role].get("DEBUG", [])) == waiting[1:], (role, found)
+    diagnosed = sorted(rank for rank in range(3) if results[rank]["dies"]["flight"])
+    if diagnosed:  # a survivor the heartbeat's report interrupted first does not diagnose
+        assert len(found["dies"].get("WARNING", [])) == 1, found
+        assert sorted(found["dies"]["WARNING"] + found["dies"].get("DEBUG", [])) == diagnosed
+
+
+def _lowest_dies(rank: int, world_size: int) -> dict[str, Any]:
+    _log_diagnoses(rank)
+    roles = [cg.RoleSpec(name="dies", dims=["cp"], timeout_s=2),
+             cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo")]
+    # No heartbeat: no loss report interrupts a survivor before its diagnosis.
+    registry = cg.GroupRegistry(cg.Layout(dims={"cp": world_size}, roles=roles), heartbeat_s=None)
+    with registry:
+        dies = registry.collectives("dies")
+        dies.all_reduce(torch.ones(4))
+        connected_barrier(registry, rank, world_size)
+        if rank == 0:
+            os._exit(0)
+        got = _caught(lambda: dies.all_reduce(torch.ones(4)))
+    return got
+
+
+def test_the_lowest_rank_dead_a_survivor_prints_it_once(tmp_path: Path) -> None:
+    finished = run_world(_lowest_dies, 3, timeout=90, expect_errors=True,
+                         env={"COMMGROUPS_FLIGHT_DIR": str(tmp_path)})
+    assert all(finished[rank]["flight"] for rank in (1, 2)), finished
+    found = _diagnoses(tmp_path, range(3))
+    # One survivor prints it, the other keeps it at debug. Not always rank 1: a survivor whose
+    # peer is the dead rank fails at once, the other may fail only when that one closes, after
+    # its diagnosis was printed (the later rank then finds the call claimed).
+    assert sorted(found["dies"]) == ["DEBUG", "WARNING"], found
+    assert sorted(found["dies"]["WARNING"] + found["dies"]["DEBUG"]) == [1, 2], found
 
 
 def test_the_merged_dumps_name_each_hang(scenarios: Any) -> None:

@@ -7,20 +7,36 @@ deadline); this module adds rank 0's progress messages, relayed to the CLI's pro
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Collection
 from typing import Any
 
 from commgroups.bench.progress import NullProgress, Progress, QueueProgress, apply_message
 from commgroups.errors import WorldFailed  # defined there; importable from here as before
+from commgroups.flight_recorder import session as flight_session
+from commgroups.flight_recorder.session import DIAGNOSIS
 from commgroups.util.local_world import Post, run_local_world
 
-__all__ = ["WorldFailed", "run_world"]
+__all__ = ["DiagnosesAtDebug", "WorldFailed", "run_world"]
 
 _PRELOAD = ("torch", "torch.distributed", "commgroups", "commgroups.bench")
 
 
+class DiagnosesAtDebug(logging.Filter):
+    """Lowers the flight recorder's diagnoses to debug: a benchmark's rank losses are planned,
+    and their diagnoses (one per role and world) would fill the bench's console. Every other
+    record passes as it is: a real error still prints."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, DIAGNOSIS, False) and record.levelno > logging.DEBUG:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
 def _with_progress(fn: Callable[..., Any], simulated_world: int | None, rank: int,
                    world_size: int, post: Post, *args: Any) -> Any:
+    logging.getLogger(flight_session.__name__).addFilter(DiagnosesAtDebug())
     progress: Progress = QueueProgress(post) if rank == 0 else NullProgress()
     # A fake world is one process playing rank 0 of `simulated_world`; the function (re)initialises
     # it itself, since creation benchmarks start each repetition from a fresh default group.

@@ -167,7 +167,9 @@ class StatusPublisher:
         try:
             self.store.delete_key(self.key)
             if members and int(self.store.add(f"{self.prefix}closed", 1)) >= members:
-                for name in ("request", "requests", "closed", *map(str, lost)):
+                # diagnosing, spoken: which ranks diagnosed a failed call, which printed it
+                for name in ("request", "requests", "closed", "diagnosing", "spoken",
+                             *map(str, lost)):
                     self.store.delete_key(f"{self.prefix}{name}")
         except Exception as error:  # the store may be gone with the job
             logger.debug("flight recorder: releasing %s: %s", self.key, error)

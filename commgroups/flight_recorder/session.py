@@ -32,7 +32,7 @@ from commgroups.flight_recorder.entries import FlightEntry
 from commgroups.flight_recorder.publisher import DEFAULT_INTERVAL_S, StatusPublisher, read_status
 from commgroups.flight_recorder.recorder import FlightRecorder
 
-__all__ = ["DIR_ENV_VAR", "FlightSession", "dump_file_name", "open_flight"]
+__all__ = ["DIAGNOSIS", "DIR_ENV_VAR", "FlightSession", "dump_file_name", "open_flight"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,13 @@ DIR_ENV_VAR = "COMMGROUPS_FLIGHT_DIR"
 """Where recorders are written on a timeout (default: see :meth:`FlightSession.default_dir`)."""
 
 _MAX_TEXT = 300  # commgroups' error texts stay this short; the details are in ``flight``
+
+DIAGNOSIS = "commgroups_diagnosis"
+"""Set (True) on the log record of a diagnosis, for a filter that wants it at another level (the
+bench's worlds keep their planned rank losses' diagnoses at debug)."""
+
+_DIAGNOSING = "diagnosing"  # ``role#count@rank;`` per rank that diagnoses a failed call
+_SPOKEN = "spoken"  # ``role#count@rank;`` per call whose diagnosis one rank printed
 
 
 def dump_file_name(generation: int, rank: int) -> str:
@@ -150,6 +157,18 @@ class FlightSession:
         once a loss is reported (the generation is interrupted). Without the
         wait a status can be an interval old: a rank would look behind."""
         directory = self.default_dir()
+        recorder = self.recorder.roles[role]
+        # The group's count now, not the entry's: an object collective issues several calls,
+        # and the one that hung is the last one counted.
+        count = recorder.group_seq()
+        failed = {"op": entry.op, "seq": entry.seq,
+                  "group_seq": count if count is not None else entry.group_seq,
+                  "caller": entry.caller}
+        token = f"{role}#{failed['group_seq']}"
+        # Say this rank diagnoses this call, before the wait: the ranks that do it at once
+        # (every rank of the role, on a hang) pick one of them to print it (_speaker).
+        publisher.store.append(  # type: ignore[attr-defined,unused-ignore]  # not in some stubs
+            f"{publisher.prefix}{_DIAGNOSING}", f"{token}@{self.recorder.rank};")
         publisher.publish_now(force=True)
         asked = publisher.ask({"dump": directory})
         members = [r for r in self.recorder.ranks(role) if r != self.recorder.rank]
@@ -170,17 +189,11 @@ class FlightSession:
                 break
             time.sleep(min(0.1, publisher.poll_s))
         path = self.dump_soon(directory)
-        # The group's count now, not the entry's: an object collective issues several calls,
-        # and the one that hung is the last one counted.
-        recorder = self.recorder.roles[role]
-        count = recorder.group_seq()
-        failed = {"op": entry.op, "seq": entry.seq,
-                  "group_seq": count if count is not None else entry.group_seq,
-                  "caller": entry.caller}
         found = diagnose(role, self.recorder.rank, failed, published, asked)
         found = dataclasses.replace(found, dump=path)
-        logger.warning("flight recorder, role %s: %s (recorders in %s)", role, found.text(),
-                       directory)
+        level = logging.WARNING if _speaker(publisher, token, self.recorder.rank) else logging.DEBUG
+        logger.log(level, "flight recorder, role %s: %s (recorders in %s)", role, found.text(),
+                   directory, extra={DIAGNOSIS: True})
         return found
 
     def release(self, lost: tuple[int, ...]) -> None:
@@ -194,13 +207,45 @@ class FlightSession:
         """Stop publishing; ``release`` deletes this rank's store keys (``close()``)."""
         index.unregister(self.recorder.roles.values())
         atexit.unregister(self._at_exit)
-        # Break the session <-> recorder and publisher cycles: a group must be freed (its gloo
-        # sockets closed) when the registry is, not at the next cyclic garbage collection.
+        # Break the session <-> recorder and publisher cycles and let go of the groups: a group
+        # must be freed (its gloo sockets closed) when its generation ends, not when the
+        # registry is, nor at the next cyclic garbage collection (close() ran two full ones
+        # for nothing while the recorder held the groups: 195 ms on 4 ranks).
         for role in self.recorder.roles.values():
-            role.diagnose = None
+            role.detach()
         if self.publisher is not None:
             self.publisher.stop(release=release, members=self.members)
             self.publisher.on_request = None
+
+
+def _speaker(publisher: StatusPublisher, token: str, rank: int) -> bool:
+    """Whether this rank prints the diagnosis of ``token`` (``role#count``): the job's console
+    gets it once per role and failed call, the other diagnosing ranks log it at debug.
+
+    The speaker is the lowest rank that said it diagnoses ``token`` (a dead rank never says so:
+    the lowest live one speaks), and it claims the call once more in the store: a rank that
+    came to its diagnosis after the others had decided (lower, yet too late to be seen) finds
+    the call claimed and stays at debug. Two requests; three or more only for the lowest rank.
+    """
+    try:
+        said = publisher.store.get(f"{publisher.prefix}{_DIAGNOSING}").decode()
+        mine = [int(part.rsplit("@", 1)[1]) for part in said.split(";")
+                if part.rsplit("@", 1)[0] == token]
+        if min(mine, default=rank) < rank:
+            return False
+        # The claim names this rank: compare_set answers the key's value whether it swapped or
+        # not, and another rank's claim of the same call must not read as this one's.
+        key, claim, current = f"{publisher.prefix}{_SPOKEN}", f"{token}@{rank};", ""
+        for _ in range(16):  # only the ranks that found themselves lowest get here: one or two
+            value = bytes(publisher.store.compare_set(key, current, current + claim)).decode()
+            if value == current + claim:
+                return True
+            if any(part.rsplit("@", 1)[0] == token for part in value.split(";")):
+                return False
+            current = value
+    except Exception as error:  # the store's host died: print rather than lose it
+        logger.debug("flight recorder: choosing the rank that prints: %s", error)
+    return True
 
 
 def _exit_dump(session: weakref.ref[FlightSession]) -> Callable[[], None]:
