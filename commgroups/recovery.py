@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import numpy as np
 import torch.distributed as dist
-from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
+from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]  # re-exported
 
 from commgroups import torch_internals
 from commgroups.creation.role_groups import CreationContext
@@ -68,11 +68,12 @@ class Recovery:
         ``live`` returns the registry's current generation (read from the heartbeat thread)."""
         if heartbeat_s is None or len(members) == 1 or str(dist.get_backend()) == "fake":
             return
-        client = own_connection(torch_internals.default_store(),
-                                timedelta(seconds=connect_timeout_s))
-        if client is None:
+        store = torch_internals.default_store()
+        if not _over_tcp_store(store):
             logger.debug("rank %d: the job's store is not a TCPStore: no heartbeats", self.rank)
             return
+        # The listener's own connection is made by its thread: create() does not wait for it.
+        timeout = timedelta(seconds=connect_timeout_s)
 
         def on_loss(number: int, suspects: frozenset[int] | None) -> None:
             generation = live()  # the listening thread: no lock, the main thread may be
@@ -82,7 +83,7 @@ class Recovery:
                             else f"its groups holding ranks {sorted(suspects)}")
                 generation.interrupt(self._kept(generation, from_thread=True), suspects)
 
-        self.liveness = Liveness(client, torch_internals.default_store(),
+        self.liveness = Liveness(lambda: _connected(own_connection(store, timeout)), store,
                                  f"{STORE_PREFIX}/live/{self.registry_id}/", self.rank,
                                  interval_s=heartbeat_s, dead_after_s=dead_after_s,
                                  on_loss=on_loss)
@@ -266,3 +267,20 @@ class Recovery:
     @property
     def _made_key(self) -> str:
         return f"{STORE_PREFIX}/rebuild/{self.registry_id}/made"
+
+
+def _over_tcp_store(store: Store) -> bool:
+    """Whether ``store`` is a TCPStore, under any prefixes (a FileStore or HashStore job has no
+    listener: nothing to block on)."""
+    inner = store
+    for _ in range(8):
+        if not hasattr(inner, "underlying_store"):
+            break
+        inner = inner.underlying_store
+    return isinstance(inner, TCPStore)
+
+
+def _connected(client: Store | None) -> Store:
+    if client is None:  # checked before: the store changed under the registry
+        raise RuntimeError("the job's store is not a TCPStore")
+    return client

@@ -58,7 +58,8 @@ class RoleRecorder:
     def __init__(self, role: str, group: dist.ProcessGroup, maxlen: int = DEFAULT_ENTRIES,
                  sites: SiteCache | None = None) -> None:
         self.role = role
-        self.group = group
+        self.group: dist.ProcessGroup | None = group
+        """None once :meth:`detach` ran (the generation ended)."""
         self.group_name = str(group.group_name)
         self._async_stream = "group:" + self.group_name  # where an async call runs (NCCL's rule)
         self.entries: deque[FlightEntry] = deque(maxlen=maxlen)
@@ -70,6 +71,13 @@ class RoleRecorder:
         owner when ranks publish their status); None: the error stays as it is."""
         # The backend's collective count, if it keeps one (commgroups' single-rank backend does not).
         self._counter = torch_internals.group_sequence_counter(group)
+
+    def detach(self) -> None:
+        """Let go of the group (its counter holds it too): a generation's groups are freed when
+        it ends, while its recorder may live as long as the registry. Counts read None after."""
+        self.group = None
+        self._counter = None
+        self.diagnose = None
 
     def group_seq(self) -> int | None:
         """The group's own collective count on this rank (every call on it), or None."""
@@ -154,8 +162,9 @@ class FlightRecorder:
         world-spanning role's list is as long as the world)."""
         if role not in self._ranks:
             recorder = self.roles.get(role)
-            self._ranks[role] = ([] if recorder is None else
-                                 [int(r) for r in dist.get_process_group_ranks(recorder.group)])
+            if recorder is None or recorder.group is None:
+                return []  # not a member, or the generation ended (its group is gone)
+            self._ranks[role] = [int(r) for r in dist.get_process_group_ranks(recorder.group)]
         return self._ranks[role]
 
     def role(self, name: str) -> RoleRecorder | None:

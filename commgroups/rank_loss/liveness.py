@@ -105,7 +105,8 @@ class Liveness:
     """The listening thread of one registry on one rank; see the module docstring.
 
     Args:
-        client: this thread's own store connection (:func:`own_connection`).
+        client: the listener's own store connection (:func:`own_connection`), or a callable that
+            makes it: the listener's thread then connects (off ``create()``'s path).
         shared: the job's store as the main thread uses it (the default group's).
         namespace: a key prefix the same on every rank of the registry, and no other registry's.
         rank: this rank's global rank.
@@ -115,9 +116,12 @@ class Liveness:
         on_loss: called from the thread when a loss is reported (:data:`OnLoss`).
     """
 
-    def __init__(self, client: Store, shared: Store, namespace: str, rank: int, *,
-                 interval_s: float, dead_after_s: float, on_loss: OnLoss) -> None:
-        self._own = PrefixStore(namespace, client)
+    def __init__(self, client: Store | Callable[[], Store], shared: Store, namespace: str,
+                 rank: int, *, interval_s: float, dead_after_s: float, on_loss: OnLoss) -> None:
+        self._namespace = namespace
+        self._connect = None if isinstance(client, Store) else client
+        # Until the listener's thread connected: the listener alone uses it, and only after.
+        self._own = PrefixStore(namespace, client if isinstance(client, Store) else shared)
         self._shared = PrefixStore(namespace, shared)
         self._root = shared
         self.rank = rank
@@ -133,16 +137,38 @@ class Liveness:
         self._subscribers: dict[str, Callable[[], None]] = {}
         self._next = 1
         self._stop = threading.Event()
+        self._beating = threading.Lock()  # held by a beat under way: close() waits it out
         self._threads = [threading.Thread(target=target, name=f"commgroups-{name}-{rank}",
                                           daemon=True)
-                         for target, name in ((self._listen, "listen"), (self._beats, "beat"))]
+                         for target, name in ((self._connect_and_listen, "listen"),
+                                              (self._beats, "beat"))]
 
     def start(self) -> None:
-        """Beat once (so peers see this rank at once), then start the thread."""
-        self._own.add(f"beat/{self.rank}", 1)
-        self._next = int(self._own.add("event/count", 0)) + 1
+        """Beat once (so peers see this rank at once), read the next event's number, then start
+        the threads. An event emitted after this call is heard, however long the listener's
+        thread takes to connect: it waits for that number."""
+        self._shared.add(f"beat/{self.rank}", 1)
+        self._next = int(self._shared.add("event/count", 0)) + 1
         for thread in self._threads:
             thread.start()
+
+    def _connect_and_listen(self) -> None:
+        """The listener's thread: its own connection first, then :meth:`_listen`. A connection
+        costs the store's host a round trip or two (1-10 ms on loaded cores): not on
+        ``create()``'s path."""
+        if self._connect is not None:
+            try:
+                self._own = PrefixStore(self._namespace, self._connect())
+            except Exception as error:  # the store's host is gone: nothing to listen to
+                if not self._stop.is_set():
+                    logger.warning("rank %d: liveness cannot listen, no store connection: %s",
+                                   self.rank, error)
+                return
+        try:
+            self._listen()
+        finally:  # its connection goes with the thread, not with the registry's last reference
+            if self._connect is not None:
+                self._own = PrefixStore(self._namespace, self._root)
 
     def watch(self, generation: int | None, members: Sequence[int] = ()) -> None:
         """Listen for losses in ``generation`` and watch its next member; None: beat only.
@@ -223,12 +249,17 @@ class Liveness:
 
     def close(self, members: int = 0) -> None:
         """Stop the threads and delete this rank's beat; the last of ``members`` ranks to close
-        wakes every listener still waiting and deletes the events. Local.
+        wakes every listener still waiting and deletes the events. Local, and it waits for
+        nobody: no beat runs after it returns, and the threads end on their own.
 
-        The listener ends at once where every member closes within a second (the last one's
-        ``close`` event). Otherwise (a rank dropped, or closing alone) this rank wakes the
-        listeners itself after that second: one read for each of them."""
+        The listener ends when its wait returns: at once where every member closes within a
+        second (the last one's ``close`` event). Otherwise (a rank dropped, or closing alone)
+        the beat's thread wakes the listeners after that second: one read for each of them.
+        (``close()`` used to wait for that itself: 75-400 ms of every close, for the last
+        member to arrive.)"""
         self._stop.set()
+        with self._beating:  # a beat under way ends first: none re-creates the key deleted here
+            pass
         with contextlib.suppress(RuntimeError):  # the store's host is gone
             self._shared.delete_key(f"beat/{self.rank}")
             if members and int(self._shared.add("closed", 1)) >= members:
@@ -237,15 +268,6 @@ class Liveness:
                 # Every member's listener is stopped: none reads these after its wait returns.
                 for key in ("closed", "event/count", *(f"event/{n}" for n in range(1, count + 1))):
                     self._shared.delete_key(key)
-        listener, beater = self._threads
-        if listener.is_alive() and listener is not threading.current_thread():
-            listener.join(timeout=1.0)
-            if listener.is_alive():
-                with contextlib.suppress(RuntimeError):
-                    self._emit(self._shared, {"k": "wake"})
-                listener.join(timeout=1.0)
-        if beater.is_alive() and beater is not threading.current_thread():
-            beater.join(timeout=1.0)
 
     def release(self, generation: int, survivors: Sequence[int] | None = None) -> None:
         """Delete ``generation``'s loss report and its answers (call on one rank once per
@@ -293,17 +315,27 @@ class Liveness:
                 self._stop.wait(0.5)
 
     def _beats(self) -> None:
-        """The backstop beat, every ``interval_s``, on the shared connection."""
+        """The backstop beat, every ``interval_s``, on the shared connection; after
+        :meth:`close`, the wake of a listener still waiting a second later."""
         failures = 0
         while not self._stop.wait(self.interval_s):
             try:
-                self._beat()
+                with self._beating:
+                    if self._stop.is_set():
+                        break
+                    self._beat()
                 failures = 0
             except Exception as error:  # a store hiccup must not kill the heartbeat
                 failures += 1
                 logger.debug("rank %d: beat failed (%d): %s", self.rank, failures, error)
                 if failures >= 20:
                     return
+        listener = self._threads[0]
+        if listener.is_alive():
+            listener.join(timeout=1.0)  # the last member's close event wakes it, normally
+            if listener.is_alive():  # a member never closes (dropped), or this rank alone did
+                with contextlib.suppress(RuntimeError):
+                    self._emit(self._shared, {"k": "wake"})
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         kind = event.get("k")

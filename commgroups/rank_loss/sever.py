@@ -43,13 +43,20 @@ def open_sockets() -> dict[int, str]:
     if not SUPPORTED:
         return {}
     found: dict[int, str] = {}
-    for name in os.listdir(_FDS):
-        try:
-            link = os.readlink(_FDS / name)
-        except OSError:  # closed since listed
-            continue
-        if link.startswith("socket:"):
-            found[int(name)] = link
+    # Relative to an open descriptor of the folder: no path to build and resolve per descriptor
+    # (a pathlib join and a full lookup each cost more than the readlink itself: 2 ms a call
+    # with 115 descriptors open, a call before and after every gloo group of create()).
+    folder = os.open(_FDS, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in os.listdir(folder):
+            try:
+                link = os.readlink(name, dir_fd=folder)
+            except OSError:  # closed since listed
+                continue
+            if link.startswith("socket:"):
+                found[int(name)] = link
+    finally:
+        os.close(folder)
     return found
 
 
