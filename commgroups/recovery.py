@@ -201,7 +201,9 @@ class Recovery:
             root = torch_internals.default_store()
             record_made(root, self._made_key, report.generation, len(members))
             if self.previous_check_ins is not None:  # a generation ago: nobody reads them now
-                forget_check_ins(root, *self.previous_check_ins)
+                events = forget_check_ins(root, *self.previous_check_ins)
+                if self.liveness is not None:
+                    self.liveness.forget(events)
         self.previous_check_ins = (self._rebuild_prefix(report.generation), self.attempts_made)
         return time.monotonic() - mark
 

@@ -80,6 +80,14 @@ def test_bench_smoke_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert {(4, variant, what) for what in ("kill -> rebuilt", "detection", "phase check_in",
                                                 "phase create", "phase release")} <= parts
     assert set(data["kill_to_rebuilt_s"]) == {"4"} and data["kill_to_rebuilt_s"]["4"] > 0
+    # Control plane: the check-in decided the one lost virtual rank out, through the real store,
+    # at a per-rank request count that a job's size does not change.
+    assert set(data["control_plane_check_in_s"]) == {"64"}
+    assert 0 < data["control_plane_check_in_s"]["64"] < 60
+    assert data["control_plane_requests_per_rank_s"]["64"] <= 1.0
+    (row,) = data["tables"]["control_plane"]["rows"]
+    assert 5 <= float(dict(zip(data["tables"]["control_plane"]["columns"], row))[
+        "check-in req/rank"]) <= 20
     # Resources: counted at every stage, growth and one generation's cost side by side.
     resources = {row[0]: dict(zip(data["tables"]["rebuild_resources"]["columns"], row))
                  for row in data["tables"]["rebuild_resources"]["rows"]}

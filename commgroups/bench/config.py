@@ -44,6 +44,11 @@ class BenchConfig:
     rebuild_cycles: int = 10
     """Lone rebuilds (nobody lost) whose leftovers the resource count measures (smallest world)."""
     timeout_s: float = 600.0
+    control_plane_sizes: tuple[int, ...] = (1024, 8192, 65536)
+    """Simulated ranks of the control-plane scenario (many per process, one real TCPStore)."""
+    control_plane_idle_ranks: int = 256
+    """Ranks whose idle phase runs a real listener and beat each (a socket and two threads)."""
+    control_plane_idle_s: float = 10.0
 
 
 def full_config() -> BenchConfig:
@@ -68,6 +73,7 @@ def full_config() -> BenchConfig:
         audit_repetitions=21,
         rebuild_repetitions=7,
         kill_repetitions=5,
+        control_plane_idle_ranks=1024,
     )
 
 
@@ -119,4 +125,7 @@ def smoke_config() -> BenchConfig:
         kill_repetitions=1,
         rebuild_cycles=2,
         timeout_s=240.0,
+        control_plane_sizes=(64,),
+        control_plane_idle_ranks=8,
+        control_plane_idle_s=1.0,
     )

@@ -24,6 +24,7 @@ from commgroups.bench import (
     async_wait_cost,
     audit_cost,
     checkpoint,
+    control_plane,
     creation,
     flight_cost,
     memory,
@@ -76,8 +77,10 @@ class BenchResult:
 
     def to_dict(self) -> dict[str, Any]:
         """What ``--json`` writes: every table, the summary and the headline figures on top (the
-        two ratios, and ``kill_to_rebuilt_s``: world size -> median seconds from a SIGKILL to the
-        slowest survivor rebuilt, no ``alive=``)."""
+        two ratios, ``kill_to_rebuilt_s``: world size -> median seconds from a SIGKILL to the
+        slowest survivor rebuilt, no ``alive=``, and the control plane's
+        ``control_plane_check_in_s`` and ``control_plane_requests_per_rank_s``: simulated ranks ->
+        report to decided, idle store requests per rank per second)."""
         return {
             "schema": SCHEMA_VERSION,
             "config": asdict(self.config),
@@ -86,6 +89,9 @@ class BenchResult:
             "async_and_wait_overhead_ratio": self.summary.get("async_and_wait_overhead_ratio"),
             "creation_ratio_vs_devicemesh": self.summary.get("creation_ratio_vs_devicemesh"),
             "kill_to_rebuilt_s": self.summary.get("kill_to_rebuilt_s"),
+            "control_plane_check_in_s": self.summary.get("control_plane_check_in_s"),
+            "control_plane_requests_per_rank_s": self.summary.get(
+                "control_plane_requests_per_rank_s"),
             "summary": self.summary,
             "tables": {table.name: table.to_dict() for table in self.tables},
         }
@@ -147,7 +153,7 @@ def expected_units(config: BenchConfig, scenarios: Sequence[Scenario] = ()) -> i
     first_world = (len(config.async_and_wait_ops) * len(config.async_and_wait_sizes)
                    + config.dcp_repetitions + len(audit_cost.WORKLOADS) + 1)  # + flight
     extra_units = sum(scenario.units(config) for scenario in scenarios)
-    return (extra_units + rank_loss.units(config)
+    return (extra_units + rank_loss.units(config) + len(config.control_plane_sizes)
             + len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
             + len(config.fake_worlds) * config.fake_repetitions + config.rebuild_repetitions
             + len(config.gloo_worlds) * per_gloo_world + first_world)
@@ -210,6 +216,9 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
             gloo[world]["creation"] = creation.merge(created)
         # A kill ends its world (the victim's process is gone): one fresh world per sample.
         rank_loss_tables, rank_loss_summary, ratio_results = rank_loss.run(config, bar)
+        control_tables, control_summary = control_plane.run(
+            config.control_plane_sizes, config.control_plane_idle_s, bar,
+            idle_max=config.control_plane_idle_ranks)
         extras = [scenario.run(config, bar, directory) for scenario in scenarios]
     creation_results += [gloo[w]["creation"] for w in config.gloo_worlds]
 
@@ -224,10 +233,11 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
     )
     result.tables = [creation_table, *rank_loss_tables, rebuild_table, planning_table,
                      async_and_wait_table, audit_table, flight_table, *checkpoint_tables,
-                     memory_table, *(table for tables, _ in extras for table in tables)]
+                     memory_table, *control_tables,
+                     *(table for tables, _ in extras for table in tables)]
     for part in (creation_summary, rank_loss_summary, rebuild_summary, planning_summary,
                  async_and_wait_summary, audit_summary, flight_summary, checkpoint_summary,
-                 memory_summary, *(summary for _, summary in extras)):
+                 memory_summary, control_summary, *(summary for _, summary in extras)):
         result.summary.update(part)
     result.duration_s = time.perf_counter() - started
     return result

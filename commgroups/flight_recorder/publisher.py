@@ -64,7 +64,7 @@ class StatusPublisher:
         self._answered = 0
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"commgroups-flight-{rank}")
-        self._emit: Callable[[dict[str, Any]], None] | None = None
+        self._emit: Callable[[dict[str, Any]], object] | None = None
         self._subscribe: Callable[[str, Callable[[], None] | None], None] | None = None
 
     @property
@@ -93,7 +93,7 @@ class StatusPublisher:
             value = {"t": time.time(), "answered": self._answered, "status": status}
             self.store.set(self.key, json.dumps(value, default=str))
 
-    def listen_through(self, emit: Callable[[dict[str, Any]], None],
+    def listen_through(self, emit: Callable[[dict[str, Any]], object],
                        subscribe: Callable[[str, Callable[[], None] | None], None]) -> None:
         """Hear asks as events (``subscribe(prefix, handler)``, called back from the listener's
         thread) and send them with ``emit``, instead of polling the request counter: every

@@ -20,25 +20,30 @@ lists only when the counter moved), and it decides exactly once, by one compare-
   never splits the job.
 
 The decision names the ranks *out* (members that did not check in): a few, where the list of
-survivors would be the whole job. Every other rank blocks in one store ``wait`` on ``decided`` and
-reads it once, so all get the same answer; a follower whose window ends first takes the decider's
-last look itself (the decider may have died). A rank that checks in after the decision is out and
-raises :class:`~commgroups.errors.LeftOutError` (the others rebuilt without it); it never forms a
-world of its own. Only the store is used (no process group: the old groups hold a dead rank).
+survivors would be the whole job. The decider pushes it to every rank as one listener event
+(``decided``), so all get the same answer and no follower polls or blocks a store connection
+(a blocked store wait would hold the connection the beat and the flight recorder share); without
+a listener (no TCPStore) a follower reads ``decided`` every 50 ms. A follower whose window ends
+first takes the decider's last look itself (the decider may have died). A rank that checks in
+after the decision is out and raises :class:`~commgroups.errors.LeftOutError` (the others
+rebuilt without it); it never forms a world of its own. Only the store is used (no process
+group: the old groups hold a dead rank).
 
-Cost per follower: five requests of constant size (the made-generation read, the append, the add,
-the wait, the read of the decision), whatever the job's size; the decider's reads of the two lists
-(O(N) bytes, one rank) happen only when the counter moved.
+Cost per follower, whatever the job's size: four requests of constant size (the made-generation
+read, the append, the add, one read of ``decided``), plus its listener's three for the decision
+event (the wait, the read). The decider's reads of the two lists (O(N) bytes, one rank) happen
+only when the counter moved.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported
 
@@ -53,18 +58,34 @@ __all__ = ["Answers", "CheckIn", "check_in", "check_in_window", "forget_check_in
 _JOINED = "joined"
 _COUNT = "count"
 _DECIDED = "decided"
+_EVENT = "event"  # the number of the listener event that pushed the decision
 _POLL_S = 0.02  # between the decider's looks: the decision waits at most this much longer
+_POLL_FOLLOWER_S = 0.05  # between a follower's reads of the decision, without a listener
 _ABSENT = "\x00"  # a value no key holds: compare_set(key, _ABSENT, _ABSENT) reads, never creates
 
 
 class Answers(Protocol):
-    """Who answered a loss report (:class:`~commgroups.rank_loss.liveness.Liveness` is one)."""
+    """Who answered a loss report, and the channel a decision is pushed through
+    (:class:`~commgroups.rank_loss.liveness.Liveness` is one)."""
 
     dead_after_s: float
     """How long an unanswered report counts as nothing yet; after it, as death."""
 
     def answered(self, generation: int, ranks: Collection[int]) -> set[int]:
         """Which of ``ranks`` answered generation ``generation``'s loss report."""
+
+    def answers(self, generation: int) -> int:
+        """How many ranks answered generation ``generation``'s loss report so far."""
+
+    @property
+    def listening(self) -> bool:
+        """Whether events reach this rank (else the check-in polls for the decision)."""
+
+    def emit(self, event: dict[str, Any]) -> int:
+        """Send ``event`` to every rank's listener; returns its number."""
+
+    def expect(self, prefix: str, handler: Callable[[dict[str, Any]], None] | None) -> None:
+        """Have the listener call ``handler`` with the ``decided`` event of ``prefix``."""
 
 
 class CheckIn:
@@ -75,11 +96,12 @@ class CheckIn:
     Args: as :func:`check_in`.
     """
 
-    def __init__(self, root: Store, prefix: str, rank: int, members: Sequence[int],
+    def __init__(self, root: Store, prefix: str, rank: int, members: Collection[int],
                  window: timedelta, expected: Sequence[int] | None = None,
                  liveness: Answers | None = None, made_key: str | None = None,
                  generation: int = 0) -> None:
         self.root = root
+        self.prefix = prefix
         self.store = PrefixStore(prefix, root)
         self.rank = rank
         self.members = frozenset(members)
@@ -92,19 +114,31 @@ class CheckIn:
         self.deadline = self.started + window.total_seconds()
         self._count = -1
         self._judged = False  # deaths were judged once (then again only when the count moves)
+        self._answers = -1  # the loss report's answers at the last look, and since when
+        self._answers_at = self.started
         self._joined: frozenset[int] = frozenset()
         self._absent_alive: list[int] = []
+        self._pushed = threading.Event()  # set by the listener's thread with the decision
+        self._pushed_out: frozenset[int] = frozenset()
+        self._push = liveness is not None and liveness.listening
+        self._early: frozenset[int] | None = None
 
     def join(self) -> bool:
         """Check in (three requests); True where this rank is the first in (the decider).
 
         Raises LeftOutError at once where a generation newer than ours was made already."""
-        self.started = time.monotonic()
+        self.started = self._answers_at = time.monotonic()
         self.deadline = self.started + self.window.total_seconds()
         self._left_out_by_made()
+        if self._push:
+            assert self.liveness is not None
+            self.liveness.expect(self.prefix, self._heard)  # before joining: nothing is missed
         # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
         self.store.append(_JOINED, f"{self.rank},")  # type: ignore[attr-defined,unused-ignore]
-        return int(self.store.add(_COUNT, 1)) == 1
+        first = int(self.store.add(_COUNT, 1)) == 1
+        if not first:  # a decision made before this rank listened is read, never pushed
+            self._early = self._decided()
+        return first
 
     def look(self, final: bool = False) -> frozenset[int] | None:
         """The decider's look: the ranks out if decided now (by this look or before), else None.
@@ -117,7 +151,16 @@ class CheckIn:
         final = final or now >= self.deadline
         wanted = self.expected if self.expected is not None else self.members
         liveness = self.liveness if self.expected is None else None
-        judge_deaths = liveness is not None and (final or now - self.started >= liveness.dead_after_s)
+        judge_deaths = False
+        if liveness is not None:
+            # Absent ranks count as dead once dead_after_s passed and the answers stopped
+            # arriving for half of it: at 65,536 ranks the store takes a while to take them all,
+            # and a live rank whose answer is still queued must not be counted dead.
+            answers = liveness.answers(self.generation)
+            if answers != self._answers:
+                self._answers, self._answers_at = answers, now
+            judge_deaths = final or (now - self.started >= liveness.dead_after_s
+                                     and now - self._answers_at >= liveness.dead_after_s / 2)
         count = int(self.store.add(_COUNT, 0))
         moved, self._count = count != self._count, count
         # The lists are read only when they can decide something: a count below what is wanted
@@ -150,24 +193,38 @@ class CheckIn:
         return self._decide(self._joined)
 
     def await_decision(self) -> frozenset[int]:
-        """A follower's wait: one blocked request until the decision, one to read it. Where this
-        rank's window ends first, it takes the last look itself (the decider may be dead)."""
-        while True:
-            remaining = self.deadline - time.monotonic()
-            try:
-                self.store.wait([_DECIDED], timedelta(seconds=max(remaining, 0.001)))
-            except RuntimeError:  # DistStoreError: a timeout, or the store itself failed
-                if time.monotonic() < self.deadline - 0.05:
-                    raise  # not our timeout: the store failed (store_calls names its host)
-                self._left_out_by_made()
-                decided = self.look(final=True)
-                assert decided is not None  # a final look decides or raises
-                return decided
-            # A wait can return before the key exists: torch's libuv server wakes a key's
-            # waiters when any client compare_sets that key while it is missing (2.10-2.15).
-            out = self._decided()
-            if out is not None:
-                return out
+        """A follower's wait for the decision (:meth:`join` read it once, for a decision made
+        before this rank listened): pushed through the listener, else read every
+        :data:`_POLL_FOLLOWER_S`. Where this rank's window ends first, it takes the last look
+        itself (the decider may be dead)."""
+        try:
+            out = self._early
+            while out is None:
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
+                    self._left_out_by_made()
+                    out = self.look(final=True)
+                    assert out is not None  # a final look decides or raises
+                elif self._push:
+                    # Never a store wait here: it would hold the job's shared connection (the
+                    # beat's and the flight recorder's) for as long as it waits.
+                    if self._pushed.wait(remaining):
+                        out = self._pushed_out
+                else:
+                    time.sleep(min(remaining, _POLL_FOLLOWER_S))
+                    out = self._decided()
+            return out
+        finally:
+            self._stop_listening()
+
+    def _heard(self, event: dict[str, Any]) -> None:
+        """The listener's thread: the decision arrived."""
+        self._pushed_out = frozenset(int(rank) for rank in event.get("out", ()))
+        self._pushed.set()
+
+    def _stop_listening(self) -> None:
+        if self._push and self.liveness is not None:
+            self.liveness.expect(self.prefix, None)
 
     def outcome(self, out: frozenset[int]) -> tuple[int, ...]:
         """The survivors, ascending; LeftOutError where this rank is out."""
@@ -185,8 +242,14 @@ class CheckIn:
 
     def _decide(self, joined: frozenset[int]) -> frozenset[int]:
         """Propose the members not in ``joined`` as out; returns what holds (ours, or older)."""
-        proposal = json.dumps({"out": sorted(self.members - joined)})
+        out = sorted(self.members - joined)
+        proposal = json.dumps({"out": out})
         held = bytes(self.store.compare_set(_DECIDED, "", proposal)).decode()
+        if held == proposal and self.liveness is not None:
+            # Ours holds: push it to every follower (one event: two requests), and say which
+            # event it was (forget_check_ins deletes it a generation later).
+            number = self.liveness.emit({"k": "decided", "p": self.prefix, "out": out})
+            self.store.set(_EVENT, str(number))
         return frozenset(json.loads(held)["out"])
 
     def _decided(self) -> frozenset[int] | None:
@@ -252,10 +315,13 @@ def check_in(
                       generation)
     with store_calls(root, rank, time.monotonic(), "registry.rebuild()'s check-in"):
         if attempt.join():
-            out = attempt.look()
-            while out is None:
-                time.sleep(_POLL_S)
+            try:
                 out = attempt.look()
+                while out is None:
+                    time.sleep(_POLL_S)
+                    out = attempt.look()
+            finally:
+                attempt._stop_listening()
         else:
             out = attempt.await_decision()
     return attempt.outcome(out)
@@ -268,17 +334,23 @@ def record_made(root: Store, made_key: str, generation: int, size: int) -> None:
     root.set(made_key, json.dumps({"generation": generation, "size": size}))
 
 
-def forget_check_ins(root: Store, prefix: str, attempts: int) -> None:
+def forget_check_ins(root: Store, prefix: str, attempts: int) -> list[int]:
     """Delete the keys of the check-ins ``prefix + "0/" .. prefix + f"{attempts - 1}/"`` and
     their open-attempt counter; call on one rank, a generation later (a rank that late reads
-    :func:`record_made`'s key instead)."""
+    :func:`record_made`'s key instead). Returns the numbers of the listener events that pushed
+    their decisions, for the caller to delete too (``Liveness.forget``)."""
     with contextlib.suppress(RuntimeError):
         root.delete_key(f"{prefix}open")
+    events = []
     for attempt in range(attempts):
         store = PrefixStore(f"{prefix}{attempt}/", root)  # as check_in() wrote them
-        for key in (_JOINED, _COUNT, _DECIDED):
+        with contextlib.suppress(RuntimeError, ValueError):  # never written (no push)
+            if store.check([_EVENT]):
+                events.append(int(bytes(store.get(_EVENT)).decode()))
+        for key in (_JOINED, _COUNT, _DECIDED, _EVENT):
             with contextlib.suppress(RuntimeError):  # never written (that rank was not first)
                 store.delete_key(key)
+    return events
 
 
 def check_in_window(timeout: float | timedelta | None, layout: Layout,

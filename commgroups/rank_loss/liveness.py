@@ -16,6 +16,8 @@ Two daemon threads per registry (:class:`Liveness`):
      a suspect (all of them when the report named nobody), so no rank waits out a collective
      timeout on a peer that left it, and a collective whose members are all still at it goes on;
    - ``ask``: a flight recorder asks for statuses (the subscriber of that prefix handles it);
+   - ``decided``: a rebuild's check-in decided who is out (the check-in waiting on that prefix
+     takes it: the decision is pushed, no follower polls or blocks a connection);
    - ``close``: the last member closed; every listener still waiting ends (``wake``: a rank that
      closed alone ends its own).
 
@@ -74,9 +76,11 @@ def own_connection(store: Store, timeout: timedelta) -> Store | None:
 
 def answer(store: Store, generation: int, rank: int) -> None:
     """Say that ``rank`` heard generation ``generation``'s loss report and is alive: one append
-    to the answers' list (``store``: the registry's namespace), which only a deciding rank reads."""
+    to the answers' list (``store``: the registry's namespace), which only a deciding rank reads,
+    and one add to their count."""
     # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
     store.append(f"lost/{generation}/here", f"{rank},")  # type: ignore[attr-defined,unused-ignore]
+    store.add(f"lost/{generation}/answers", 1)  # the decider watches answers arrive, in O(1)
 
 
 def answered(store: Store, generation: int, ranks: Collection[int]) -> set[int]:
@@ -135,6 +139,7 @@ class Liveness:
         self._answered: set[int] = set()  # generations whose loss report this rank answered
         self._seen: tuple[int, int, float] | None = None  # successor, its beat, when it moved
         self._subscribers: dict[str, Callable[[], None]] = {}
+        self._decisions: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._next = 1
         self._stop = threading.Event()
         self._beating = threading.Lock()  # held by a beat under way: close() waits it out
@@ -225,9 +230,18 @@ class Liveness:
                         self.rank, generation, reason, token)
         return first
 
-    def emit(self, event: dict[str, Any]) -> None:
-        """Wake every rank's thread with ``event`` (two requests, from the calling thread)."""
-        self._emit(self._shared, event)
+    def emit(self, event: dict[str, Any]) -> int:
+        """Wake every rank's thread with ``event`` (two requests, from the calling thread);
+        returns its number (see :meth:`forget`)."""
+        return self._emit(self._shared, event)
+
+    def forget(self, numbers: Collection[int]) -> None:
+        """Delete events ``numbers``, once every listener handled them (a generation later: a
+        listener handles events in order, and every member of the next generation is past
+        them). One request each."""
+        with contextlib.suppress(RuntimeError):  # the store's host is gone
+            for number in numbers:
+                self._shared.delete_key(f"event/{number}")
 
     @staticmethod
     def _emit(store: Store, event: dict[str, Any]) -> int:
@@ -240,12 +254,30 @@ class Liveness:
         it). One request (a read of the answers' list), from the calling thread."""
         return answered(self._shared, generation, ranks)
 
+    def answers(self, generation: int) -> int:
+        """How many answers generation ``generation``'s loss report got so far (one request)."""
+        return int(self._shared.add(f"lost/{generation}/answers", 0))
+
     def subscribe(self, prefix: str, handler: Callable[[], None] | None) -> None:
         """Call ``handler`` from the thread on each ``ask`` event for ``prefix`` (None: stop)."""
         if handler is None:
             self._subscribers.pop(prefix, None)
         else:
             self._subscribers[prefix] = handler
+
+    def expect(self, prefix: str, handler: Callable[[dict[str, Any]], None] | None) -> None:
+        """Call ``handler(event)`` from the thread on a ``decided`` event for ``prefix`` (a
+        check-in's decision, pushed: no rank polls or blocks a connection for it); None: stop."""
+        if handler is None:
+            self._decisions.pop(prefix, None)
+        else:
+            self._decisions[prefix] = handler
+
+    @property
+    def listening(self) -> bool:
+        """Whether the listener runs (events reach :meth:`subscribe`'s and :meth:`expect`'s
+        handlers)."""
+        return self._threads[0].is_alive() and not self._stop.is_set()
 
     def close(self, members: int = 0) -> None:
         """Stop the threads and delete this rank's beat; the last of ``members`` ranks to close
@@ -284,7 +316,7 @@ class Liveness:
             first = _read(self._shared, f"lost/{generation}/events")
             passed = survivors is not None and len(self.answered(generation, survivors)) == len(
                 survivors)
-            for key in ("", "/who", "/events", "/here"):
+            for key in ("", "/who", "/events", "/here", "/answers"):
                 self._shared.delete_key(f"lost/{generation}{key}")
             if first is not None and passed:
                 self._shared.delete_key(f"event/{first}")
@@ -299,7 +331,7 @@ class Liveness:
                 self._own.wait([f"event/{self._next}"], _FOREVER)
                 if self._stop.is_set():
                     return
-                self._dispatch(json.loads(bytes(self._own.get(f"event/{self._next}"))))
+                self.take(self._next)
                 self._next += 1
                 failures = 0
             except Exception as error:  # a store hiccup must not kill the listener
@@ -337,6 +369,16 @@ class Liveness:
                 with contextlib.suppress(RuntimeError):
                     self._emit(self._shared, {"k": "wake"})
 
+    def take(self, number: int) -> None:
+        """Read event ``number`` and handle it: the listener's step once its wait returned."""
+        key = f"event/{number}"
+        # One request where get() is two (it waits for the key first). The key exists: the
+        # wait returned. Were it missing (a wait woken early), this read would wake every
+        # listener waiting on it (torch's libuv server wakes a key's waiters when anyone
+        # compare_sets it while missing, 2.13): that rank then blocks in get(), reading no more.
+        value = _read(self._own, key)
+        self._dispatch(json.loads(value if value is not None else bytes(self._own.get(key))))
+
     def _dispatch(self, event: dict[str, Any]) -> None:
         kind = event.get("k")
         if kind == "loss":
@@ -349,6 +391,10 @@ class Liveness:
             handler = self._subscribers.get(str(event.get("p")))
             if handler is not None:
                 handler()
+        elif kind == "decided":
+            decided = self._decisions.get(str(event.get("p")))
+            if decided is not None:
+                decided(event)
         elif kind == "close":
             self._stop.set()
 

@@ -1,0 +1,392 @@
+"""The control plane at scale: the product's liveness, loss report and check-in for N simulated
+ranks (many per process) against one real TCPStore server, with every store request counted.
+
+What runs, per world size N (one fresh key namespace each):
+
+1. **idle**: N real :class:`~commgroups.rank_loss.liveness.Liveness` objects, started (their
+   listener blocked on its own connection, their beat every ``interval_s``), for ``idle_s``
+   seconds; requests per rank per second. Only up to :data:`IDLE_THREADED_MAX` ranks (two threads
+   and one socket each); above it the figure is the measured one carried over, marked
+   *extrapolated*: nothing on the idle path depends on N (a listener sends nothing, a beat two
+   requests).
+2. **loss and check-in**: virtual rank N-1 is lost; its ring predecessor reports it
+   (:meth:`Liveness.report`). Every other virtual rank runs what its listener and its main thread
+   run: it reads the loss event and answers it (``Liveness._dispatch``, the listener's own
+   code), checks in (:meth:`CheckIn.join`) and waits for the decision
+   (:meth:`CheckIn.await_decision`); the first rank in decides (:meth:`CheckIn.look`, in its own
+   thread). Reported: requests per rank, store bytes, and report -> decided.
+
+What 2 cores cannot run honestly: N sockets (the virtual ranks of a process share one
+connection, and one blocked wait per process stands for every rank's) and N clients' CPUs (here
+the workers share 2 cores with the store's server, so the measured time is the clients' time).
+The *extrapolated* decision time is the requests the decision needs divided by the rate the
+store served when saturated in the same run (its server is one thread: that rate, not the
+number of clients, bounds a real job).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
+
+from commgroups.bench.progress import Progress
+from commgroups.bench.stats import Table, number
+from commgroups.rank_loss.check_in import CheckIn
+from commgroups.rank_loss.liveness import Liveness
+
+__all__ = ["IDLE_THREADED_MAX", "CountingStore", "run"]
+
+logger = logging.getLogger(__name__)
+
+IDLE_THREADED_MAX = 1024
+"""The largest world whose idle phase runs one real listener and beat per rank (2 threads and a
+socket each: 2,048 threads on 2 cores)."""
+
+_WORKERS = 4
+_BEAT_S = 10.0  # the product's default heartbeat (registry heartbeat_s)
+_DEAD_AFTER_S = 1.0
+_WINDOW_S = 120.0
+
+
+class CountingStore(Store):  # type: ignore[misc]  # torch's Store has no stubs for subclassing
+    """A store that forwards to ``inner`` and counts the requests and bytes it sends.
+
+    ``get`` counts two requests (torch's client waits for the key, then reads it), every other
+    call one; bytes are keys plus values each way (the protocol's framing is left out)."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__()
+        self.inner = inner
+        self.requests = 0
+        self.bytes = 0
+        self._lock = threading.Lock()
+
+    def _count(self, requests: int, size: int) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes += size
+
+    def set(self, key: str, value: str) -> None:
+        self._count(1, len(key) + len(value))
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        value: bytes = self.inner.get(key)
+        self._count(2, 2 * len(key) + len(value))
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        self._count(1, len(key) + 8)
+        return int(self.inner.add(key, amount))
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        value: bytes = self.inner.compare_set(key, expected, desired)
+        self._count(1, len(key) + len(expected) + len(desired) + len(value))
+        return value
+
+    def append(self, key: str, value: str) -> None:
+        self._count(1, len(key) + len(value))
+        self.inner.append(key, value)  # type: ignore[attr-defined,unused-ignore]  # stubs vary
+
+    def check(self, keys: list[str]) -> bool:
+        self._count(1, sum(map(len, keys)))
+        return bool(self.inner.check(keys))
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._count(1, sum(map(len, keys)))
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+
+def _client(port: int) -> CountingStore:
+    return CountingStore(TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=300)))
+
+
+def _no_loss(generation: int, suspects: frozenset[int] | None) -> None:
+    """The virtual ranks hold no groups: nothing to interrupt."""
+
+
+def _idle(port: int, namespace: str, ranks: Sequence[int], members: int, idle_s: float,
+          start: Any, ready: Any) -> dict[str, float]:
+    """Run real started Liveness objects for ``ranks``; count over ``idle_s``."""
+    shared = _client(port)
+    lives = []
+    # In parallel: a connection now and then stalls for 5 s on this machine (torch's client).
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        owns = list(pool.map(lambda _: _client(port), ranks))
+    for rank, own in zip(ranks, owns, strict=True):
+        live = Liveness(own, shared, namespace, rank, interval_s=_BEAT_S,
+                        dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss)
+        live.start()
+        live.watch(0, _ring(rank, members))
+        lives.append(live)
+    ready.wait()
+    start.wait()  # every worker's ranks exist: the idle window starts together
+    before = shared.requests + sum(own.requests for own in owns)
+    time.sleep(idle_s)
+    after = shared.requests + sum(own.requests for own in owns)
+    for live in lives:
+        live.close(members)  # the last closer of the world wakes every listener: they end
+    return {"requests": float(after - before)}
+
+
+class _VirtualListener(Liveness):
+    """A virtual rank's Liveness whose listener is the worker's: it handles each event through
+    :meth:`Liveness.take` for every virtual rank, after one blocked wait per process."""
+
+    @property
+    def listening(self) -> bool:
+        return True
+
+
+def _loss(port: int, namespace: str, ranks: Sequence[int], members: int, victim: int,
+          start: Any, ready: Any) -> dict[str, Any]:
+    """The virtual ranks ``ranks`` hear the loss, answer, check in and wait for the decision."""
+    shared = _client(port)
+    every = frozenset(range(members))  # shared by every CheckIn (frozenset() of it is itself)
+    lives = {rank: _VirtualListener(shared, shared, namespace, rank, interval_s=_BEAT_S,
+                                    dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss)
+             for rank in ranks if rank != victim}
+    for rank, live in lives.items():
+        live.watch(0, _ring(rank, members))
+    listener = _client(port)  # referenced: a PrefixStore keeps only the C++ half alive
+    events = PrefixStore(namespace, listener)
+    loss_event = int(events.add("event/count", 0)) + 1
+    ready.wait()
+    start.wait()
+    events.wait([f"event/{loss_event}"], timedelta(seconds=_WINDOW_S))
+    heard = time.monotonic()
+    before = shared.requests
+    decided_at: list[float] = []
+    checks: list[CheckIn] = []
+    for rank, live in lives.items():
+        live.take(loss_event)  # the listener: answer, then interrupt
+        check = CheckIn(shared, f"{namespace}check/", rank, every, timedelta(seconds=_WINDOW_S),
+                        None, live, None, 0)
+        if check.join():
+            thread = threading.Thread(target=_decide, args=(check, decided_at), daemon=True)
+            thread.start()
+        checks.append(check)
+    joined = time.monotonic()
+    to_decide = shared.requests - before
+    events.wait([f"event/{loss_event + 1}"], timedelta(seconds=_WINDOW_S))  # the decision
+    for live in lives.values():
+        live.take(loss_event + 1)
+    outs = {check.await_decision() for check in checks}
+    if len(outs) != 1:
+        raise AssertionError(f"virtual ranks were told different decisions: {len(outs)}")
+    # Each rank's outcome() sorts the survivors (milliseconds at 65,536 on its own CPU): once
+    # per process here, where thousands of virtual ranks share one.
+    survivors = checks[0].outcome(next(iter(outs)))
+    waits = 2 * len(lives)  # each rank's listener waits once per event (one wait stood for all)
+    return {"requests": shared.requests - before + waits, "to_decide": to_decide + len(lives),
+            "bytes": shared.bytes, "heard": heard, "joined": joined,
+            "decided": decided_at[0] if decided_at else None, "survivors": len(survivors)}
+
+
+def _ring(rank: int, members: int) -> tuple[int, int]:
+    """``rank`` and its ring successor: what ``Liveness.watch`` takes from the member list (a
+    list of N per virtual rank would cost the bench O(N^2) here, and a real rank O(N) once)."""
+    return rank, (rank + 1) % members
+
+
+def _decide(check: CheckIn, decided_at: list[float]) -> None:
+    out = check.look()
+    while out is None:
+        time.sleep(0.02)
+        out = check.look()
+    decided_at.append(time.monotonic())
+
+
+def _worker(port: int, index: int, jobs: Any, start: Any, ready: Any, results: Any) -> None:
+    """One process of virtual ranks: runs each job it is given (None ends it)."""
+    logging.getLogger("commgroups").setLevel(logging.ERROR)
+    while (job := jobs.get()) is not None:
+        kind, namespace, members, arg = job
+        share = -(-members // _WORKERS)
+        ranks = range(index * share, min(members, (index + 1) * share))
+        try:
+            if kind == "idle":
+                results.put(_idle(port, namespace, ranks, members, arg, start, ready))
+            else:
+                results.put(_loss(port, namespace, ranks, members, int(arg), start, ready))
+        except BaseException as error:  # the parent reports it
+            results.put({"error": repr(error)})
+            ready.abort()  # nobody waits on a worker that is gone
+            start.abort()
+            raise
+
+
+def _saturated_rate(port: int, seconds: float = 1.0) -> float:
+    """Requests per second the store serves to :data:`_WORKERS` busy clients (one thread each in
+    this process: their round trips overlap, as a job's clients' do)."""
+    counts: list[int] = []
+    stop = time.monotonic() + seconds
+
+    def hammer() -> None:
+        client = TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=60))
+        done = 0
+        while time.monotonic() < stop:
+            client.add("bench-rate", 1)
+            done += 1
+        counts.append(done)
+
+    threads = [threading.Thread(target=hammer) for _ in range(_WORKERS)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(counts) / (time.monotonic() - started)
+
+
+class _Workers:
+    """:data:`_WORKERS` spawned processes of virtual ranks, started once for every size."""
+
+    def __init__(self, port: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.start, self.ready = context.Barrier(_WORKERS + 1), context.Barrier(_WORKERS + 1)
+        self.results = context.Queue()
+        self.jobs = [context.Queue() for _ in range(_WORKERS)]
+        self.processes = [context.Process(
+            target=_worker, daemon=True,
+            args=(port, index, self.jobs[index], self.start, self.ready, self.results))
+            for index in range(_WORKERS)]
+        for process in self.processes:
+            process.start()
+
+    def run(self, kind: str, namespace: str, members: int, arg: float,
+            on_start: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+        """Run one job on every worker: they set up, start together, then report."""
+        for jobs in self.jobs:
+            jobs.put((kind, namespace, members, arg))
+        try:
+            self.ready.wait(timeout=600)
+            self.start.wait(timeout=60)
+        except threading.BrokenBarrierError:
+            raise RuntimeError(f"control plane {kind} at {members:,} ranks: "
+                               f"{self.results.get(timeout=10)}") from None
+        if on_start is not None:
+            on_start()
+        out = [self.results.get(timeout=600) for _ in self.processes]
+        errors = [result["error"] for result in out if "error" in result]
+        if errors:
+            raise RuntimeError(f"control plane {kind} at {members:,} ranks: {errors[0]}")
+        return out
+
+    def close(self) -> None:
+        """End every worker."""
+        for jobs in self.jobs:
+            jobs.put(None)
+        for process in self.processes:
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
+
+
+def run(sizes: Sequence[int], idle_s: float, progress: Progress,
+        idle_max: int = IDLE_THREADED_MAX) -> tuple[list[Table], dict[str, Any]]:
+    """Measure every size; returns the table and the summary (``control_plane_check_in_s``,
+    ``control_plane_requests_per_rank_s``: {N: value}, with which are extrapolated)."""
+    server = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False,
+                      timeout=timedelta(seconds=300))
+    port = int(server.port)
+    rate = _saturated_rate(port)
+    workers = _Workers(port)
+    try:
+        return _measure(server, port, rate, workers, sizes, idle_s, idle_max, progress)
+    finally:
+        workers.close()
+
+
+def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Sequence[int],
+             idle_s: float, idle_max: int, progress: Progress
+             ) -> tuple[list[Table], dict[str, Any]]:
+    table = Table(
+        "control_plane", f"Control plane at scale: {_WORKERS} processes of virtual ranks, one "
+        "TCPStore server",
+        ["ranks", "idle req/rank/s", "check-in req/rank", "check-in bytes/rank",
+         "report -> decided s (measured)", "report -> decided s (extrapolated)"])
+    check_in_s: dict[str, float] = {}
+    extrapolated_check_in_s: dict[str, float] = {}
+    idle: dict[str, float] = {}
+    idle_extrapolated: list[int] = []
+    measured_idle: float | None = None
+    for size in sizes:
+        progress.describe(f"control plane: {size:,} ranks")
+        if size <= idle_max or measured_idle is None:
+            threaded = min(size, idle_max)
+            parts = workers.run("idle", f"bench/idle/{threaded}/", threaded, idle_s)
+            measured_idle = sum(part["requests"] for part in parts) / threaded / idle_s
+            idle[str(size)] = measured_idle
+            if threaded < size:
+                idle_extrapolated.append(size)
+        elif measured_idle is not None:
+            idle[str(size)] = measured_idle
+            idle_extrapolated.append(size)
+        namespace = f"bench/loss/{size}/"
+        reporter = Liveness(server, server, namespace, size - 2, interval_s=_BEAT_S,
+                            dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss)
+        reported: list[float] = []
+
+        def report(reporter: Liveness = reporter, lost: int = size - 1,
+                   reported: list[float] = reported) -> None:
+            reported.append(time.monotonic())
+            reporter.report(0, f"rank {lost} stopped", {lost})
+
+        parts = workers.run("loss", namespace, size, size - 1, on_start=report)
+        decided = [part["decided"] for part in parts if part["decided"] is not None]
+        if len(decided) != 1:
+            raise RuntimeError(f"control plane at {size}: {len(decided)} deciders")
+        seconds = decided[0] - reported[0]
+        requests = sum(part["requests"] for part in parts)
+        to_decide = sum(part["to_decide"] for part in parts)
+        # The decider judges the lost rank dead once it left the report unanswered for
+        # dead_after_s: no store rate makes the decision sooner.
+        extrapolated = max(_DEAD_AFTER_S, to_decide / rate) + 0.02
+        check_in_s[str(size)] = seconds
+        extrapolated_check_in_s[str(size)] = extrapolated
+        table.add(f"{size:,}", number(idle.get(str(size), float("nan"))) +
+                  (" (extrapolated)" if size in idle_extrapolated else ""),
+                  number(requests / (size - 1)), number(sum(p["bytes"] for p in parts) / (size - 1)),
+                  number(seconds), number(extrapolated))
+        progress.advance()
+    table.notes += [
+        f"idle: {idle_s:g} s with every rank's listener and beat running (beat every {_BEAT_S:g} s), "
+        f"on at most {idle_max:,} ranks (each a socket and two threads; here a new connection "
+        "stalls 5 s about every 25th); above, the figure is the measured one carried over "
+        "(extrapolated: no idle request depends on N)",
+        f"the store served {rate:,.0f} requests/s to {_WORKERS} busy clients here; the "
+        "extrapolated decision time is the requests the decision waits for divided by that rate",
+        "measured: the workers share 2 cores with the server, one connection per process",
+    ]
+    summary = {"control_plane_check_in_s": check_in_s,
+               "control_plane_check_in_extrapolated_s": extrapolated_check_in_s,
+               "control_plane_requests_per_rank_s": idle,
+               "control_plane_extrapolated_sizes": idle_extrapolated,
+               "control_plane_store_requests_per_s": rate}
+    return [table], summary
+
+
+if __name__ == "__main__":  # python -m commgroups.bench.control_plane [sizes...]
+    import sys
+
+    from commgroups.bench.progress import NullProgress
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    chosen = [int(arg) for arg in sys.argv[1:]] or [1024, 8192, 65536]
+    tables, figures = run(chosen, 10.0, NullProgress())
+    print(tables[0].to_dict())
+    print(json.dumps(figures, indent=1))
