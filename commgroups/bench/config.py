@@ -46,7 +46,7 @@ class BenchConfig:
     timeout_s: float = 600.0
     control_plane_sizes: tuple[int, ...] = (1024, 8192, 65536)
     """Simulated ranks of the control-plane scenario (many per process, one real TCPStore)."""
-    control_plane_idle_ranks: int = 256
+    control_plane_idle_ranks: int = 128
     """Ranks whose idle phase runs a real listener and beat each (a socket and two threads)."""
     control_plane_idle_s: float = 10.0
 
