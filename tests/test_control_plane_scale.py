@@ -4,6 +4,8 @@ TCPStore server, at two sizes eight times apart."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from commgroups.bench import control_plane
@@ -12,8 +14,14 @@ from commgroups.bench.progress import NullProgress
 pytestmark = pytest.mark.world
 
 
-def test_check_in_requests_per_rank_do_not_grow_with_the_world() -> None:
-    tables, summary = control_plane.run([128, 1024], 0.5, NullProgress(), idle_max=8)
+@pytest.fixture(scope="module")
+def measured() -> tuple[list[Any], dict[str, Any]]:
+    return control_plane.run([128, 1024], 0.5, NullProgress(), idle_max=8)
+
+
+def test_check_in_requests_per_rank_do_not_grow_with_the_world(
+        measured: tuple[list[Any], dict[str, Any]]) -> None:
+    tables, summary = measured
     (table,) = tables
     per_rank = [float(row[table.columns.index("check-in req/rank")]) for row in table.rows]
     bytes_per_rank = [float(row[table.columns.index("check-in bytes/rank")].replace(",", ""))
@@ -22,3 +30,16 @@ def test_check_in_requests_per_rank_do_not_grow_with_the_world() -> None:
     assert bytes_per_rank[1] <= 1.5 * bytes_per_rank[0], bytes_per_rank  # O(1) bytes per rank
     # Decided once the lost rank left the report unanswered for dead_after_s (1 s), not later.
     assert all(0.9 < seconds < 30 for seconds in summary["control_plane_check_in_s"].values())
+
+
+def test_hang_diagnosis_requests_per_member_do_not_grow_and_the_hung_rank_is_named(
+        measured: tuple[list[Any], dict[str, Any]]) -> None:
+    tables, summary = measured
+    (table,) = tables
+    per_member = [float(row[table.columns.index("hang req/member")]) for row in table.rows]
+    assert per_member[1] <= per_member[0] + 0.1, per_member  # O(1) requests per member
+    assert per_member[1] <= 3.5, per_member  # the event's wait and read, one append
+    # rank N/2 hung: named silent, and nobody else (the run raises otherwise)
+    assert summary["control_plane_hang_silent"] == {"128": [64], "1024": [512]}
+    named = summary["control_plane_hang_named_s"]
+    assert all(0 < seconds <= 2.0 for seconds in named.values()), named

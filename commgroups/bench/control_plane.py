@@ -15,6 +15,16 @@ What runs, per world size N (one fresh key namespace each):
    code), checks in (:meth:`CheckIn.join`) and waits for the decision
    (:meth:`CheckIn.await_decision`); the first rank in decides (:meth:`CheckIn.look`, in its own
    thread). Reported: requests per rank, store bytes, and report -> decided.
+3. **hang**: the N ranks are one role's group, in a collective that timed out on every member
+   but one, which hung (it never answers; it published a status before). The asker (virtual
+   rank 0, in the parent) runs the product's diagnosis path of a timed-out call: the group ask
+   (:meth:`StatusPublisher.ask_group`), the wait for answers and their one read
+   (:func:`~commgroups.flight_recorder.publisher.collect`, with the session's waits for a timeout
+   at the default 1 s interval) and :func:`~commgroups.flight_recorder.diagnosis.diagnose`; every
+   other virtual rank hears the ask through ``Liveness.take`` and its real
+   :class:`StatusPublisher` answers (:meth:`StatusPublisher.listen_through`'s handler). Reported:
+   requests per member (theirs and the asker's) and seconds from the ask to the hung rank named
+   silent. The ask comes when the role's timeout fires: named within the role timeout plus that.
 
 What 2 cores cannot run honestly: N sockets (the virtual ranks of a process share one
 connection, and one blocked wait per process stands for every rank's) and N clients' CPUs (here
@@ -27,6 +37,7 @@ number of clients, bounds a real job).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import logging
 import multiprocessing
@@ -41,6 +52,8 @@ from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-
 
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, number
+from commgroups.flight_recorder.diagnosis import diagnose
+from commgroups.flight_recorder.publisher import DEFAULT_INTERVAL_S, StatusPublisher, collect
 from commgroups.rank_loss.check_in import CheckIn
 from commgroups.rank_loss.liveness import Liveness
 
@@ -56,6 +69,10 @@ _WORKERS = 4
 _BEAT_S = 10.0  # the product's default heartbeat (registry heartbeat_s)
 _DEAD_AFTER_S = 1.0
 _WINDOW_S = 120.0
+_HANG_ROLE = "dp"
+_HANG_TIMEOUT_S = 10.0  # the hang's role timeout (the ask comes when it fires; not waited out)
+_HANG_GOAL_S = 2.0  # named within the role timeout plus this
+_HANG_COUNT = 7  # the group's collective count every live member reached (the hung one: 6)
 
 
 class CountingStore(Store):  # type: ignore[misc]  # torch's Store has no stubs for subclassing
@@ -196,6 +213,79 @@ def _loss(port: int, namespace: str, ranks: Sequence[int], members: int, victim:
             "decided": decided_at[0] if decided_at else None, "survivors": len(survivors)}
 
 
+def _member_status(count: int, state: str) -> dict[str, Any]:
+    """A member's status on the hang's role (what ``RoleRecorder.status`` gives)."""
+    return {"seq": count, "group_seq": count,
+            "last": {"op": "all_reduce", "seq": count, "group_seq": count,
+                     "caller": "train.py:42 in step", "state": state}}
+
+
+def _hang(port: int, namespace: str, ranks: Sequence[int], members: int, hung: int,
+          start: Any, ready: Any) -> dict[str, Any]:
+    """The virtual members ``ranks`` of one role's group hear the group ask and answer it
+    through their real publishers (the hung one never does: it published before it hung)."""
+    shared = _client(port)
+    prefix = f"{namespace}flight/"
+    group = range(members)  # membership in O(1): a list of N per virtual rank would be O(N^2)
+    reached = {"status": {_HANG_ROLE: _member_status(_HANG_COUNT, "in flight")}}
+
+    def answer(role: str, asker: int) -> dict[str, Any] | None:
+        return reached if role == _HANG_ROLE and asker in group else None
+
+    lives: list[Liveness] = []
+    for rank in ranks:
+        if rank == hung:
+            last = {_HANG_ROLE: _member_status(_HANG_COUNT - 1, "done")}
+            StatusPublisher(shared, prefix, rank, last.copy).publish_now()
+            continue
+        live = _VirtualListener(shared, shared, namespace, rank, interval_s=_BEAT_S,
+                                dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss)
+        publisher = StatusPublisher(shared, prefix, rank, dict, DEFAULT_INTERVAL_S,
+                                    answer=answer)
+        publisher.listen_through(live.emit, live.subscribe)  # its handler answers the ask
+        lives.append(live)
+    listener = _client(port)
+    events = PrefixStore(namespace, listener)
+    ask_event = int(events.add("event/count", 0)) + 1
+    ready.wait()
+    start.wait()
+    events.wait([f"event/{ask_event}"], timedelta(seconds=_WINDOW_S))
+    before = shared.requests
+    for each in lives:
+        each.take(ask_event)  # the listener: read the ask, the publisher answers it
+    waits = len(lives)  # each rank's listener waits once for the event (one wait stood for all)
+    return {"requests": shared.requests - before + waits, "bytes": shared.bytes}
+
+
+def _hang_ask(server: Store, namespace: str, members: int, hung: int,
+              out: dict[str, Any]) -> None:
+    """The asker (virtual rank 0): ask the group, collect, diagnose, as ``FlightSession`` does
+    for a timed-out call (its waits at the default interval)."""
+    store = CountingStore(server)
+    emitter = Liveness(store, store, namespace, 0, interval_s=_BEAT_S,
+                       dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss)
+
+    def answer(role: str, asker: int) -> dict[str, Any] | None:
+        return {"status": {role: _member_status(_HANG_COUNT, "failed")}}
+
+    publisher = StatusPublisher(store, f"{namespace}flight/", 0, dict, DEFAULT_INTERVAL_S,
+                                answer=answer)
+    publisher._emit = emitter.emit  # what listen_through sets, without this rank's own poll
+    failed = {"op": "all_reduce", "seq": _HANG_COUNT, "group_seq": _HANG_COUNT,
+              "caller": "train.py:42 in step"}
+    before = store.requests
+    asked = time.monotonic()
+    key = publisher.ask_group(_HANG_ROLE, 0, str(_HANG_COUNT), {}, failed)
+    wait_s = 0.3 + 2.5 * DEFAULT_INTERVAL_S  # FlightSession._compare's after a timeout
+    published = collect(publisher, key, range(members), _HANG_ROLE, failed, wait_s=wait_s,
+                        shortest_s=0.3 + 0.5 * DEFAULT_INTERVAL_S)
+    found = diagnose(_HANG_ROLE, 0, failed, published, 1)
+    out["named"] = time.monotonic() - asked
+    out["silent"] = [state.rank for state in found.where("silent")]
+    out["requests"] = store.requests - before
+    out["text"] = found.text()
+
+
 def _ring(rank: int, members: int) -> tuple[int, int]:
     """``rank`` and its ring successor: what ``Liveness.watch`` takes from the member list (a
     list of N per virtual rank would cost the bench O(N^2) here, and a real rank O(N) once)."""
@@ -220,6 +310,8 @@ def _worker(port: int, index: int, jobs: Any, start: Any, ready: Any, results: A
         try:
             if kind == "idle":
                 results.put(_idle(port, namespace, ranks, members, arg, start, ready))
+            elif kind == "hang":
+                results.put(_hang(port, namespace, ranks, members, int(arg), start, ready))
             else:
                 results.put(_loss(port, namespace, ranks, members, int(arg), start, ready))
         except BaseException as error:  # the parent reports it
@@ -318,7 +410,11 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
         "control_plane", f"Control plane at scale: {_WORKERS} processes of virtual ranks, one "
         "TCPStore server",
         ["ranks", "idle req/rank/s", "check-in req/rank", "check-in bytes/rank",
-         "report -> decided s (measured)", "report -> decided s (extrapolated)"])
+         "report -> decided s (measured)", "report -> decided s (extrapolated)",
+         "hang req/member", "hang ask -> named s", f"hang named in timeout+{_HANG_GOAL_S:g} s"])
+    hang_named_s: dict[str, float] = {}
+    hang_requests: dict[str, float] = {}
+    hang_silent: dict[str, list[int]] = {}
     check_in_s: dict[str, float] = {}
     extrapolated_check_in_s: dict[str, float] = {}
     idle: dict[str, float] = {}
@@ -358,10 +454,25 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
         extrapolated = max(_DEAD_AFTER_S, to_decide / rate) + 0.02
         check_in_s[str(size)] = seconds
         extrapolated_check_in_s[str(size)] = extrapolated
+        hung = size // 2
+        asker: dict[str, Any] = {}
+        parts = workers.run("hang", f"bench/hang/{size}/", size, hung,
+                            on_start=functools.partial(_hang_ask, server, f"bench/hang/{size}/",
+                                                       size, hung, asker))
+        if asker.get("silent") != [hung]:
+            raise RuntimeError(f"control plane hang at {size}: named {asker.get('text')!r}, "
+                               f"not rank {hung} alone silent")
+        hang_named_s[str(size)] = asker["named"]
+        hang_silent[str(size)] = asker["silent"]
+        hang_requests[str(size)] = (sum(part["requests"] for part in parts) + asker["requests"]
+                                    ) / size
         table.add(f"{size:,}", number(idle.get(str(size), float("nan"))) +
                   (" (extrapolated)" if size in idle_extrapolated else ""),
                   number(requests / (size - 1)), number(sum(p["bytes"] for p in parts) / (size - 1)),
-                  number(seconds), number(extrapolated))
+                  number(seconds), number(extrapolated), number(hang_requests[str(size)]),
+                  number(asker["named"]),
+                  f"{'yes' if asker['named'] <= _HANG_GOAL_S else 'no'} "
+                  f"({_HANG_TIMEOUT_S + asker['named']:.1f} s of {_HANG_TIMEOUT_S:g}+{_HANG_GOAL_S:g})")
         progress.advance()
     table.notes += [
         f"idle: {idle_s:g} s with every rank's listener and beat running (beat every {_BEAT_S:g} s), "
@@ -371,12 +482,20 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
         f"the store served {rate:,.0f} requests/s to {_WORKERS} busy clients here; the "
         "extrapolated decision time is the requests the decision waits for divided by that rate",
         "measured: the workers share 2 cores with the server, one connection per process",
+        f"hang: every rank one role's group (timeout {_HANG_TIMEOUT_S:g} s), rank N/2 hung "
+        "(published, then silent); the ask comes when the timeout fires, so the hang is named "
+        f"at the role timeout plus ask -> named; requests per member: the ask's event read, the "
+        "answer (append, add), the asker's own requests spread over the group",
     ]
     summary = {"control_plane_check_in_s": check_in_s,
                "control_plane_check_in_extrapolated_s": extrapolated_check_in_s,
                "control_plane_requests_per_rank_s": idle,
                "control_plane_extrapolated_sizes": idle_extrapolated,
-               "control_plane_store_requests_per_s": rate}
+               "control_plane_store_requests_per_s": rate,
+               "control_plane_hang_named_s": hang_named_s,
+               "control_plane_hang_requests_per_member": hang_requests,
+               "control_plane_hang_silent": hang_silent,
+               "control_plane_hang_role_timeout_s": _HANG_TIMEOUT_S}
     return [table], summary
 
 

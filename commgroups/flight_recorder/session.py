@@ -16,7 +16,6 @@ import logging
 import os
 import tempfile
 import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,7 +28,7 @@ from commgroups.errors import RoleCollectiveError, RoleHangError, RoleTimeoutErr
 from commgroups.flight_recorder import index
 from commgroups.flight_recorder.diagnosis import Diagnosis, diagnose, short_site
 from commgroups.flight_recorder.entries import FlightEntry
-from commgroups.flight_recorder.publisher import DEFAULT_INTERVAL_S, StatusPublisher, read_status
+from commgroups.flight_recorder.publisher import DEFAULT_INTERVAL_S, StatusPublisher, collect
 from commgroups.flight_recorder.recorder import FlightRecorder
 
 __all__ = ["DIAGNOSIS", "DIR_ENV_VAR", "FlightSession", "dump_file_name", "open_flight"]
@@ -72,6 +71,7 @@ class FlightSession:
         self.epoch = epoch
         self.members = members
         self.last_dump = ""
+        self._members: dict[str, frozenset[int]] = {}  # role -> this rank's group's ranks
         self.interrupted = False
         """Set when the registry interrupted the generation (a rebuild, a peer's reported loss):
         the failures that follow are that, and are not diagnosed (nobody should wait on them)."""
@@ -123,6 +123,24 @@ class FlightSession:
         except Exception as error:  # the registry closed meanwhile: the first file stands
             logger.debug("flight recorder: second dump with call sites failed: %s", error)
 
+    def _answer(self, role: str, asker: int) -> dict[str, Any] | None:
+        """This rank's compact answer to ``asker``'s ask about ``role`` (its status on the role,
+        and a call of another role it is in right now), or None where ``asker`` is not in this
+        rank's group of the role (another group of it: not asked)."""
+        members = self._members.get(role)
+        if members is None:
+            members = self._members[role] = frozenset(self.recorder.ranks(role))
+        if asker not in members:
+            return None
+        status = self.recorder.status()
+        mine = {role: status[role]} if role in status else {}
+        now = next((name for name, info in status.items()
+                    if name != role and (info.get("last") or {}).get("state") == "in flight"),
+                   None)
+        if now is not None:
+            mine[now] = status[now]
+        return {"status": mine}
+
     def _on_request(self, request: dict[str, Any]) -> None:
         if request.get("dump"):
             self.dump_soon(str(request["dump"]))
@@ -149,13 +167,15 @@ class FlightSession:
 
     def _compare(self, role: str, entry: FlightEntry, publisher: StatusPublisher,
                  wait: bool) -> Diagnosis:
-        """Ask every rank to publish and dump, and wait for their answers (a rank that gives
-        none is silent): a live rank answers within one request poll, its thread runs whatever
-        its main thread does. After a timeout up to 2.5 intervals (a loaded machine delays threads);
-        after another failure (a peer's connection closed: rank-loss handling is waiting) up to
-        1.5 request polls (a quarter interval each: 0.675 s with the defaults), and no longer
-        once a loss is reported (the generation is interrupted). Without the
-        wait a status can be an interval old: a rank would look behind."""
+        """Ask this rank's group of ``role`` to answer and dump, and wait for their answers (a
+        rank that gives none is silent): a live rank's listener answers at once, its thread
+        runs whatever its main thread does (a polling publisher: within one request poll).
+        After a timeout up to 2.5 intervals (a loaded machine delays threads), ending early
+        once every member answered, or after half an interval when no answer came for
+        ``ANSWER_QUIET_S``; after another failure (a peer's connection closed: rank-loss
+        handling is waiting) up to 1.5 request polls (a quarter interval each: 0.675 s with the
+        defaults), and no longer once a loss is reported (the generation is interrupted).
+        Without the wait a status can be an interval old: a rank would look behind."""
         directory = self.default_dir()
         recorder = self.recorder.roles[role]
         # The group's count now, not the entry's: an object collective issues several calls,
@@ -170,24 +190,22 @@ class FlightSession:
         publisher.store.append(  # type: ignore[attr-defined,unused-ignore]  # not in some stubs
             f"{publisher.prefix}{_DIAGNOSING}", f"{token}@{self.recorder.rank};")
         publisher.publish_now(force=True)
-        asked = publisher.ask({"dump": directory})
-        members = [r for r in self.recorder.ranks(role) if r != self.recorder.rank]
-        deadline = time.monotonic() + 0.3 + (2.5 * publisher.interval_s if wait
-                                             else 1.5 * publisher.poll_s)
-        published: dict[int, Mapping[str, Any] | None] = {}
-        while True:
-            for other in members:
-                value = published.get(other)
-                if value is None or int(value.get("answered", 0)) < asked:
-                    published[other] = read_status(publisher.store, publisher.prefix, other)
-            answered = all(v is not None and int(v.get("answered", 0)) >= asked
-                           for v in published.values())
-            # A loss reported meanwhile (the liveness thread interrupted this generation): the
-            # rank-loss handling is waiting for this rank's rebuild(), and the dead rank would
-            # never answer; what answered so far is all the diagnosis gets.
-            if answered or self.interrupted or time.monotonic() > deadline:
-                break
-            time.sleep(min(0.1, publisher.poll_s))
+        ranks = self.recorder.ranks(role)
+        # Only this rank's group of the role is asked, once per failed call however many of
+        # its members diagnose it; its members push their answers (see publisher.collect).
+        # One ask per exact call: a member answers "reached" with its rank alone, which reads
+        # right only for the call asked about (a rank at another op at this count asks its own).
+        call = f"{failed['group_seq']}-{failed['seq']}-{failed['op']}"
+        key = publisher.ask_group(role, min(ranks, default=self.recorder.rank), call,
+                                  {"dump": directory}, failed)
+        wait_s = 0.3 + (2.5 * publisher.interval_s if wait else 1.5 * publisher.poll_s)
+        # A loss reported meanwhile (the liveness thread interrupted this generation): the
+        # rank-loss handling is waiting for this rank's rebuild(), and the dead rank would
+        # never answer; what answered so far is all the diagnosis gets.
+        published = collect(publisher, key, ranks, role, failed, wait_s=wait_s,
+                            shortest_s=min(wait_s, 0.3 + 0.5 * publisher.interval_s),
+                            stop=lambda: self.interrupted)
+        asked = 1
         path = self.dump_soon(directory)
         found = diagnose(role, self.recorder.rank, failed, published, asked)
         found = dataclasses.replace(found, dump=path)
@@ -216,6 +234,7 @@ class FlightSession:
         if self.publisher is not None:
             self.publisher.stop(release=release, members=self.members)
             self.publisher.on_request = None
+            self.publisher.answer = None
 
 
 def _speaker(publisher: StatusPublisher, token: str, rank: int) -> bool:
@@ -321,5 +340,6 @@ def open_flight(groups: Mapping[str, dist.ProcessGroup | None], *, enabled: bool
     session = FlightSession(recorder, publisher, epoch, members)
     if publisher is not None:
         publisher.on_request = session._on_request
+        publisher.answer = session._answer
         publisher.start()
     return session

@@ -15,7 +15,8 @@ Two daemon threads per registry (:class:`Liveness`):
      ``dead_after_s`` as dead), then ``on_loss(g, suspects)`` interrupts ``g``'s groups that hold
      a suspect (all of them when the report named nobody), so no rank waits out a collective
      timeout on a peer that left it, and a collective whose members are all still at it goes on;
-   - ``ask``: a flight recorder asks for statuses (the subscriber of that prefix handles it);
+   - ``ask``: a flight recorder asks for statuses (the subscriber of that prefix handles it: the
+     event names the role, the asker and the ask's number, and only the asker's group answers);
    - ``decided``: a rebuild's check-in decided who is out (the check-in waiting on that prefix
      takes it: the decision is pushed, no follower polls or blocks a connection);
    - ``close``: the last member closed; every listener still waiting ends (``wake``: a rank that
@@ -138,7 +139,7 @@ class Liveness:
         self._interrupted: dict[int, set[int] | None] = {}  # generation -> suspects handled
         self._answered: set[int] = set()  # generations whose loss report this rank answered
         self._seen: tuple[int, int, float] | None = None  # successor, its beat, when it moved
-        self._subscribers: dict[str, Callable[[], None]] = {}
+        self._subscribers: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._decisions: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._next = 1
         self._stop = threading.Event()
@@ -258,8 +259,9 @@ class Liveness:
         """How many answers generation ``generation``'s loss report got so far (one request)."""
         return int(self._shared.add(f"lost/{generation}/answers", 0))
 
-    def subscribe(self, prefix: str, handler: Callable[[], None] | None) -> None:
-        """Call ``handler`` from the thread on each ``ask`` event for ``prefix`` (None: stop)."""
+    def subscribe(self, prefix: str, handler: Callable[[dict[str, Any]], None] | None) -> None:
+        """Call ``handler(event)`` from the thread on each ``ask`` event for ``prefix`` (None:
+        stop); the event carries the ask's fields (role, asker, number) as the asker sent them."""
         if handler is None:
             self._subscribers.pop(prefix, None)
         else:
@@ -390,7 +392,7 @@ class Liveness:
         elif kind == "ask":
             handler = self._subscribers.get(str(event.get("p")))
             if handler is not None:
-                handler()
+                handler(event)
         elif kind == "decided":
             decided = self._decisions.get(str(event.get("p")))
             if decided is not None:
