@@ -485,7 +485,7 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
         f"hang: every rank one role's group (timeout {_HANG_TIMEOUT_S:g} s), rank N/2 hung "
         "(published, then silent); the ask comes when the timeout fires, so the hang is named "
         f"at the role timeout plus ask -> named; requests per member: the ask's event read, the "
-        "answer (append, add), the asker's own requests spread over the group",
+        "answer (one append), the asker's own requests spread over the group",
     ]
     summary = {"control_plane_check_in_s": check_in_s,
                "control_plane_check_in_extrapolated_s": extrapolated_check_in_s,

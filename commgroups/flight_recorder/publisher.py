@@ -44,10 +44,11 @@ interval (one or two store reads each)."""
 ANSWER_LOOK_S = 0.05
 """Seconds between two looks at an ask's answer counter (one request each)."""
 
-ANSWER_QUIET_S = 0.2
-"""Once the asker's shortest wait passed (half an interval), it stops when no answer came for
-this long: a group of 65,536 answers in about 1.5 s on one store (a steady stream), and the
-asker names its silent members 0.2 s after the last answer, not at the longest wait."""
+ANSWER_QUIET_S = 0.1
+"""Once the asker's shortest wait passed (half an interval: what guards a small group's slow
+member), it stops when no answer came for this long between two of its looks: a group of 65,536
+answers in about 1.5-1.9 s on one store (a steady stream), and the asker names its silent
+members 0.1 s after the last answer, not at the longest wait (2.8 s)."""
 
 _ABSENT = "\x00"  # compare_set(key, _ABSENT, _ABSENT) reads a key in one request, never creates it
 _ASKS_READ = 64  # a polling publisher reads at most the newest this many asks it missed
