@@ -200,10 +200,14 @@ def _far_behind(rank: int, world: int) -> str:
             registry.rebuild(timeout=1.5)
         except LeftOutError:
             return "left out"
+        finally:
+            store.set("test/far-behind-done", "1")
         return "rebuilt alone"
     registry.rebuild(timeout=1.5)  # generation 1 on [0, 1]
     registry.rebuild()  # generation 2: generation 1's check-in keys are deleted now
     store.set("test/far-behind-go", "1")
+    # close() deletes the record rank 2 reads: under load rank 2 read it after that (seen once)
+    store.wait(["test/far-behind-done"], timedelta(seconds=60))
     registry.close()
     return f"generation {registry.generation}"
 

@@ -37,6 +37,7 @@ own is held by its wait.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -155,8 +156,26 @@ class Liveness:
         thread takes to connect: it waits for that number."""
         self._shared.add(f"beat/{self.rank}", 1)
         self._next = int(self._shared.add("event/count", 0)) + 1
+        atexit.register(self._settle)  # unregistered when the listener ends
         for thread in self._threads:
             thread.start()
+
+    def _settle(self) -> None:
+        """At interpreter exit, before daemon threads are frozen: let the listener end first.
+
+        A listener that wakes during finalization (the last member's close event, arriving
+        after this rank closed) re-enters Python from torch's C++ wait, whose thread then exits
+        through C++ frames: "terminate called without an active exception", SIGABRT, a job
+        that finished marked failed (seen under torchrun, torch 2.13). Usually the close event
+        has come and this returns at once; else it waits up to 2 s for it, then wakes the
+        listeners itself (one read each)."""
+        listener = self._threads[0]
+        self._stop.set()
+        listener.join(timeout=2.0)
+        if listener.is_alive():
+            with contextlib.suppress(RuntimeError):  # the store's host is gone: nothing wakes
+                self._emit(self._shared, {"k": "wake"})
+            listener.join(timeout=2.0)
 
     def _connect_and_listen(self) -> None:
         """The listener's thread: its own connection first, then :meth:`_listen`. A connection
@@ -169,12 +188,14 @@ class Liveness:
                 if not self._stop.is_set():
                     logger.warning("rank %d: liveness cannot listen, no store connection: %s",
                                    self.rank, error)
+                atexit.unregister(self._settle)
                 return
         try:
             self._listen()
         finally:  # its connection goes with the thread, not with the registry's last reference
             if self._connect is not None:
                 self._own = PrefixStore(self._namespace, self._root)
+            atexit.unregister(self._settle)  # nothing left to settle: the registry may go
 
     def watch(self, generation: int | None, members: Sequence[int] = ()) -> None:
         """Listen for losses in ``generation`` and watch its next member; None: beat only.
