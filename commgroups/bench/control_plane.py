@@ -446,6 +446,9 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
         decided = [part["decided"] for part in parts if part["decided"] is not None]
         if len(decided) != 1:
             raise RuntimeError(f"control plane at {size}: {len(decided)} deciders")
+        wrong = {part["survivors"] for part in parts} - {size - 1}
+        if wrong:  # a live rank decided out: its answer was judged late (a product bug)
+            raise RuntimeError(f"control plane at {size}: survivors {wrong}, not {size - 1}")
         seconds = decided[0] - reported[0]
         requests = sum(part["requests"] for part in parts)
         to_decide = sum(part["to_decide"] for part in parts)
