@@ -160,9 +160,7 @@ def test_a_lone_rebuild_that_nobody_joins_fails_on_that_rank_and_splits_nothing(
 
 def _late_and_retrying(rank: int, world: int) -> dict[str, Any]:
     registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
-    connected_barrier(registry, rank, world)
-    if rank == 3:
-        os._exit(0)
+    connected_barrier(registry, rank, world, victim=3)
     if rank == 2:
         time.sleep(4)  # left out: the majority decided without it after its 1.5 s window
     outcomes = []
@@ -191,9 +189,7 @@ def _far_behind(rank: int, world: int) -> str:
     """Rank 2 reaches rebuild() two generations late, after the check-in it missed was deleted."""
     registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
     store = torch_internals.default_store()
-    connected_barrier(registry, rank, world)
-    if rank == 3:
-        os._exit(0)
+    connected_barrier(registry, rank, world, victim=3)
     if rank == 2:
         store.wait(["test/far-behind-go"], timedelta(seconds=60))
         try:

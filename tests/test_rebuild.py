@@ -42,9 +42,7 @@ def _fail_then_rebuild(rank: int, world: int, victim: int, role: str,
     registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
     old = registry.collectives(role)
     mesh = registry.device_mesh(["dp_replicate", "fsdp"])
-    connected_barrier(registry, rank, world)
-    if rank == victim:
-        os._exit(0)  # lost for good: no report, no cleanup
+    connected_barrier(registry, rank, world, victim=victim)  # lost for good: no report
     started = time.monotonic()
     error = ""
     try:
@@ -171,9 +169,7 @@ def _second_loss_during_rebuild(rank: int, world: int) -> dict[str, Any]:
     check-in. The others' first rebuild fails; their second one succeeds without rank 0."""
     registry = GroupRegistry(hsdp_layout({"dp_replicate": 3, "dp_shard": 2}),
                              create_timeout_s=6).create()
-    connected_barrier(registry, rank, world)
-    if rank == 5:
-        os._exit(0)
+    connected_barrier(registry, rank, world, victim=5)
     if rank == 0:
         def die(*args: Any, **kwargs: Any) -> Any:
             os._exit(0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -69,14 +70,39 @@ def run_world(
     return [reports[r].value for r in range(world_size)]
 
 
-def connected_barrier(registry: GroupRegistry, rank: int, world_size: int) -> None:
-    """A checkpoint-metadata barrier that every rank has left before this returns on any rank.
+def connected_barrier(registry: GroupRegistry, rank: int, world_size: int,
+                      victim: int | None = None) -> None:
+    """A checkpoint-metadata barrier that every rank has left before this returns on any rank;
+    with ``victim``, that rank exits for good (``os._exit``) and the others return once its
+    process is gone.
 
     Call it before a test kills a rank. A gloo barrier returns on a rank once that rank has what it
     needs, while a slower peer may still be reading the rank's last message; a rank that exits at
     that moment fails its peer's barrier (CI saw this: the survivor raised before its rebuild). The
-    store barrier after it lets the victim exit only once every peer's barrier has returned.
+    store barrier after it lets the victim exit only once every peer's barrier has returned. The
+    survivors then wait for the victim's process to end: on loaded cores its listener thread
+    could otherwise still answer their loss report (alive, by its word) before the process went.
     """
+    store = torch_internals.default_store()
+    generation = registry.generation
+    store.set(f"tests/pid/{generation}/{rank}", str(os.getpid()))
     registry.collectives("checkpoint-metadata").barrier()
-    store_barrier(torch_internals.default_store(), f"tests/left-barrier/{registry.generation}",
-                  rank, world_size, timedelta(seconds=60), "tests: every rank left the barrier")
+    store_barrier(store, f"tests/left-barrier/{generation}", rank, world_size,
+                  timedelta(seconds=60), "tests: every rank left the barrier")
+    if victim is None:
+        return
+    if rank == victim:
+        os._exit(0)  # lost for good: no report, no cleanup
+    pid = int(store.get(f"tests/pid/{generation}/{victim}"))
+    deadline = time.monotonic() + 60
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True

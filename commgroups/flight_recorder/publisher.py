@@ -91,6 +91,7 @@ class StatusPublisher:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # publish_now from a failing call races the thread
         self._last: Any = None
+        self._released = False  # release() ran: nothing is written under the prefix again
         self._answered = 0
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"commgroups-flight-{rank}")
@@ -116,6 +117,8 @@ class StatusPublisher:
     def publish_now(self, force: bool = False) -> None:
         """Publish the snapshot if it changed (or ``force``); safe from any thread."""
         with self._lock:
+            if self._released:
+                return  # a late thread must not re-create a key release() deleted (a leak)
             status = self._snapshot()
             if not force and status == self._last:
                 return
@@ -208,8 +211,11 @@ class StatusPublisher:
                       failed: Mapping[str, Any]) -> None:
         line = (str(self.rank) if _reached(answer, role, failed) else
                 json.dumps({"r": self.rank, **answer}, separators=(",", ":"), default=str))
-        # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
-        self.store.append(f"{self.prefix}{key}/answers", line + "\n")  # type: ignore[attr-defined,unused-ignore]
+        with self._lock:
+            if self._released:
+                return  # the ask's keys may be deleted: an answer now would leak one
+            # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
+            self.store.append(f"{self.prefix}{key}/answers", line + "\n")  # type: ignore[attr-defined,unused-ignore]
 
     def _poll(self) -> None:
         # The counter, not the request key, says how many asks there were: two ranks asking at
@@ -270,6 +276,8 @@ class StatusPublisher:
         """Delete this rank's key and, on the last of ``members`` ranks to release, the request
         keys they share and the keys of the ``lost`` ranks (dead: they never delete theirs).
         Every publisher of the prefix has stopped by then, so nothing writes them again."""
+        with self._lock:  # no publish or answer is under way, and none follows
+            self._released = True
         try:
             self.store.delete_key(self.key)
             if members and int(self.store.add(f"{self.prefix}closed", 1)) >= members:
