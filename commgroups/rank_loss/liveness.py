@@ -79,7 +79,11 @@ def own_connection(store: Store, timeout: timedelta) -> Store | None:
 def answer(store: Store, generation: int, rank: int) -> None:
     """Say that ``rank`` heard generation ``generation``'s loss report and is alive: one append
     to the answers' list (``store``: the registry's namespace), which only a deciding rank reads,
-    and one add to their count."""
+    and one add to their count, after one read that the report still exists."""
+    # A listener that lagged on loaded cores may hear the report after one rank released it
+    # (every survivor had checked in): an answer then would re-create its keys, a leak.
+    if _read(store, f"lost/{generation}") is None:
+        return
     # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
     store.append(f"lost/{generation}/here", f"{rank},")  # type: ignore[attr-defined,unused-ignore]
     store.add(f"lost/{generation}/answers", 1)  # the decider watches answers arrive, in O(1)
