@@ -188,13 +188,15 @@ def _loss(port: int, namespace: str, ranks: Sequence[int], members: int, victim:
     before = shared.requests
     decided_at: list[float] = []
     checks: list[CheckIn] = []
+    deciders: list[threading.Thread] = []
     for rank, live in lives.items():
         live.take(loss_event)  # the listener: answer, then interrupt
         check = CheckIn(shared, f"{namespace}check/", rank, every, timedelta(seconds=_WINDOW_S),
                         None, live, None, 0)
         if check.join():
-            thread = threading.Thread(target=_decide, args=(check, decided_at), daemon=True)
-            thread.start()
+            decider = threading.Thread(target=_decide, args=(check, decided_at), daemon=True)
+            decider.start()
+            deciders.append(decider)
         checks.append(check)
     joined = time.monotonic()
     to_decide = shared.requests - before
@@ -207,6 +209,8 @@ def _loss(port: int, namespace: str, ranks: Sequence[int], members: int, victim:
     # Each rank's outcome() sorts the survivors (milliseconds at 65,536 on its own CPU): once
     # per process here, where thousands of virtual ranks share one.
     survivors = checks[0].outcome(next(iter(outs)))
+    for decider in deciders:  # its followers may hear the decision before it notes the time
+        decider.join(timeout=_WINDOW_S)
     waits = 2 * len(lives)  # each rank's listener waits once per event (one wait stood for all)
     return {"requests": shared.requests - before + waits, "to_decide": to_decide + len(lives),
             "bytes": shared.bytes, "heard": heard, "joined": joined,
