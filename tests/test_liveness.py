@@ -298,8 +298,10 @@ def test_rebuilds_leak_nothing_over_ten_cycles() -> None:
         # generation whose vote saw a difference (a veto: torch would reuse a destroyed group's
         # name) keeps its four agreement counters until it retires: generation 1 has none, every
         # later one may, so ours settle once, by at most that, then stay flat.
+        # Plus at most one loss event a release kept because a lagging listener had not answered
+        # it yet (the next release deletes it: bounded, never growing).
         torch_keys = first["torch_keys"]
-        assert settled["keys"] - first["keys"] <= torch_keys + 4, (rank, seen)
+        assert settled["keys"] - first["keys"] <= torch_keys + 5, (rank, seen)
         assert last["keys"] - settled["keys"] <= (len(seen) - 2) * torch_keys + 2, (rank, seen)
 
 
