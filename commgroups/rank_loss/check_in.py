@@ -51,6 +51,7 @@ from commgroups.creation.agreement import store_calls
 from commgroups.errors import LeftOutError, RebuildError
 from commgroups.layout import limits
 from commgroups.layout.specs import Layout
+from commgroups.rank_loss.liveness import read_if_present
 
 __all__ = ["Answers", "CheckIn", "check_in", "check_in_window", "forget_check_ins", "record_made",
            "window_slack_s"]
@@ -61,7 +62,6 @@ _DECIDED = "decided"
 _EVENT = "event"  # the number of the listener event that pushed the decision
 _POLL_S = 0.02  # between the decider's looks: the decision waits at most this much longer
 _POLL_FOLLOWER_S = 0.05  # between a follower's reads of the decision, without a listener
-_ABSENT = "\x00"  # a value no key holds: compare_set(key, _ABSENT, _ABSENT) reads, never creates
 
 
 class Answers(Protocol):
@@ -265,8 +265,8 @@ class CheckIn:
         may be gone; this rank is out (were it in that generation, it would be at it)."""
         if self.made_key is None:
             return
-        value = bytes(self.root.compare_set(self.made_key, _ABSENT, _ABSENT)).decode()
-        if value == _ABSENT:
+        value = read_if_present(self.root, self.made_key)
+        if value is None:
             return
         made = json.loads(value)
         if made["generation"] > self.generation:

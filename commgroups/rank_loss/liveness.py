@@ -49,7 +49,7 @@ from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]  # re-exported
 
-__all__ = ["Liveness", "OnLoss", "answer", "answered", "own_connection"]
+__all__ = ["Liveness", "OnLoss", "answer", "answered", "own_connection", "read_if_present"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def answer(store: Store, generation: int, rank: int) -> None:
     and one add to their count, after one read that the report still exists."""
     # A listener that lagged on loaded cores may hear the report after one rank released it
     # (every survivor had checked in): an answer then would re-create its keys, a leak.
-    if _read(store, f"lost/{generation}") is None:
+    if read_if_present(store, f"lost/{generation}") is None:
         return
     # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
     store.append(f"lost/{generation}/here", f"{rank},")  # type: ignore[attr-defined,unused-ignore]
@@ -91,7 +91,7 @@ def answer(store: Store, generation: int, rank: int) -> None:
 
 def answered(store: Store, generation: int, ranks: Collection[int]) -> set[int]:
     """Which of ``ranks`` answered generation ``generation``'s loss report (:func:`answer`)."""
-    value = _read(store, f"lost/{generation}/here")
+    value = read_if_present(store, f"lost/{generation}/here")
     if value is None:
         return set()
     return {int(part) for part in value.split(",") if part} & set(ranks)
@@ -104,7 +104,7 @@ def _suspects(token: str) -> set[int] | None:
     return {int(rank) for rank in token.split(",") if rank}
 
 
-def _read(store: Store, key: str) -> str | None:
+def read_if_present(store: Store, key: str) -> str | None:
     """``key``'s value, or None where it does not exist; one request, and unlike ``get`` it
     never blocks on a missing key, unlike ``add(key, 0)`` it never creates one."""
     value = bytes(store.compare_set(key, _ABSENT, _ABSENT)).decode()
@@ -346,7 +346,7 @@ class Liveness:
                 self._shared.delete_key(f"event/{number}")
             if not self._shared.check([f"lost/{generation}"]):
                 return  # nobody reported a loss in it: nothing was written
-            first = _read(self._shared, f"lost/{generation}/events")
+            first = read_if_present(self._shared, f"lost/{generation}/events")
             passed = survivors is not None and len(self.answered(generation, survivors)) == len(
                 survivors)
             for key in ("", "/who", "/events", "/here", "/answers"):
@@ -414,7 +414,7 @@ class Liveness:
         # wait returned. Were it missing (a wait woken early), this read would wake every
         # listener waiting on it (torch's libuv server wakes a key's waiters when anyone
         # compare_sets it while missing, 2.13): that rank then blocks in get(), reading no more.
-        value = _read(self._own, key)
+        value = read_if_present(self._own, key)
         self._dispatch(json.loads(value if value is not None else bytes(self._own.get(key))))
 
     def _dispatch(self, event: dict[str, Any]) -> None:
@@ -446,7 +446,7 @@ class Liveness:
         answer(store, generation, self.rank)
 
     def _read_suspects(self, generation: int, store: Store) -> set[int] | None:
-        value = _read(store, f"lost/{generation}/who")
+        value = read_if_present(store, f"lost/{generation}/who")
         if value is None:
             return None  # reported by a version that names nobody: everything
         suspects: set[int] = set()
@@ -479,7 +479,7 @@ class Liveness:
             return
         if self._interrupted.get(generation, set()) is None:
             return  # everything is interrupted already: the rebuild is under way
-        value = _read(self._shared, f"beat/{successor}")
+        value = read_if_present(self._shared, f"beat/{successor}")
         if value is None:
             return  # closed (deleted its beat), or not yet beating: never reported
         beat, now = int(value), time.monotonic()
