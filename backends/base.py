@@ -57,7 +57,7 @@ class BackendAdapter(ABC):
 
     severs: ClassVar[bool] = False
     """Whether the group's TCP sockets can be shut down to free its blocked collectives, on this
-    rank and its peers (:mod:`commgroups.rank_loss.sever`): gloo, whose ``abort()`` frees nothing."""
+    rank and its peers (:mod:`commgroups.creation.sockets`): gloo, whose ``abort()`` frees nothing."""
 
     # Shrinking (torch.distributed.shrink_group: a group's survivors get a new communicator without
     # the dead ranks, no rendezvous with them) is not a class constant: it depends on the torch and

@@ -61,7 +61,7 @@ class NcclAdapter(BackendAdapter):
         Needs torch's public ``shrink_group`` (2.10+) with its ``SHRINK_ABORT`` flag, and the
         group's NCCL backend reporting ``supports_shrinking`` (ncclCommShrink, NCCL >= 2.27), read
         on the group's bound device (else cuda) as torch's own shrink_group reads it. It gates
-        ``rebuild()``'s shrink path (:mod:`commgroups.rank_loss.shrink`, asked of the group it would
+        ``rebuild()``'s shrink path (:mod:`commgroups.creation.shrink`, asked of the group it would
         shrink). Not run on a GPU in CI (mocked there); the GPU check prints its machine's answer.
         """
         if not callable(getattr(dist, "shrink_group", None)):

@@ -9,7 +9,7 @@ Real gloo processes on this machine, every collective with a 600 s timeout, the 
   exchanges reconfigure handles with the other survivors and calls ``_reconfigure`` on the default
   group; the main thread's all_reduce is freed by that, then the reconfigured group carries one.
 - ``sever+new_group``: commgroups' primitives on one group: the same notice, the thread severs the
-  group's gloo sockets (``commgroups.rank_loss.sever``), the main thread makes a member-only
+  group's gloo sockets (``commgroups.creation.sockets``), the main thread makes a member-only
   ``new_group`` of the survivors and carries one all_reduce on it.
 - ``rebuild(alive=)``: the whole project path, what ``benchmarks/rank_loss.py`` measures: an HSDP
   registry (every role 600 s, ``dp_replicate`` elastic), ``registry.rebuild(alive=survivors)``: every
@@ -65,7 +65,7 @@ def kill_world(rank: int, world_size: int, _post: Any, port: int, mode: str) -> 
     import torch.distributed as dist
 
     from commgroups import torch_internals
-    from commgroups.rank_loss import sever
+    from commgroups.creation import sockets as sever
 
     store = _client(port, world_size)
     everyone = list(range(world_size))

@@ -321,7 +321,7 @@ class RebuildError(CommGroupsError, RuntimeError):
     lost), when ``alive`` is malformed (not global ranks of the old generation, or missing this
     rank), when a role's backend cannot be rebuilt in place here (an NCCL group split from a bound
     default group that still holds the dead rank, where no world role can be shrunk instead: see
-    :mod:`commgroups.rank_loss.shrink`), and when the registry is not in a state to
+    :mod:`commgroups.creation.shrink`), and when the registry is not in a state to
     rebuild (never created, closed, or this rank was left out as a spare). Rebuilding that fails
     while creating raises :class:`GroupCreationError` instead; calling ``rebuild()`` again on every
     survivor starts a fresh attempt.

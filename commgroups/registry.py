@@ -22,7 +22,6 @@ from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from typing_extensions import Self
@@ -46,15 +45,13 @@ from commgroups.generation import (
     Generation,
     GenerationRequest,
     dims_needing_groups,
+    make_generation,
 )
 from commgroups.layout import limits
 from commgroups.layout.auto_layout import AutoLayout, job_layout
 from commgroups.layout.specs import Layout, RoleSpec
 from commgroups.planning.plan import Plan, plan
-from commgroups.rank_loss.check_in import check_in_window
-from commgroups.rank_loss.rebuild_report import RebuildReport
-from commgroups.rank_loss.replan import alive_ranks
-from commgroups.recovery import Recovery
+from commgroups.rank_loss import RebuildReport, Recovery
 from commgroups.util.call_sites import call_site
 from commgroups.util.role_table import LiveRole, role_table
 from commgroups.util.serialized import serialized
@@ -195,7 +192,7 @@ class GroupRegistry:
             )
         self._creator = threading.current_thread()
         self._creator_site = call_site(sys._getframe(1))
-        generation = Generation.create(self._request(0, self._layout, self._plan), local_error)
+        generation = make_generation(self._first_request(), local_error)
         self._recovery.rank, self._recovery.registry_id = rank, generation.epoch
         self._start(generation)
         self._recovery.start_liveness(generation, self.members, self.heartbeat_s,
@@ -203,14 +200,14 @@ class GroupRegistry:
                                       lambda: self._current)
         return self
 
-    def _request(self, number: int, layout: Layout, the_plan: Plan, *, lost: int = 0,
-                 ) -> GenerationRequest:
+    def _first_request(self) -> GenerationRequest:
+        """Generation 0's request (a rebuild derives the next one from the current request)."""
         context = CreationContext.detect()  # once per generation: torch_npu's probe is slow
+        layout, the_plan = self._layout, self._plan
         return GenerationRequest(
-            number=number, layout=layout, plan=the_plan, rank=self._rank, mode=self.creation_mode,
+            number=0, layout=layout, plan=the_plan, rank=self._rank, mode=self.creation_mode,
             create_timeout_s=self.create_timeout_s, context=context,
-            mesh_dims=dims_needing_groups(layout, the_plan, self._mesh_requests, context),
-            spine=self._recovery.spine, lost=lost)
+            mesh_dims=dims_needing_groups(layout, the_plan, self._mesh_requests, context))
 
     def _start(self, generation: Generation) -> None:
         """Make ``generation`` current: timeouts set earlier, then the planned and asked meshes."""
@@ -242,7 +239,7 @@ class GroupRegistry:
         Reports the loss to every rank (their groups of g are interrupted, so nobody waits out a
         collective), agrees on the survivors through the store, shrinks the layout by its
         ``elastic`` rules, retires g and makes every role and mesh again on the survivors
-        (:mod:`commgroups.recovery`; the guide, 'Rank loss', says how long each step takes).
+        (:mod:`commgroups.rank_loss`; the guide, 'Rank loss', says how long each step takes).
 
         Args:
             alive: the global ranks known alive, this one included: the check-in ends when they
@@ -259,17 +256,14 @@ class GroupRegistry:
             GroupCreationError: a survivor died during the rebuild; call ``rebuild()`` again.
             StoreUnreachableError: the store's host died.
         """
-        current, before = self._current, self.members
+        current = self._current
         if current is None or self._state not in (RegistryState.CREATED, RegistryState.RETIRED):
             raise RebuildError(f"rebuild() needs a created registry (this one is "
                                f"{self._state.value}); fix: call it after create(), on every "
                                "member of the last generation")
-        known = None if alive is None else alive_ranks(alive, self._plan, self._rank)
-        self._recovery.check_rebuildable(current)
-        window = check_in_window(timeout, self._layout, self._timeout_overrides,
-                                 self.create_timeout_s)
         try:
-            report, generation = self._recovery.rebuild(current, before, known, window, self._make)
+            report, generation = self._recovery.rebuild(current, alive, timeout,
+                                                        self._mesh_requests, self._timeout_overrides)
         except LeftOutError:  # decided without this rank: it stays out, a retry included
             self._retire()
             self._recovery.release_retired()
@@ -286,16 +280,11 @@ class GroupRegistry:
             return report
         mark = time.monotonic()
         self._start(generation)
-        self._recovery.attach_flight(generation)
         report.seconds["meshes"] = time.monotonic() - mark
-        lost = current.plan.positions(np.asarray(report.lost, dtype=np.int64)).tolist()
-        report.seconds["release"] = self._recovery.finish(report, self.members, lost)
+        report.seconds["release"] = self._recovery.finish(report, current, generation)
         logger.info("rank %d: rebuilt generation %d on %d ranks in %.3fs", self._rank,
                     self._number, len(self.members), report.total_seconds)
         return report
-
-    def _make(self, number: int, layout: Layout, the_plan: Plan, lost: int) -> Generation:
-        return Generation.create(self._request(number, layout, the_plan, lost=lost))
 
     def _retire(self) -> None:
         """Retire the live generation (released once this rank is past the check-in)."""

@@ -27,10 +27,11 @@ import torch
 import torch.distributed as dist
 
 import commgroups as cg
-from commgroups import generation as generation_module
 from commgroups import torch_internals
 from commgroups.backends.nccl import NcclAdapter, _nccl_version
 from commgroups.errors import RebuildError, StaleGenerationError
+from commgroups.generation import make as generation_make
+from commgroups.generation import state as generation_state
 from tests import torch_private
 from tests.gpu_support import require_cuda_and_nccl
 
@@ -72,13 +73,14 @@ def bound_nccl_world() -> Iterator[None]:
 @pytest.fixture
 def real_groups(monkeypatch: pytest.MonkeyPatch) -> None:
     """Resolve every role as if its groups had several ranks: real one-rank NCCL/gloo groups."""
-    resolve = generation_module.resolve_backend
+    resolve = generation_make.resolve_backend
 
     def larger(requested: str, default_group_backend: str | None = None,
                group_size: int | None = None) -> Any:
         return resolve(requested, default_group_backend, None)
 
-    monkeypatch.setattr(generation_module, "resolve_backend", larger)
+    for module in (generation_make, generation_state):  # creation and covering_role
+        monkeypatch.setattr(module, "resolve_backend", larger)
 
 
 @pytest.fixture

@@ -149,7 +149,7 @@ def test_a_failing_abort_is_logged_not_raised_mocked_nccl(
 def _registry(roles: dict[str, CreatedRole], layout: cg.Layout | None = None) -> cg.GroupRegistry:
     """A registry in the state create() leaves on rank 0 of 2, holding ``roles`` (no torch world)."""
     registry = cg.GroupRegistry(layout or cg.Layout(dims={"tp": 2}))
-    registry._rank = 0
+    registry._rank = registry._recovery.rank = 0
     request = GenerationRequest(number=0, layout=registry.layout, plan=registry.plan, rank=0,
                                 mode="auto", create_timeout_s=300.0,
                                 context=CreationContext(default_backend="gloo", device_bound=False))

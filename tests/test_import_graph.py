@@ -138,26 +138,65 @@ def test_the_package_imports_no_repository_tooling() -> None:
     assert offenders == []
 
 
-# The concepts below the registry never import the registry, a generation or their clients: the
-# import graph runs one way, from the clients down (design.md, "Data flow").
-CORE = ("commgroups.layout", "commgroups.planning", "commgroups.creation", "commgroups.rank_loss",
-        "commgroups.collectives", "commgroups.torch_internals", "commgroups.util",
-        "commgroups.backends")
-ABOVE = ("commgroups.registry", "commgroups.generation", "commgroups.audit",
-         "commgroups.integrations", "commgroups.demo", "commgroups.bench", "commgroups.commands",
-         "commgroups.cli")
+# Every module sits in one tier and imports only from its own tier or those before it: the
+# import graph runs one way, from the clients down (design.md, "Data flow"). Rank loss has one
+# home above the generation: it retires one and makes the next; creation (sockets to sever, the
+# NCCL shrink spine) and the flight recorder sit below the generation that uses them.
+TIERS: tuple[tuple[str, ...], ...] = (
+    ("commgroups.errors", "commgroups.util", "commgroups.torch_internals", "commgroups.backends",
+     "commgroups.layout", "commgroups.planning"),
+    ("commgroups.creation", "commgroups.collectives", "commgroups.flight_recorder"),
+    ("commgroups.generation",),
+    ("commgroups.rank_loss",),
+    ("commgroups.registry",),
+    # Clients of the registry. flight_recorder.merge reads dumps offline (`commgroups flight`)
+    # with audit's hazard rules; no module of a running job imports it.
+    ("commgroups", "commgroups.__main__", "commgroups.cli", "commgroups.audit",
+     "commgroups.flight_recorder.merge", "commgroups.integrations", "commgroups.demo",
+     "commgroups.bench", "commgroups.commands"),
+)
 
 
-def _within(name: str, packages: tuple[str, ...]) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in packages)
+def _tier(name: str) -> int | None:
+    """The tier of module ``name``: that of its longest listed package (None: in none)."""
+    best: tuple[int, int] | None = None
+    for tier, packages in enumerate(TIERS):
+        for package in packages:
+            inside = name == package or name.startswith(package + ".")
+            if inside and package != "commgroups" and (best is None or len(package) > best[1]):
+                best = (tier, len(package))
+    if best is None and name == "commgroups":
+        return len(TIERS) - 1
+    return None if best is None else best[0]
+
+
+def test_every_module_has_a_tier() -> None:
+    assert sorted(name for name in _modules() if _tier(name) is None) == []
 
 
 def test_no_import_runs_back_up() -> None:
     modules = _modules()
     known = set(modules)
-    upward = sorted(f"{name} -> {target}" for name, path in modules.items() if _within(name, CORE)
-                    for target in _imports(name, path, known) if _within(target, ABOVE))
+    upward = sorted(
+        f"{name} -> {target}" for name, path in modules.items()
+        for target in _imports(name, path, known)
+        if (_tier(target) or 0) > (_tier(name) or 0))
     assert upward == []
     # the package root holds at most 8 modules: the concepts live in sub-packages
     root = sorted(p.name for p in (ROOT / "commgroups").glob("*.py"))
     assert len(root) <= 8, root
+
+
+def test_the_registry_enters_rank_loss_through_its_entry_point() -> None:
+    # One home: the registry calls commgroups.rank_loss's entry point, not its parts.
+    modules = _modules()
+    edges = _imports("commgroups.registry", modules["commgroups.registry"], set(modules))
+    assert sorted(e for e in edges if e.startswith("commgroups.rank_loss.")) == []
+    assert "commgroups.rank_loss" in edges
+
+
+def test_the_tier_check_sees_an_upward_import() -> None:
+    # A guard on the guard: creation importing the generation would run back up.
+    assert _tier("commgroups.creation.shrink") < _tier("commgroups.generation.make")  # type: ignore[operator]
+    assert _tier("commgroups.flight_recorder.merge") == len(TIERS) - 1
+    assert _tier("commgroups.flight_recorder.session") == 1

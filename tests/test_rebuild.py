@@ -18,7 +18,7 @@ import torch
 
 from commgroups import GroupRegistry, Layout, RoleSpec, default_roles
 from commgroups.errors import RebuildError, ReplanError, StaleGenerationError
-from commgroups.generation import Generation
+from commgroups.rank_loss import recovery as recovery_module
 from tests import torch_private
 from tests.worlds import connected_barrier, run_world
 
@@ -174,7 +174,8 @@ def _second_loss_during_rebuild(rank: int, world: int) -> dict[str, Any]:
         def die(*args: Any, **kwargs: Any) -> Any:
             os._exit(0)
 
-        setattr(Generation, "create", die)  # noqa: B010  # dies mid-rebuild, on this rank only
+        # dies mid-rebuild, after the check-in, on this rank only (a spawned process: no undo)
+        setattr(recovery_module, "make_generation", die)  # noqa: B010
     with contextlib.suppress(Exception):
         registry.collectives("checkpoint-metadata").barrier()
     errors = []

@@ -1,4 +1,4 @@
-"""commgroups.rank_loss.shrink on the CPU: rebuild() on a device-bound default group shrinks the spine
+"""commgroups.creation.shrink on the CPU: rebuild() on a device-bound default group shrinks the spine
 (the world role's group) and splits every device role from it, NCCL mocked.
 
 NCCL cannot run here, so only the NCCL piece is mocked (see the section comment below); the registry,
@@ -17,13 +17,14 @@ import torch
 import torch.distributed as dist
 
 import commgroups as cg
-from commgroups import generation as generation_module
 from commgroups import registry as registry_module
 from commgroups.backends.gloo import GlooAdapter
 from commgroups.backends.nccl import NcclAdapter
 from commgroups.creation.role_groups import CreatedRole, create_role_group
+from commgroups.creation.shrink import Spine
 from commgroups.errors import GroupCreationError, RebuildError, StaleGenerationError
-from commgroups.rank_loss.shrink import Spine
+from commgroups.generation import make as generation_make
+from commgroups.generation import state as generation_state
 from tests.test_gpu_rebuild_mocked import BOUND_NCCL, _aborts_recorded, _backend_answers
 
 # ------------------------------------------------------------- shrink path (bound default group)
@@ -87,7 +88,8 @@ def nccl(monkeypatch: pytest.MonkeyPatch, fake_world: Any, request: pytest.Fixtu
                 group_size: int | None = None, device_backend: str | None = None) -> Any:
         return _MockedNccl() if requested == "device" else FakeAdapter()  # gloo: plays gloo
 
-    monkeypatch.setattr(generation_module, "resolve_backend", resolve)
+    for module in (generation_make, generation_state):  # creation and covering_role
+        monkeypatch.setattr(module, "resolve_backend", resolve)
     _backend_answers(monkeypatch, True)
 
     def new_group(ranks: Any = None, **kwargs: Any) -> Any:

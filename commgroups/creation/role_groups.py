@@ -113,7 +113,7 @@ class CreatedRole:
     """Groups this rank must destroy on close."""
     sockets: tuple[tuple[int, str], ...] = ()
     """The sockets the groups opened, where the backend is severed through them (gloo on Linux:
-    :mod:`commgroups.rank_loss.sever`)."""
+    :mod:`commgroups.creation.sockets`)."""
 
 
 def creation_order(plan: Plan, methods: dict[str, str] | None = None) -> list[RolePlan]:

@@ -94,7 +94,7 @@ NCCL_ATTRIBUTES: tuple[NcclAttribute, ...] = (
                   "fallback: unknown (None); shrink_blocker refuses to shrink, saying torch "
                   "cannot tell"),
     NcclAttribute("backend", "options", "backend_options_copy",
-                  "commgroups/rank_loss/shrink.py (options of the shrunk spine)",
+                  "commgroups/creation/shrink.py (options of the shrunk spine)",
                   "fallback: None (shrink_group gets no pg_options: torch copies them itself)"),
     NcclAttribute("backend", "comm_split_count", "nccl_comm_split_count",
                   "tools/gpu_check/memory_probe.py (evidence of ncclCommSplit)",

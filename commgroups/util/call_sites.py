@@ -37,7 +37,7 @@ PLUMBING_MODULES: tuple[str, ...] = (
     "commgroups.integrations",
     "commgroups.creation.meshes",
     "commgroups.registry",
-    "commgroups.recovery",
+    "commgroups.rank_loss.recovery",
     "commgroups.util.serialized",
 )
 """Module prefixes whose frames are never a call site (a prefix covers its submodules)."""

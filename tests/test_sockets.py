@@ -1,4 +1,4 @@
-"""commgroups.rank_loss.sever: a generation's sockets found by descriptor and inode, severed both
+"""commgroups.creation.sockets: a generation's sockets found by descriptor and inode, severed both
 ways, never a listener, never a descriptor reused since (real sockets, one process)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from commgroups.rank_loss.sever import SUPPORTED, new_sockets, open_sockets, sever
+from commgroups.creation.sockets import SUPPORTED, new_sockets, open_sockets, sever
 
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason="needs /proc/self/fd (Linux)")
 

@@ -1,10 +1,14 @@
-"""The registry's rank-loss side: what one rank keeps from a generation to the next, and the rebuild.
+"""The rank-loss package's entry point: what one rank keeps from a generation to the next, and the
+rebuild.
 
 A :class:`Recovery` belongs to one :class:`~commgroups.GroupRegistry` on one rank. It holds the
 heartbeat (:mod:`commgroups.rank_loss.liveness`), the NCCL shrink spine
-(:mod:`commgroups.rank_loss.shrink`), the retired generations not yet released and the check-in
-attempts, and runs :meth:`Recovery.rebuild`: report the loss, interrupt the old groups, check in,
-replan, retire, make generation g+1, release g. The registry keeps the lifecycle state and delegates.
+(:mod:`commgroups.creation.shrink`), the retired generations not yet released and the check-in
+attempts. One rebuild is one path, in this order: :meth:`Recovery.rebuild` (report the loss,
+interrupt generation g, check in, replan, retire g, make g+1 through
+:func:`~commgroups.generation.make_generation`), the registry makes g+1 current, then
+:meth:`Recovery.finish` (watch g+1, release g). The registry keeps the lifecycle state and calls
+only these verbs; nothing below :mod:`commgroups.generation` imports this package.
 """
 
 from __future__ import annotations
@@ -12,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 import numpy as np
@@ -22,23 +26,18 @@ from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]  # r
 
 from commgroups import torch_internals
 from commgroups.creation.role_groups import CreationContext
+from commgroups.creation.shrink import Spine, prepare_spine
 from commgroups.errors import RebuildError
-from commgroups.generation import STORE_PREFIX, Generation
-from commgroups.layout.specs import Layout
-from commgroups.planning.plan import Plan, plan
-from commgroups.rank_loss.check_in import check_in, forget_check_ins, record_made
+from commgroups.generation import STORE_PREFIX, Generation, dims_needing_groups, make_generation
+from commgroups.planning.plan import plan
+from commgroups.rank_loss.check_in import check_in, check_in_window, forget_check_ins, record_made
 from commgroups.rank_loss.liveness import Liveness, own_connection
 from commgroups.rank_loss.rebuild_report import RebuildReport
-from commgroups.rank_loss.replan import replan_arrays
-from commgroups.rank_loss.shrink import Spine, prepare_spine
+from commgroups.rank_loss.replan import alive_ranks, replan_arrays
 
 __all__ = ["Recovery"]
 
 logger = logging.getLogger(__name__)
-
-MakeGeneration = Callable[[int, Layout, Plan, int], Generation]
-"""``make(number, layout, plan, lost)``: agree on and create generation ``number``. Collective."""
-
 
 @dataclass
 class Recovery:
@@ -115,14 +114,25 @@ class Recovery:
             self.liveness = None
 
     # --------------------------------------------------------------------------------- rebuild
-    def rebuild(self, current: Generation, members: tuple[int, ...], known: np.ndarray | None,
-                window: timedelta, make: MakeGeneration) -> tuple[RebuildReport, Generation | None]:
+    def rebuild(self, current: Generation, alive: Iterable[int] | None,
+                timeout: float | timedelta | None, meshes: Sequence[tuple[str, ...]],
+                timeout_overrides: Mapping[str, timedelta],
+                ) -> tuple[RebuildReport, Generation | None]:
         """Make generation g+1 from ``current`` (g) on the survivors. Collective over them.
+
+        ``alive`` and ``timeout`` are ``GroupRegistry.rebuild()``'s; ``meshes``: the meshes to
+        make again, in order; ``timeout_overrides``: ``set_timeout()``'s, which lengthen the
+        check-in window. Input is checked before anything is reported or interrupted.
 
         Returns the report and the new generation (None where this rank has no place in it; the
         report's ``place`` says spare or dropped). ``current`` is retired on return, and on any
         error raised after the survivors were decided.
         """
+        members = current.plan.members or tuple(range(current.layout.world_size))
+        known = None if alive is None else alive_ranks(alive, current.plan, self.rank)
+        self.check_rebuildable(current)
+        window = check_in_window(timeout, current.layout, timeout_overrides,
+                                 current.request.create_timeout_s)
         seconds: dict[str, float] = {}
         started = time.monotonic()
         the_plan = current.plan
@@ -177,8 +187,12 @@ class Recovery:
                                  dropped, place, seconds), None
 
         mark = time.monotonic()
+        context = CreationContext.detect()  # once per generation: torch_npu's probe is slow
+        request = replace(current.request, number=number, layout=decision.layout, plan=new_plan,
+                          context=context, spine=self.spine, lost=len(lost),
+                          mesh_dims=dims_needing_groups(decision.layout, new_plan, meshes, context))
         try:
-            generation = make(number, decision.layout, new_plan, len(lost))
+            generation = make_generation(request)
         except BaseException:
             self._close_attempt(number)  # every survivor's next try checks in anew
             raise
@@ -188,11 +202,13 @@ class Recovery:
         return RebuildReport(number, decision.layout, new, lost, spares, dropped, "member",
                              seconds), generation
 
-    def finish(self, report: RebuildReport, members: Sequence[int],
-               lost_positions: Sequence[int]) -> float:
-        """After the new generation is current: watch it, release the old one and the check-in
-        keys of a rebuild ago; returns the seconds it took (the report's ``release`` phase)."""
+    def finish(self, report: RebuildReport, previous: Generation, generation: Generation) -> float:
+        """After ``generation`` (g+1) is current: watch it, release ``previous`` (g) and the
+        check-in keys of a rebuild ago; returns the seconds it took (the report's ``release``)."""
         mark = time.monotonic()
+        self.attach_flight(generation)
+        members = generation.plan.members or tuple(range(generation.layout.world_size))
+        lost_positions = previous.plan.positions(np.asarray(report.lost, dtype=np.int64)).tolist()
         if self.liveness is not None:
             self.liveness.watch(report.generation, members)
         first = bool(members) and members[0] == self.rank

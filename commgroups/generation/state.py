@@ -1,12 +1,15 @@
-"""A generation: one set of communicators made by one ``create()`` or ``rebuild()``.
+"""A generation's state: the communicators one ``create()`` or ``rebuild()`` made, and their end.
 
 A :class:`Generation` holds its roles' groups, the dedicated groups of mesh dims no role covers,
-the meshes built over them and the store namespaces its creation met in. Its verbs, and only
-these, touch communicators: :meth:`Generation.create` (agree, then create: collective over the
-generation's members), :meth:`Generation.retire` (after a rank loss: handles go stale, groups are
-aborted and kept referenced) and :meth:`Generation.destroy` (``close()``: groups destroyed, store
-keys released); both teardowns are one routine. Lookups (:meth:`role`, :meth:`dim_group`,
-:meth:`mesh`, :meth:`collectives`) are local: they never run a collective nor make a group.
+the meshes built over them and the store namespaces its creation met in. It is made only by
+:func:`commgroups.generation.make.make_generation`; what belongs here are lookups and
+teardowns. Lookups (:meth:`Generation.role`, :meth:`~Generation.dim_group`,
+:meth:`~Generation.mesh`) are local: they never run a collective nor make a communicator (a mesh
+is built over groups that exist). Teardowns: :meth:`~Generation.interrupt` (any thread: blocked
+collectives fail at once), :meth:`~Generation.retire` (after a rank loss: handles go stale, groups
+are aborted and kept referenced), :meth:`~Generation.release` (retired and no rank waits on it:
+groups destroyed) and :meth:`~Generation.destroy` (``close()``); retire and destroy are one
+routine.
 
 Example: ``Layout(dims={"dp": 2, "cp": 2})`` on 4 ranks; generation 0 holds the groups of the
 roles ``dp``, ``cp``, ``fsdp`` and ``checkpoint-metadata``; ``mesh(("dp", "cp"))`` is built from
@@ -17,19 +20,17 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
 import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from commgroups import torch_internals
 from commgroups.backends import BackendAdapter, resolve_backend
-from commgroups.creation.agreement import agree, store_calls
 from commgroups.creation.meshes import (
     axes_in_order,
     build_mesh,
@@ -39,35 +40,26 @@ from commgroups.creation.meshes import (
 from commgroups.creation.role_groups import (
     CreatedRole,
     CreationContext,
-    choose_method,
-    create_role_group,
-    creation_order,
-    decide_local,
-    local_vote,
-    nonmember_split_hazard,
 )
-from commgroups.creation.store_keys import AttemptStore, open_attempt
+from commgroups.creation.shrink import Spine
+from commgroups.creation.sockets import sever
+from commgroups.creation.store_keys import AttemptStore
 from commgroups.errors import (
-    BackendUnavailableError,
-    CommGroupsError,
     DimOrderError,
-    GroupCreationError,
     MeshNotPlannedError,
     MeshRequestError,
     UnknownDimError,
 )
-from commgroups.flight_recorder.session import FlightSession, open_flight
-from commgroups.flight_recorder.settings import flight_enabled
+from commgroups.flight_recorder.session import FlightSession
 from commgroups.layout.specs import Layout
-from commgroups.planning.plan import Plan, RolePlan
-from commgroups.rank_loss.sever import new_sockets, open_sockets, sever
-from commgroups.rank_loss.shrink import Spine
-from commgroups.util.error_text import first_fitting, listed
+from commgroups.planning.plan import Plan
+from commgroups.util.error_text import listed
 
 if TYPE_CHECKING:
     from commgroups.collectives.role_collectives import RoleCollectives
 
-__all__ = ["Generation", "GenerationRequest", "MeshAxis", "dims_needing_groups"]
+__all__ = ["STORE_PREFIX", "Generation", "GenerationRequest", "MeshAxis", "destroy_groups",
+           "dims_needing_groups", "set_group_timeout"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,17 +109,6 @@ def set_group_timeout(created: CreatedRole, timeout: timedelta) -> None:
         torch_internals.set_group_timeout(created.group, timeout)
 
 
-def agreement_store(rank: int) -> AttemptStore:
-    """A fresh store namespace for one creation attempt, shared by every rank.
-
-    One shared attempt counter, not one per rank: after a rank skipped an attempt (the others
-    gave it up), every rank's next creation meets in the same fresh namespace.
-    """
-    root = torch_internals.default_store()
-    with store_calls(root, rank, time.monotonic(), "the start of GroupRegistry.create()"):
-        return open_attempt(root, STORE_PREFIX)
-
-
 @dataclass(frozen=True)
 class GenerationRequest:
     """What one generation is made of, settled before any communicator exists."""
@@ -157,9 +138,10 @@ class GenerationRequest:
 
 @dataclass
 class Generation:
-    """One generation's groups, meshes and store namespaces, and the verbs that make and end them.
+    """One generation's groups, meshes and store namespaces: lookups, and the verbs that end them.
 
-    Made by :meth:`create` only; the registry owns the current one and delegates to it.
+    Made by :func:`~commgroups.generation.make.make_generation` only; the registry owns the
+    current one and delegates to it.
     """
 
     request: GenerationRequest
@@ -194,199 +176,6 @@ class Generation:
     def number(self) -> int:
         """0 for the generation ``create()`` made, one more per ``rebuild()``."""
         return self.request.number
-
-    # ------------------------------------------------------------------------------- creation
-    @classmethod
-    def create(cls, request: GenerationRequest, local_error: CommGroupsError | None = None,
-               ) -> Generation:
-        """Agree on the request with every member, then create every group. Collective.
-
-        ``local_error``: an input error this rank found (world size, backend); it is voted with
-        so every member raises the same error before any group exists. On failure nothing of this
-        generation is left: what was made is destroyed and :class:`GroupCreationError` names the
-        role or step.
-        """
-        plan, default_backend = request.plan, str(dist.get_backend())
-        adapters: dict[str, BackendAdapter] = {}
-        methods: dict[str, str] = {}
-        infos: dict[str, RolePlan] = {}
-        # split_group needs every rank of its parent (the default group, which holds the lost
-        # ranks after a rank loss): a rebuild creates member-only where safe, else all_ranks.
-        mode = request.mode if request.number == 0 else (
-            "all_ranks" if request.mode == "all_ranks" else "local")
-        if local_error is None:
-            try:
-                for role in request.layout.roles:
-                    info = infos[role.name] = plan.role(role.name)
-                    adapter = resolve_backend(role.backend, default_backend,
-                                              info.group_size if info.regular else None,
-                                              request.context.device_backend)
-                    adapter.check_available()  # also registers backends commgroups provides
-                    adapters[role.name] = adapter
-                    methods[role.name] = choose_method(mode, info, adapter, request.context)
-                for dim in request.mesh_dims:
-                    info = infos[dim] = plan.dim_group(dim)
-                    adapter = resolve_backend("device", default_backend, info.group_size,
-                                              request.context.device_backend)
-                    adapter.check_available()
-                    adapters[dim] = adapter
-                    methods[dim] = choose_method(mode, info, adapter)
-            except BackendUnavailableError as error:
-                if request.number > 0:
-                    raise
-                local_error = error
-        order = cls._order(plan, request.mesh_dims, infos, methods)
-        if request.spine is not None:  # device roles split from the shrunk spine, after the others
-            order, methods = request.spine.arrange(order, methods, adapters)
-        store: AttemptStore | None = None
-        if default_backend != "fake":  # one process simulates the world: nobody to disagree
-            store = agreement_store(request.rank)
-            payload: dict[str, Any] = {
-                "layout": plan.canonical(),
-                "generation": request.number,
-                "backends": {name: adapter.name for name, adapter in adapters.items()},
-                "creation": methods,
-                "mesh_dims": list(request.mesh_dims),
-                "world_size": request.layout.world_size,
-                "error": f"{type(local_error).__name__}: {local_error}" if local_error else None,
-            }
-            if request.number > 0:
-                payload.update(members=list(plan.members or ()), lost=request.lost)
-            methods = cls._agree(request, store, payload, order, methods,
-                                 vote=local_error is None)
-        if local_error is not None:
-            raise local_error
-        what = ("the end of create()" if request.number == 0
-                else f"the end of rebuild() (generation {request.number})")
-        made = cls._create_groups(request, order, adapters, methods, store, what)
-        generation = cls(request=request,
-                         roles={n: made[n] for n in request.layout.role_names},
-                         dim_groups={d: made[d] for d in request.mesh_dims},
-                         attempts=[store] if store is not None else [],
-                         epoch=store.epoch if store is not None else -1)
-        generation.flight = open_flight(
-            {name: made[name].group for name in request.layout.role_names},
-            enabled=flight_enabled(request.layout), generation=request.number,
-            epoch=generation.epoch, store_prefix=STORE_PREFIX, publish=store is not None,
-            members=request.layout.world_size,
-            backends={name: made[name].adapter.name for name in request.layout.role_names})
-        return generation
-
-    @staticmethod
-    def _order(plan: Plan, mesh_dims: Sequence[str], infos: dict[str, RolePlan],
-               methods: dict[str, str]) -> list[RolePlan]:
-        """Creation order: regular roles, then dim groups, by the rules of ``creation_order``.
-
-        Dim groups are regular; they go after the regular roles of their own creation path so
-        every rank's group count stays equal while member-only groups are made.
-        """
-        roles = creation_order(plan, {n: m for n, m in methods.items() if n in plan.role_names})
-        dims = [infos[d] for d in mesh_dims if d in infos]
-        plain = [d for d in dims if methods.get(d.name) != "split"]
-        split = [d for d in dims if methods.get(d.name) == "split"]
-        regular_plain = [r for r in roles if r.regular and methods.get(r.name) != "split"]
-        regular_split = [r for r in roles if r.regular and methods.get(r.name) == "split"]
-        irregular = [r for r in roles if not r.regular]
-        return [*regular_plain, *plain, *regular_split, *split, *irregular]
-
-    @staticmethod
-    def _agree(request: GenerationRequest, store: AttemptStore, payload: dict[str, Any],
-               order: list[RolePlan], methods: dict[str, str], vote: bool) -> dict[str, str]:
-        """Agree on ``payload`` and, in the same store round, on whether local creation is safe;
-        returns the methods to create with. ``vote=False``: this rank holds an error the
-        agreement reports, so it casts no local vote."""
-        # The ranks that meet: the job's world in generation 0 (whatever the layout claims: a
-        # wrong world size is reported through this vote), the survivors after that.
-        world = dist.get_world_size() if request.number == 0 else request.layout.world_size
-        position = request.position
-        ballot = local_vote(request.plan, order, methods, request.rank, world) if vote else None
-        verdict = agree(store, position, world, payload,
-                        timedelta(seconds=request.create_timeout_s), finish=store.finish,
-                        ballot=ballot, counter=torch_internals.next_counter_name() or "",
-                        members=request.plan.members if request.number > 0 else None)
-        decided = decide_local(methods, ballot, verdict, request.rank)
-        every_rank = sorted(role for role, method in decided.items() if method != "local")
-        if vote and verdict.counter_split and every_rank:
-            # torch names a group every rank makes by a per-process counter: with counters apart,
-            # each rank would wait for the others under its own name until create_timeout_s.
-            names = listed([repr(role) for role in every_rank], 60)
-            raise GroupCreationError(
-                f"rank {request.rank}: {verdict.counter_split} rank(s) created a different number of "
-                f"process groups before this call, so torch would name [{names}] differently per "
-                "rank; nothing was created. fix: create the same groups in the same order on every "
-                "rank first"
-            )
-        return decided
-
-    @staticmethod
-    def _create_groups(request: GenerationRequest, infos: list[RolePlan],
-                       adapters: dict[str, BackendAdapter], methods: dict[str, str],
-                       store: AttemptStore | None, what: str) -> dict[str, CreatedRole]:
-        """Create the groups of ``infos`` in order, after agreement; all or nothing.
-
-        Where a backend connects on creation, this rank then notes in the attempt's store that it
-        is done (no wait: ``destroy()`` waits for the others). ``what`` names that point in errors.
-        """
-        for info in infos:  # the same inputs on every rank: the same error, before any group
-            hazard = nonmember_split_hazard(info, adapters[info.name], methods[info.name],
-                                            request.context)
-            if hazard is not None:
-                raise GroupCreationError(
-                    f"rank {request.rank}: {hazard}; nothing was created. fix: give the role "
-                    "backend 'device' or let its members create it (see the guide, 'Bound "
-                    "default group')"
-                )
-        started = time.monotonic()
-        created: dict[str, CreatedRole] = {}
-        current: RolePlan | None = None
-        try:
-            for current in infos:
-                created[current.name] = Generation._create_one(
-                    request, current, adapters[current.name], methods[current.name])
-            current = None
-            # Only where a backend connects on creation (gloo; NCCL eager init): single-rank and
-            # fake groups have no peer that could still be connecting.
-            if store is not None and any(adapters[info.name].connects_on_create for info in infos):
-                with store_calls(store, request.position, started, what):
-                    store.note_created(request.layout.world_size,
-                                       started + request.create_timeout_s)
-        except Exception as error:
-            _destroy_groups(created.values())  # leave nothing half-made
-            step = (f"creating role {current.name!r} ({methods[current.name]})"
-                    if current is not None else f"noting the end of creation at {what}")
-            fix = ("call rebuild() again on every survivor (it rebuilds without a rank that "
-                   "died meanwhile)" if request.number > 0 else "check that every rank is alive "
-                   "and makes the same registry calls in the same order")
-            raise GroupCreationError(first_fitting(
-                f"rank {request.rank}: {step} failed: {error}; fix: {fix}",
-                f"rank {request.rank}: {step} failed: {str(error)[:80]}...; fix: {fix}"),
-            ) from error
-        return created
-
-    @staticmethod
-    def _create_one(request: GenerationRequest, info: RolePlan, adapter: BackendAdapter,
-                    method: str) -> CreatedRole:
-        spec = info.spec
-        timeout = (adapter.default_timeout() if spec.timeout_s is None
-                   else timedelta(seconds=spec.timeout_s))
-        # Groups that rendezvous on creation do it under the group's own timeout (30 minutes by
-        # default): a peer that died during creation would hang the others that long. Create
-        # under create_timeout_s, then give the group its role timeout.
-        bounded = adapter.connects_on_create and timeout.total_seconds() > request.create_timeout_s
-        make = create_role_group if request.spine is None else request.spine.creator(adapter)
-        is_role = info.name in request.layout.role_names
-        before = open_sockets() if adapter.severs else {}
-        created = make(
-            request.plan, info, adapter, spec.options,
-            request.create_timeout_s if bounded else timeout.total_seconds(),
-            request.rank, method, group_desc=info.name if is_role else f"mesh-{info.name}",
-        )
-        if adapter.severs and created.owned:
-            created.sockets = new_sockets(before, open_sockets())
-        if bounded:
-            set_group_timeout(created, timeout)
-        logger.debug("rank %d: created %s via %s", request.rank, info.name, method)
-        return created
 
     # -------------------------------------------------------------------------------- lookups
     def role(self, name: str) -> CreatedRole:
@@ -515,7 +304,7 @@ class Generation:
 
         From any thread (the liveness watcher calls it when a peer reports a loss), idempotent:
         device groups are aborted where the backend can, gloo groups severed
-        (:mod:`commgroups.rank_loss.sever`). Every later collective on them fails at once.
+        (:mod:`commgroups.creation.sockets`). Every later collective on them fails at once.
         Handles and meshes stay until :meth:`retire`. ``keep``: groups left alone (the NCCL
         spine a shrink rebuild still needs). ``holding``: only the roles whose group here holds
         one of these global ranks (the ranks that left the generation); None: every role.
@@ -562,7 +351,7 @@ class Generation:
         if not all(role.adapter.aborts or role.sockets or not role.owned
                    or not role.adapter.connects_on_create for role in made):
             return False
-        _destroy_groups(made)
+        destroy_groups(made)
         if self.flight is not None:
             members = self.plan.members or tuple(range(self.layout.world_size))
             self.flight.release(tuple(members[position] for position in lost))
@@ -600,7 +389,7 @@ class Generation:
         for attempt in self.attempts:
             attempt.wait_created()
         self._teardown("destroyed", lambda handle: handle.close("the registry was closed"),
-                       _destroy_groups)
+                       destroy_groups)
         if self.request.rank >= 0:
             for attempt in self.attempts:
                 attempt.release(self.request.position, self.layout.world_size)
@@ -638,7 +427,8 @@ def _abort_groups(created: Iterable[CreatedRole], done: set[int],
         sever(role.sockets)
 
 
-def _destroy_groups(created: Iterable[CreatedRole]) -> None:
+def destroy_groups(created: Iterable[CreatedRole]) -> None:
+    """Destroy every group ``created`` owns (a no-op once torch.distributed was torn down)."""
     owned = [group for role in created for group in role.owned]
     if not (dist.is_available() and dist.is_initialized()):
         return  # the whole world was torn down already, our groups with it
