@@ -64,11 +64,20 @@ intra_dist_opt                 intra_dist_opt (world)            one instance: e
 inter_dist_opt                 not filled                        None with one instance
 =============================  ===============================  ==================================
 
-Roles that fill no field: ``dp-gloo``, ``dp_cp-gloo`` and ``expt_dp-gloo`` (gloo twins of dp, dp_cp
-and expt_dp, as ``parallel_state`` makes them for the distributed optimizer's CPU-side state;
+Roles that fill no field: ``tp_dp`` (tp, gtp_remat, dp: ``parallel_state``'s tensor-and-data
+group without cp, the FP8 amax reduction group that :func:`install_parallel_state` installs),
+``dp-gloo``, ``dp_cp-gloo`` and ``expt_dp-gloo`` (gloo twins of dp, dp_cp and expt_dp, as
+``parallel_state`` makes them for the distributed optimizer's CPU-side state;
 :func:`distributed_optimizer_gloo_groups` hands them out, since Megatron refuses
 ``use_gloo_process_groups=True`` together with ``pg_collection``), and ``checkpoint-metadata``
-(gloo over the world, for DCP's plan exchange).
+(gloo over the world, for the plan exchange of DCP and of Megatron's own distributed checkpoint,
+:mod:`commgroups.integrations.megatron.checkpoint`).
+
+The rest of a Megatron job: :func:`install_parallel_state` puts the registry's groups into
+``megatron.core.parallel_state``'s globals (the code that still reads them: schedules, optimizers,
+MoE, checkpointing helpers) and :mod:`~commgroups.integrations.megatron.checkpoint` runs
+``dist_checkpointing`` save and load on the checkpoint-metadata group. Every Megatron name they
+touch beyond the public API is in :mod:`~commgroups.integrations.megatron.megatron_internals`.
 
 Megatron-Core is imported only by :func:`process_group_collection` (``pip install
 'commgroups[megatron]'``); :func:`megatron_layout` is pure planning and needs neither Megatron nor
@@ -95,12 +104,14 @@ if TYPE_CHECKING:
 __all__ = [
     "ALIASED_FIELDS",
     "DEFAULT_ORDER",
+    "ParallelStateHandle",
     "EXPERT_VIEW",
     "FIELD_ROLES",
     "GLOO_ROLES",
     "UNFILLED_FIELDS",
     "MegatronUnavailableError",
     "distributed_optimizer_gloo_groups",
+    "install_parallel_state",
     "megatron_layout",
     "process_group_collection",
 ]
@@ -124,6 +135,7 @@ _DENSE_ROLES: dict[str, tuple[str, ...]] = {
     "cp": ("cp",),
     "tp_cp": ("tp", "cp"),
     "tp_dp_cp": ("tp", "gtp_remat", "dp", "cp"),
+    "tp_dp": ("tp", "gtp_remat", "dp"),
     "dp": ("dp",),
     "dp_cp": ("dp", "cp"),
     "dp_cp_ag": ("dp", "cp"),
@@ -278,6 +290,7 @@ def megatron_layout(
     order: str = DEFAULT_ORDER,
     timeout_s: float | None = None,
     all_gather_groups: bool = True,
+    elastic_dp: int | None = None,
 ) -> cg.Layout:
     """The commgroups layout of a Megatron-Core job: Megatron's rank order, one role per group it uses.
 
@@ -294,6 +307,12 @@ def megatron_layout(
         all_gather_groups: add ``dp_cp_ag`` and ``expt_dp_ag``, the separate all-gather groups of
             Megatron's AG/RS overlap (``parallel_state.create_all_gather_groups``); False leaves
             those fields None, as ``use_mpu_process_groups`` does without them.
+        elastic_dp: the smallest dp a rank loss may shrink the job to (``registry.rebuild()``
+            drops the lost rank's dp replica); None: nothing may shrink. Needs ``pp == 1`` (the
+            embedding groups are then dims roles, which a smaller world re-derives) and expert
+            layers whose data-parallel groups are the dense ones (``expt_tp * ep == tp * cp``,
+            dp outside them in ``order``): the expert view then names that dim ``dp`` too, so
+            it shrinks with it.
 
     Returns:
         A :class:`commgroups.Layout` with the dense dims, the :data:`EXPERT_VIEW` view, the roles of
@@ -306,6 +325,8 @@ def megatron_layout(
         DimOrderError: ``order`` repeats a dim, leaves out a dim of size > 1, or (not ending in
             pp, with pp > 1) gives the expert layers another data-parallel size or other pipeline
             groups than the dense ones (Megatron asserts both).
+        InvalidElasticError: ``elastic_dp`` is not an int in ``1..dp``, or the degrees do not
+            allow dp to shrink (pp > 1, or expert data-parallel groups other than dp's).
 
     Example::
 
@@ -346,22 +367,30 @@ def megatron_layout(
                 field="order",
             )
 
+    elastic = _elastic_dp(elastic_dp, sizes, dense, expert)
+    if elastic is not None:  # the expert view's data-parallel dim is dense dp: one name, one shrink
+        expert = {("dp" if name == "expt_dp" else name): size for name, size in expert.items()}
+
     def spec(name: str, dims: Sequence[str] | None = None, *, backend: str = "device",
              ranks: list[list[int]] | None = None, view: Mapping[str, int] = dense) -> cg.RoleSpec:
         fields: dict[str, Any] = {"name": name, "backend": backend, "timeout_s": timeout_s}
         if ranks is not None:
             fields["ranks"] = ranks
         else:
-            fields["dims"] = _in_layout_order(dims or (), list(view))
+            named = [("dp" if elastic is not None and d == "expt_dp" else d) for d in dims or ()]
+            fields["dims"] = _in_layout_order(named, list(view))
         return cg.RoleSpec(**fields)
 
     pp_groups = _groups_over(dense, "pp")
     roles = [spec(name, dims) for name, dims in _DENSE_ROLES.items()
              if all_gather_groups or name != "dp_cp_ag"]
-    roles += [
-        spec("embd", ranks=[sorted({group[0], group[-1]}) for group in pp_groups]),
-        spec("pos_embd", ranks=[[group[0]] for group in pp_groups]),
-    ]
+    if elastic is not None:  # pp == 1: each rank is its own first and last stage
+        roles += [spec("embd", ["pp"]), spec("pos_embd", ["pp"])]
+    else:
+        roles += [
+            spec("embd", ranks=[sorted({group[0], group[-1]}) for group in pp_groups]),
+            spec("pos_embd", ranks=[[group[0]] for group in pp_groups]),
+        ]
     roles += [spec(name, dims, view=expert) for name, dims in _EXPERT_ROLES.items()
               if all_gather_groups or name != "expt_dp_ag"]
     roles.append(cg.RoleSpec(name="intra_dist_opt", dims="world", timeout_s=timeout_s))
@@ -369,7 +398,33 @@ def megatron_layout(
               for name, dims in GLOO_ROLES.items()]
     roles.append(cg.RoleSpec(name=cg.CHECKPOINT_ROLE, dims="world", backend="gloo",
                              timeout_s=timeout_s))
-    return cg.Layout(dims=dense, views={EXPERT_VIEW: expert}, roles=roles)
+    return cg.Layout(dims=dense, views={EXPERT_VIEW: expert}, roles=roles,
+                     elastic=None if elastic is None else cg.ElasticSpec(dims={"dp": elastic}))
+
+
+def _elastic_dp(value: Any, sizes: Mapping[str, int], dense: Mapping[str, int],
+                expert: Mapping[str, int]) -> int | None:
+    """``elastic_dp`` checked against the degrees (None: not elastic)."""
+    from commgroups.errors import InvalidElasticError
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= sizes["dp"]:
+        raise InvalidElasticError(
+            f"megatron_layout: elastic_dp={value!r} is not a whole number in 1..dp={sizes['dp']}; "
+            f"fix: pass the smallest dp the job may shrink to, or None", field="elastic_dp")
+    if sizes["pp"] != 1:
+        raise InvalidElasticError(
+            f"megatron_layout: elastic_dp needs pp == 1 (pp={sizes['pp']}): the embedding groups "
+            "of a pipeline are explicit ranks, which a smaller world cannot re-derive; fix: "
+            "pp=1, or elastic_dp=None", field="elastic_dp")
+    if expert["expt_dp"] != dense["dp"] or _stride(dense, "dp") != _stride(expert, "expt_dp"):
+        raise InvalidElasticError(
+            f"megatron_layout: elastic_dp needs the expert layers' data-parallel groups to be dp's "
+            f"(expert dp {expert['expt_dp']} vs dp {dense['dp']}); fix: make expt_tp*ep == tp*cp "
+            "with dp outside tp, cp and ep in order (e.g. 'tp-cp-ep-dp-pp'), or elastic_dp=None",
+            field="elastic_dp")
+    return value
 
 
 def _collection_class() -> Any:
@@ -450,3 +505,10 @@ def distributed_optimizer_gloo_groups(registry: cg.GroupRegistry) -> dict[str, d
         assert group is not None  # dims roles hold every rank
         result[key] = group
     return result
+
+
+# After every name above: install imports this package's megatron_internals.
+from commgroups.integrations.megatron.install import (  # noqa: E402
+    ParallelStateHandle,
+    install_parallel_state,
+)
