@@ -25,7 +25,8 @@ What is private and why:
   ``strategies.state_dict_saver.save_state_dict_async_plan`` (which takes ``process_group``),
   ``serialization._CONTENT_METADATA_KEY``, ``state_dict_utils.save_preprocess``,
   ``validation.determine_global_metadata`` (takes ``process_group``), ``validation.
-  validate_sharding_integrity``, ``core.save_config`` / ``CheckpointingConfig``.
+  validate_sharding_integrity``, ``core.save_config`` / ``CheckpointingConfig``; and
+  ``filesystem_async._results_queue`` (:func:`in_process_write_results`).
 
 A change in any of these fails loudly (:class:`~commgroups.errors.MegatronUnavailableError` naming
 the name and the version), never silently.
@@ -46,9 +47,11 @@ __all__ = [
     "CHECKED_VERSIONS",
     "SAVE_NAMES",
     "checkpoint_names",
+    "in_process_write_results",
     "megatron_version",
     "parallel_state",
     "read_state",
+    "require_writer_dependencies",
     "replaced_functions",
     "set_global_memory_buffer",
     "set_state",
@@ -179,6 +182,47 @@ def replaced_functions(replacements: Mapping[str, Callable[..., Any]]) -> Iterat
     finally:
         for name, function in originals.items():
             setattr(module, name, function)
+
+
+@contextlib.contextmanager
+def in_process_write_results() -> Iterator[None]:
+    """Megatron's writer reports to an in-process queue for the block (a sync save).
+
+    ``FileSystemWriterAsync.prepare_write_data`` takes its results queue from the module global
+    ``filesystem_async._results_queue``, made on first use as a ``multiprocessing`` Manager queue
+    (a spawned server process per rank, for its async save's writer process; it cannot start in a
+    daemonic process). A sync save writes in this process: a ``queue.Queue`` is all it needs. The
+    global is put back after the block, so Megatron's own async saves keep their Manager queue.
+    """
+    import queue
+
+    module = _import("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    name = "_results_queue"  # a name held as data, like every private name here
+    if not hasattr(module, name):
+        raise MegatronUnavailableError(
+            f"{module.__name__} {megatron_version()} has no _results_queue (read on "
+            f"{', '.join(CHECKED_VERSIONS)}); fix: pip install 'commgroups[megatron]'")
+    previous = getattr(module, name)
+    setattr(module, name, queue.Queue())
+    try:
+        yield
+    finally:
+        setattr(module, name, previous)
+
+
+def require_writer_dependencies() -> None:
+    """Megatron's checkpoint writer imports psutil (0.19.2: ``filesystem_async._process_memory``,
+    for a log line), which megatron-core does not declare; without it every rank's write fails.
+
+    Raises:
+        MegatronUnavailableError: psutil is missing (the fix names it).
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("psutil") is None:
+        raise MegatronUnavailableError(
+            f"Megatron-Core {megatron_version()}'s checkpoint writer needs psutil, which megatron-core "
+            "does not declare; fix: pip install psutil")
 
 
 def checkpoint_names() -> dict[str, Any]:
