@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import inspect
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import commgroups as cg
+from commgroups.errors import ArgumentError, RegistryStateError
+from commgroups.integrations import megatron as mg
 from commgroups.util.local_world import run_local_world
 from tests import torch_private
 
@@ -213,6 +217,14 @@ def _rank_checks(rank: int, world_size: int, post: Any) -> dict[str, Any]:
         problems.append("a refused install changed parallel_state")
     ps.destroy_model_parallel()
     registry.close()
+    plain = cg.GroupRegistry(cg.Layout(dims={"dp_shard": 8}), heartbeat_s=None).create()
+    try:  # a layout that is not megatron_layout's: the missing roles named, nothing written
+        mg.install_parallel_state(plain)
+        problems.append("install over a non-Megatron layout was accepted")
+    except MissingRoleError as error:
+        if "megatron_layout" not in str(error) or ps.is_initialized():
+            problems.append(f"non-Megatron layout: {error}")
+    plain.close()
 
     start = time.monotonic()
     leaks = {"registry_10_cycles": _leak_cycles(layout, 10)}
@@ -256,3 +268,49 @@ def test_every_getter_is_covered_or_refused() -> None:
         install.REFUSED_GETTERS)
     assert {name for name, _ in CALLS} == set(install.COVERED_GETTERS)  # the world asks each one
     assert not set(install.COVERED_GETTERS) & set(install.REFUSED_GETTERS)
+
+
+# Argument errors, raised before any group exists or parallel_state changes (in this file: importing
+# Megatron starts a git subprocess, which only world-marked files may).
+def test_install_refuses_bad_arguments_before_touching_parallel_state() -> None:
+    from megatron.core import parallel_state as ps
+
+    registry = cg.GroupRegistry(mg.megatron_layout(tp=2, dp=4))  # not created: no process group
+    with pytest.raises(ArgumentError, match=r"on_destroy='keep'.*fix:") as raised:
+        mg.install_parallel_state(registry, on_destroy="keep")
+    assert raised.value.field == "on_destroy"
+    with pytest.raises(ArgumentError, match="virtual_pipeline_model_parallel_size=0"):
+        mg.install_parallel_state(registry, virtual_pipeline_model_parallel_size=0)
+    with pytest.raises(ArgumentError, match="needs pp > 1"):
+        mg.install_parallel_state(registry, virtual_pipeline_model_parallel_size=2)
+    with pytest.raises(RegistryStateError, match=r"created registry.*fix: call registry.create"):
+        mg.install_parallel_state(registry)
+    assert ps.get_tensor_model_parallel_group(check_initialized=False) is None
+    assert ps.destroy_model_parallel.__module__ == ps.__name__  # nothing replaced
+
+
+def test_checkpoint_refuses_bad_arguments_before_any_exchange(tmp_path: Path) -> None:
+    from commgroups.integrations.megatron import checkpoint
+
+    registry = cg.GroupRegistry(mg.megatron_layout(dp=2))  # not created
+    with pytest.raises(ArgumentError, match="not a directory") as raised:
+        checkpoint.save({}, tmp_path / "missing", registry=registry)
+    assert raised.value.field == "checkpoint_dir"
+    with pytest.raises(ArgumentError, match="thread_count"):
+        checkpoint.save({}, tmp_path, registry=registry, thread_count=0)
+    with pytest.raises(ArgumentError, match="process_group comes from registry="):
+        checkpoint.load({}, tmp_path, registry=registry, process_group=None)
+    with pytest.raises(ArgumentError, match="verify_integrity=True broadcasts on the default"):
+        checkpoint.load({}, tmp_path, registry=registry, verify_integrity=True)
+    with pytest.raises(cg.errors.MissingRoleError, match="metadata"):
+        checkpoint.save({}, tmp_path, registry=registry, role="metadata")
+
+
+def test_internals_refuse_names_this_megatron_lacks() -> None:
+    from commgroups.errors import MegatronUnavailableError
+    from commgroups.integrations.megatron import megatron_internals as internals
+
+    assert internals.megatron_version().startswith("0.19.")
+    assert set(internals.checkpoint_names()) == set(internals.SAVE_NAMES)
+    with pytest.raises(MegatronUnavailableError, match=r"has no _NO_SUCH_GROUP"):
+        internals.set_state({"_TENSOR_MODEL_PARALLEL_GROUP": None, "_NO_SUCH_GROUP": None})
