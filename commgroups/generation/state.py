@@ -161,6 +161,8 @@ class Generation:
     """``id()`` of each group aborted already (abort runs once per group)."""
     flight: FlightSession | None = None
     """The flight recorder of this generation's roles (None: off; see commgroups.flight_recorder)."""
+    lingering: list[weakref.ref[dist.ProcessGroup]] = field(default_factory=list)
+    """After :meth:`release`: its groups something else still held (see :meth:`_drop_references`)."""
 
     @property
     def layout(self) -> Layout:
@@ -352,6 +354,7 @@ class Generation:
                    or not role.adapter.connects_on_create for role in made):
             return False
         destroy_groups(made)
+        del made  # a reference here would keep every group alive through _drop_references
         if self.flight is not None:
             members = self.plan.members or tuple(range(self.layout.world_size))
             self.flight.release(tuple(members[position] for position in lost))
@@ -359,26 +362,32 @@ class Generation:
             for attempt in self.attempts:
                 attempt.release(self.request.position, self.layout.world_size, lost)
         self.attempts.clear()
-        self._drop_references()
+        self.lingering = self._drop_references(full=False)
         self.ended = "released"
         return True
 
-    def _drop_references(self) -> None:
+    def _drop_references(self, full: bool) -> list[weakref.ref[dist.ProcessGroup]]:
         """Let the groups go now: a group's threads and sockets live as long as its last reference.
+        Returns weak references to the groups something else still holds.
 
         Some sit in reference cycles (an interrupted collective's exception and traceback hold
-        them, measured on 2.13): a young-generation collection frees those in about a millisecond;
-        a full one (0.2 s with a model loaded) runs only where that was not enough.
+        them, measured on 2.13): a young-generation collection frees those in about a millisecond.
+        A full one (0.2-0.7 s with torch loaded) runs only with ``full``: a ``rebuild()`` called
+        from the ``except`` block of the failed step (the guide's pattern) still holds the
+        groups through the live exception, which no collection frees, so during a rebuild it
+        cost that time for nothing; the rank-loss side collects later instead
+        (:meth:`commgroups.rank_loss.Recovery.release_retired`).
         """
         left = [weakref.ref(group) for made in [*self.roles.values(), *self.dim_groups.values()]
                 for group in made.owned]
         self.roles.clear()
         self.dim_groups.clear()
         self.meshes.clear()
-        for generation in (1, 2):
+        for generation in (1, 2) if full else (1,):
             if not any(ref() is not None for ref in left):
-                return
+                return []
             gc.collect(generation)
+        return [ref for ref in left if ref() is not None]
 
     def destroy(self) -> None:
         """``close()``: every handle refuses later calls, groups are destroyed, store keys released.
@@ -394,7 +403,7 @@ class Generation:
             for attempt in self.attempts:
                 attempt.release(self.request.position, self.layout.world_size)
         self.attempts.clear()
-        self._drop_references()
+        self._drop_references(full=True)
 
     def _teardown(self, how: str, end_handle: Callable[[RoleCollectives], None],
                   end_groups: Callable[[Iterable[CreatedRole]], None]) -> None:

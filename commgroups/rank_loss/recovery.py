@@ -14,8 +14,11 @@ only these verbs; nothing below :mod:`commgroups.generation` imports this packag
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -35,9 +38,12 @@ from commgroups.rank_loss.liveness import Liveness, own_connection
 from commgroups.rank_loss.rebuild_report import RebuildReport
 from commgroups.rank_loss.replan import alive_ranks, replan_arrays
 
-__all__ = ["Recovery"]
+__all__ = ["LINGER_COLLECT_S", "Recovery"]
 
 logger = logging.getLogger(__name__)
+
+LINGER_COLLECT_S = 1.0
+"""How long after a release its lingering groups are collected (see ``release_retired``)."""
 
 @dataclass
 class Recovery:
@@ -56,6 +62,11 @@ class Recovery:
     attempts_made: int = 0
     """How many check-ins the last successful rebuild took."""
     previous_check_ins: tuple[str, int] | None = None
+    lingering: list[weakref.ref[dist.ProcessGroup]] = field(default_factory=list)
+    """Released groups something still held at release (see :meth:`release_retired`)."""
+    collector: threading.Timer | None = None
+    collector_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Guards ``lingering`` and ``collector`` (the timer's thread and the main one)."""
     """The last successful rebuild's check-in prefix and attempt count, deleted one rebuild later."""
 
     # ------------------------------------------------------------------------------- heartbeat
@@ -242,9 +253,32 @@ class Recovery:
         ``first``: this rank deletes the shared keys (one rank does); ``survivors``: the
         current members, if known."""
         for old in self.retired:
-            if old.release(lost_positions) and first and self.liveness is not None:
-                self.liveness.release(old.number, survivors)
+            if old.release(lost_positions):
+                with self.collector_lock:
+                    self.lingering += old.lingering
+                if first and self.liveness is not None:
+                    self.liveness.release(old.number, survivors)
         self.retired = [old for old in self.retired if old.ended != "released"]
+        with self.collector_lock:
+            if self.lingering and self.collector is None:
+                # Off the rebuild's path: the caller's exception (rebuild() in the except block
+                # of the failed step) holds the old groups until that block ends; a full
+                # collection a second later frees what a reference cycle still holds then
+                # (their sockets and threads), from this timer's thread while the next step runs.
+                self.collector = threading.Timer(LINGER_COLLECT_S, self.collect_lingering)
+                self.collector.daemon = True
+                self.collector.start()
+
+    def collect_lingering(self) -> None:
+        """Free the released groups that reference cycles still hold: one full collection, only
+        if one is still alive. From the collector's timer, or from ``close()``."""
+        with self.collector_lock:
+            self.collector = None
+            alive = any(ref() is not None for ref in self.lingering)
+        if alive:
+            gc.collect()
+        with self.collector_lock:
+            self.lingering = [ref for ref in self.lingering if ref() is not None]
 
     def close(self, number: int, first: bool, members: Sequence[int] = ()) -> None:
         """``close()`` of generation ``number`` (on ``members``, if this rank is one): stop the
@@ -254,6 +288,11 @@ class Recovery:
             self.liveness.release(number)
         self.stop_liveness(len(members))
         self.release_retired()
+        with self.collector_lock:
+            collector = self.collector
+        if collector is not None:
+            collector.cancel()
+        self.collect_lingering()
         if (first and self.previous_check_ins is not None and dist.is_initialized()
                 and str(dist.get_backend()) != "fake"):
             root = torch_internals.default_store()
