@@ -126,6 +126,12 @@ class StatusPublisher:
             value = {"t": time.time(), "answered": self._answered, "status": status}
             self.store.set(self.key, json.dumps(value, default=str))
 
+    @property
+    def pushed(self) -> bool:
+        """Whether asks reach the members through their listeners (answered within milliseconds
+        by a live rank) rather than through this thread's request polls."""
+        return self._emit is not None
+
     def listen_through(self, emit: Callable[[dict[str, Any]], object],
                        subscribe: Callable[[str, Callable[[dict[str, Any]], None] | None], None]
                        ) -> None:

@@ -31,7 +31,8 @@ from commgroups.flight_recorder.entries import FlightEntry
 from commgroups.flight_recorder.publisher import DEFAULT_INTERVAL_S, StatusPublisher, collect
 from commgroups.flight_recorder.recorder import FlightRecorder
 
-__all__ = ["DIAGNOSIS", "DIR_ENV_VAR", "FlightSession", "dump_file_name", "open_flight"]
+__all__ = ["DIAGNOSIS", "DIR_ENV_VAR", "LOSS_SHORTEST_S", "FlightSession", "dump_file_name",
+           "open_flight"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,10 @@ _MAX_TEXT = 300  # commgroups' error texts stay this short; the details are in `
 DIAGNOSIS = "commgroups_diagnosis"
 """Set (True) on the log record of a diagnosis, for a filter that wants it at another level (the
 bench's worlds keep their planned rank losses' diagnoses at debug)."""
+
+LOSS_SHORTEST_S = 0.15
+"""After a failure that is not a timeout, with answers pushed: the shortest wait for answers
+before a quiet ``ANSWER_QUIET_S`` ends it (a loaded machine delays a listener by tens of ms)."""
 
 _DIAGNOSING = "diagnosing"  # ``role#count@rank;`` per rank that diagnoses a failed call
 _SPOKEN = "spoken"  # ``role#count@rank;`` per call whose diagnosis one rank printed
@@ -151,8 +156,8 @@ class FlightSession:
         asking every rank to publish (and dump) now; ``failure`` itself if the store cannot say.
 
         Waits for the other ranks' answers: at most about 2.5 intervals after a timeout, 1.5
-        request polls (0.675 s with the defaults) after another failure, none once a loss is
-        reported.
+        request polls (0.675 s with the defaults) after another failure (answers pushed: until
+        they stop for a moment), none once a loss is reported.
         """
         publisher = self.publisher
         if publisher is None or entry is None or self.interrupted:
@@ -199,12 +204,18 @@ class FlightSession:
         key = publisher.ask_group(role, min(ranks, default=self.recorder.rank), call,
                                   {"dump": directory}, failed)
         wait_s = 0.3 + (2.5 * publisher.interval_s if wait else 1.5 * publisher.poll_s)
+        shortest_s = min(wait_s, 0.3 + 0.5 * publisher.interval_s)
+        if not wait and publisher.pushed:
+            # A peer's connection closed: most likely it died, and this rank's rebuild() (which
+            # reports the loss to everyone) waits for this diagnosis. Live members' listeners
+            # answer within milliseconds, the dead one never: stop once answers stopped for
+            # ANSWER_QUIET_S (0.73 s -> about 0.2 s of kill -> rebuilt, 4 and 8 gloo ranks).
+            shortest_s = LOSS_SHORTEST_S
         # A loss reported meanwhile (the liveness thread interrupted this generation): the
         # rank-loss handling is waiting for this rank's rebuild(), and the dead rank would
         # never answer; what answered so far is all the diagnosis gets.
         published = collect(publisher, key, ranks, role, failed, wait_s=wait_s,
-                            shortest_s=min(wait_s, 0.3 + 0.5 * publisher.interval_s),
-                            stop=lambda: self.interrupted)
+                            shortest_s=shortest_s, stop=lambda: self.interrupted)
         asked = 1
         path = self.dump_soon(directory)
         found = diagnose(role, self.recorder.rank, failed, published, asked)
