@@ -131,6 +131,21 @@ def _rank_checks(rank: int, world_size: int, post: Any, root: str) -> dict[str, 
     seconds["load"] = time.monotonic() - start
     problems += load_problems + [f"round trip: {p}" for p in _bitwise(loaded, saved)]
 
+    # Shards that overlap (every dp rank a main replica of the weight): refused on every rank,
+    # where Megatron raises on global rank 0 alone and the others wait in the plan exchange.
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    bad = _sharded_state_dict(fill=True)
+    bad["weight"] = ShardedTensor.from_rank_offsets(
+        "layer.weight", bad["weight"].data, (0, ps.get_tensor_model_parallel_rank(), 2), replica_id=0)
+    (Path(root) / "bad").mkdir(exist_ok=True)
+    try:
+        checkpoint.save(bad, Path(root) / "bad", registry=registry)
+        problems.append("overlapping shards were saved")
+    except cg.errors.ArgumentError as error:
+        if "exactly once" not in str(error):
+            problems.append(f"overlapping shards: {error}")
+
     # The contrast: Megatron's own load without a group exchanges on the default group.
     with cg.audit.record(registry) as recorder:
         dist_checkpointing.load(_sharded_state_dict(fill=False), str(path))

@@ -189,7 +189,8 @@ def save(sharded_state_dict: dict[str, Any], checkpoint_dir: str | os.PathLike[s
 
     Raises:
         MissingRoleError: the layout has no ``role``.
-        ArgumentError: ``checkpoint_dir`` is not a directory, or ``thread_count`` < 1.
+        ArgumentError: ``checkpoint_dir`` is not a directory, ``thread_count`` < 1, or (on every
+            rank) Megatron's validation finds shards that overlap or leave a tensor uncovered.
         MegatronUnavailableError: Megatron-Core is missing, or not a checked release.
     """
     if isinstance(thread_count, bool) or not isinstance(thread_count, int) or thread_count < 1:
@@ -208,8 +209,20 @@ def save(sharded_state_dict: dict[str, Any], checkpoint_dir: str | os.PathLike[s
     if validate_access_integrity:
         _check_common_state(common, group, names["diff"])
         _local, global_metadata = names["global_metadata"](sharded, process_group=group)
-        # Checks on global rank 0 only (a no-op elsewhere): the group's ranks are global ranks.
-        names["validate"](global_metadata, common_state_dict=None)
+        # Megatron checks on global rank 0 only (a no-op elsewhere) and raises there alone, while
+        # the others go on into the plan exchange and wait for it: its verdict goes to every rank.
+        verdict: list[Any] = [None]
+        if group.rank() == 0:
+            try:
+                names["validate"](global_metadata, common_state_dict=None)
+            except Exception as error:  # Megatron's CheckpointingException, whatever its text
+                verdict[0] = f"{type(error).__name__}: {error}"
+        dist.broadcast_object_list(verdict, src=_first_rank(group), group=group)
+        if verdict[0] is not None:
+            raise ArgumentError(f"save: the sharded state dict does not describe each tensor "
+                                f"exactly once ({verdict[0]}); fix: give every shard one main "
+                                "replica (replica_id 0) and cover every tensor",
+                                field="sharded_state_dict")
     sharded["common_state"] = names["sharded_object"](
         key="common_state", data=common, global_shape=(1,), global_offset=(0,),
         replica_id=group.rank())  # the group's first rank writes it (Megatron: global rank 0)
