@@ -193,6 +193,16 @@ def _rank_checks(rank: int, world_size: int, post: Any) -> dict[str, Any]:
         except RegistryStateError as error:
             if "destroy_model_parallel" not in str(error):
                 problems.append(f"{name}: second install's error names no fix: {error}")
+        # Megatron's own code reading the globals: its TP all-reduce runs on the registry's tp group
+        import torch
+        from megatron.core.tensor_parallel import mappings
+
+        with cg.audit.record(registry) as recorder:
+            reduced = mappings.reduce_from_tensor_model_parallel_region(torch.full((2,), float(rank)))
+        ops = sorted({(r.op, r.roles) for r in recorder.records})
+        if ops != [("c10d.allreduce_", ("tp",))] or reduced.tolist() != [float(sum(
+                registry.ranks("tp")))] * 2:
+            problems.append(f"{name}: Megatron's TP reduce ran {ops} -> {reduced.tolist()}")
         handle.uninstall()  # the registry stays: close it ourselves
         if ps.get_data_parallel_group.__module__ != ps.__name__ or any(
                 getattr(ps, g).__module__ != ps.__name__ for g in install.REFUSED_GETTERS):
