@@ -79,7 +79,7 @@ MoE, checkpointing helpers) and :mod:`~commgroups.integrations.megatron.checkpoi
 ``dist_checkpointing`` save and load on the checkpoint-metadata group. Every Megatron name they
 touch beyond the public API is in :mod:`~commgroups.integrations.megatron.megatron_internals`.
 
-Megatron-Core is imported only by :func:`process_group_collection` (``pip install
+Megatron-Core is imported only when one of those functions runs (``pip install
 'commgroups[megatron]'``); :func:`megatron_layout` is pure planning and needs neither Megatron nor
 a process group.
 """
