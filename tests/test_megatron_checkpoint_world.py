@@ -26,11 +26,6 @@ pytestmark = [pytest.mark.world]
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install "
                     "'commgroups[megatron]', Python 3.12): CI's megatron step runs these")
 
-# Megatron's checkpoint writer imports psutil (for a log line) without declaring it: the
-# megatron extra must carry it (commgroups raises MegatronUnavailableError naming it without).
-pytest.importorskip("psutil", reason="Megatron-Core's checkpoint writer needs psutil, which "
-                    "megatron-core does not declare: pip install psutil")
-
 WORLD = 8
 PRELOAD = ("torch", "torch.distributed", "commgroups", "megatron.core.parallel_state",
            "megatron.core.dist_checkpointing", "commgroups.integrations.megatron",

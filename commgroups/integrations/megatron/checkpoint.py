@@ -124,7 +124,7 @@ def _save_on_group(strategy: Any, group: dist.ProcessGroup, sharded_state_dict: 
     writer = names["writer"](checkpoint_dir, separation_hint=strategy.separation_hint,
                              thread_count=strategy.thread_count)
     coordinator = 0  # the group's first rank: a group rank, as torch's _DistWrapper reads it
-    with internals.in_process_write_results():  # sync: no Manager process per rank
+    with internals.sync_write():  # no Manager process per rank; no psutil needed
         planned = names["plan"](
             pyt_state_dict, writer, group, coordinator,
             planner=names["planner"](dedup_replicated_tensors=not strategy.keep_only_main_replica,
@@ -202,7 +202,6 @@ def save(sharded_state_dict: dict[str, Any], checkpoint_dir: str | os.PathLike[s
                             field="checkpoint_dir")
     group = checkpoint_group(registry, role)
     names = internals.checkpoint_names()
-    internals.require_writer_dependencies()  # before any exchange: a clear error, not a worker's
     if content_metadata is not None:
         sharded_state_dict[names["content_key"]] = content_metadata
     sharded, common = names["preprocess"](sharded_state_dict, False)  # validation: below, on group

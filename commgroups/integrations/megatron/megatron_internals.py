@@ -26,7 +26,8 @@ What is private and why:
   ``serialization._CONTENT_METADATA_KEY``, ``state_dict_utils.save_preprocess``,
   ``validation.determine_global_metadata`` (takes ``process_group``), ``validation.
   validate_sharding_integrity``, ``core.save_config`` / ``CheckpointingConfig``; and
-  ``filesystem_async._results_queue`` (:func:`in_process_write_results`).
+  ``filesystem_async._results_queue`` / ``_process_memory`` for the block of a sync write
+  (:func:`sync_write`).
 
 A change in any of these fails loudly (:class:`~commgroups.errors.MegatronUnavailableError` naming
 the name and the version), never silently.
@@ -47,14 +48,13 @@ __all__ = [
     "CHECKED_VERSIONS",
     "SAVE_NAMES",
     "checkpoint_names",
-    "in_process_write_results",
     "megatron_version",
     "parallel_state",
     "read_state",
-    "require_writer_dependencies",
     "replaced_functions",
     "set_global_memory_buffer",
     "set_state",
+    "sync_write",
 ]
 
 CHECKED_VERSIONS = ("0.19.2",)
@@ -185,44 +185,38 @@ def replaced_functions(replacements: Mapping[str, Callable[..., Any]]) -> Iterat
 
 
 @contextlib.contextmanager
-def in_process_write_results() -> Iterator[None]:
-    """Megatron's writer reports to an in-process queue for the block (a sync save).
+def sync_write() -> Iterator[None]:
+    """Megatron's checkpoint writer, set up for a save that writes in this process, for the block.
 
-    ``FileSystemWriterAsync.prepare_write_data`` takes its results queue from the module global
-    ``filesystem_async._results_queue``, made on first use as a ``multiprocessing`` Manager queue
-    (a spawned server process per rank, for its async save's writer process; it cannot start in a
-    daemonic process). A sync save writes in this process: a ``queue.Queue`` is all it needs. The
-    global is put back after the block, so Megatron's own async saves keep their Manager queue.
+    Two module globals of ``dist_checkpointing.strategies.filesystem_async`` (0.19.2), put back
+    after the block so Megatron's own async saves see them unchanged:
+
+    - ``_results_queue``: ``FileSystemWriterAsync.prepare_write_data`` takes its results queue from
+      it, made on first use as a ``multiprocessing`` Manager queue (a spawned server process per
+      rank, for the async save's writer process; it cannot start in a daemonic process). A sync
+      save writes in this process: a ``queue.Queue`` is all it needs.
+    - ``_process_memory``: the writer threads call it around each write for a debug log line; it
+      raises without psutil, which megatron-core does not declare. Without psutil it reads 0.
     """
+    import importlib.util
     import queue
 
     module = _import("megatron.core.dist_checkpointing.strategies.filesystem_async")
-    name = "_results_queue"  # a name held as data, like every private name here
-    if not hasattr(module, name):
+    names = ("_results_queue", "_process_memory")  # names held as data, like every private here
+    missing = _missing(module, names)
+    if missing:
         raise MegatronUnavailableError(
-            f"{module.__name__} {megatron_version()} has no _results_queue (read on "
+            f"{module.__name__} {megatron_version()} has no {', '.join(missing)} (read on "
             f"{', '.join(CHECKED_VERSIONS)}); fix: pip install 'commgroups[megatron]'")
-    previous = getattr(module, name)
-    setattr(module, name, queue.Queue())
+    previous = {name: getattr(module, name) for name in names}
+    setattr(module, names[0], queue.Queue())
+    if importlib.util.find_spec("psutil") is None:
+        setattr(module, names[1], lambda: 0)
     try:
         yield
     finally:
-        setattr(module, name, previous)
-
-
-def require_writer_dependencies() -> None:
-    """Megatron's checkpoint writer imports psutil (0.19.2: ``filesystem_async._process_memory``,
-    for a log line), which megatron-core does not declare; without it every rank's write fails.
-
-    Raises:
-        MegatronUnavailableError: psutil is missing (the fix names it).
-    """
-    import importlib.util
-
-    if importlib.util.find_spec("psutil") is None:
-        raise MegatronUnavailableError(
-            f"Megatron-Core {megatron_version()}'s checkpoint writer needs psutil, which megatron-core "
-            "does not declare; fix: pip install psutil")
+        for name, value in previous.items():
+            setattr(module, name, value)
 
 
 def checkpoint_names() -> dict[str, Any]:
