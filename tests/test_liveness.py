@@ -89,6 +89,35 @@ def test_a_killed_rank_is_replaced_in_seconds_with_production_timeouts(
         assert result["rebuilt_at"] - killed_at < WELL_UNDER_THE_TIMEOUT_S, (rank, result)
 
 
+LONG_DEAD_AFTER_S = 60.0  # an unanswered report alone would count as death only after this
+WINDOW_S = 30.0  # and the check-in's window would end it after this
+
+
+def _killed_and_confirmed_on_its_host(rank: int, world: int) -> dict[str, Any]:
+    registry = GroupRegistry(hsdp_layout(), create_timeout_s=30,
+                             dead_after_s=LONG_DEAD_AFTER_S).create()
+    connected_barrier(registry, rank, world, victim=3)  # rank 3's process is gone after it
+    report = registry.rebuild(timeout=WINDOW_S)  # no alive=: nobody says who died
+    total = torch.ones(1)
+    if report.place == "member":  # rank 2, rank 3's replica partner, is dropped by HSDP's rules
+        registry.collectives("checkpoint-metadata").all_reduce(total)
+    registry.close()
+    return {"lost": report.lost, "members": report.members, "sum": float(total.item()),
+            "place": report.place, "check_in_s": report.seconds["check_in"]}
+
+
+def test_a_dead_process_is_confirmed_by_its_host_not_waited_for() -> None:
+    # Every rank shares this host: a survivor's listener finds rank 3's process gone from /proc
+    # when it answers the loss report, so the check-in decides long before dead_after_s or its
+    # window could end it (either would take 30 s or more).
+    results = run_world(_killed_and_confirmed_on_its_host, 4, timeout=120, expect_errors=True)
+    assert [result["place"] for result in results[:3]] == ["member", "member", "dropped"]
+    for result in results[:3]:
+        assert result["lost"] == (3,) and result["members"] == (0, 1), result
+        assert result["check_in_s"] < WINDOW_S / 3, result
+    assert results[0]["sum"] == results[1]["sum"] == 2.0
+
+
 def _lone_rebuild(rank: int, world: int) -> dict[str, Any]:
     """Rank 0 rebuilds after a local error; the others are training and alive."""
     registry = GroupRegistry(hsdp_layout(timeout_s=PRODUCTION_TIMEOUT_S),

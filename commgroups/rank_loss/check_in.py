@@ -77,6 +77,9 @@ class Answers(Protocol):
     def answers(self, generation: int) -> int:
         """How many ranks answered generation ``generation``'s loss report so far."""
 
+    def confirmed_dead(self, generation: int) -> set[int]:
+        """The ranks a peer on their host saw gone since generation ``generation``'s report."""
+
     @property
     def listening(self) -> bool:
         """Whether events reach this rank (else the check-in polls for the decision)."""
@@ -116,6 +119,7 @@ class CheckIn:
         self._judged = False  # deaths were judged once (then again only when the count moves)
         self._answers = -1  # the loss report's answers at the last look, and since when
         self._answers_at = self.started
+        self._confirmed: frozenset[int] = frozenset()  # dead by a host-local peer's look
         self._joined: frozenset[int] = frozenset()
         self._absent_alive: list[int] = []
         self._pushed = threading.Event()  # set by the listener's thread with the decision
@@ -151,8 +155,12 @@ class CheckIn:
         final = final or now >= self.deadline
         wanted = self.expected if self.expected is not None else self.members
         liveness = self.liveness if self.expected is None else None
-        judge_deaths = False
+        judge_deaths = confirmed_moved = False
         if liveness is not None:
+            # A rank whose process a peer on its host saw gone is dead now, not after
+            # dead_after_s (one read per look, by the decider only).
+            confirmed = frozenset(liveness.confirmed_dead(self.generation)) & wanted
+            confirmed_moved, self._confirmed = confirmed != self._confirmed, confirmed
             # Absent ranks count as dead once dead_after_s passed and the answers stopped
             # arriving for a tenth of it: at 65,536 ranks the store takes seconds to take them
             # all (100,000 a second here: no gap of 0.1 s while they stream), and a live rank
@@ -167,16 +175,17 @@ class CheckIn:
         moved, self._count = count != self._count, count
         # The lists are read only when they can decide something: a count below what is wanted
         # decides nothing until deaths are judged (at 65,536 ranks a list is 400 kB).
-        due = final or (moved and count >= len(wanted)) or (
+        due = final or ((moved or confirmed_moved)
+                        and count >= len(wanted) - len(self._confirmed)) or (
             judge_deaths and (moved or not self._judged))
         if not due:
             return self._decided()
         self._judged = self._judged or judge_deaths
         self._joined = self._read_joined()
         missing = wanted - self._joined
-        dead: set[int] = set()
-        if missing and liveness is not None and judge_deaths:
-            dead = set(missing) - liveness.answered(self.generation, missing)
+        dead = set(missing & self._confirmed)
+        if missing - dead and liveness is not None and judge_deaths:
+            dead |= set(missing) - liveness.answered(self.generation, missing)
         if not missing or missing <= dead:
             return self._decide(self._joined)
         if not final:

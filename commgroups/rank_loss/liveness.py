@@ -49,6 +49,8 @@ from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]  # re-exported
 
+from commgroups.rank_loss.local_peers import gone, host_key, parse_peers, this_process
+
 __all__ = ["Liveness", "OnLoss", "answer", "answered", "own_connection", "read_if_present"]
 
 logger = logging.getLogger(__name__)
@@ -76,17 +78,35 @@ def own_connection(store: Store, timeout: timedelta) -> Store | None:
     return client
 
 
-def answer(store: Store, generation: int, rank: int) -> None:
+def answer(store: Store, generation: int, rank: int) -> bool:
     """Say that ``rank`` heard generation ``generation``'s loss report and is alive: one append
     to the answers' list (``store``: the registry's namespace), which only a deciding rank reads,
-    and one add to their count, after one read that the report still exists."""
+    and one add to their count, after one read that the report still exists. Returns whether it
+    answered (False: the report was released already)."""
     # A listener that lagged on loaded cores may hear the report after one rank released it
     # (every survivor had checked in): an answer then would re-create its keys, a leak.
     if read_if_present(store, f"lost/{generation}") is None:
-        return
+        return False
     # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
     store.append(f"lost/{generation}/here", f"{rank},")  # type: ignore[attr-defined,unused-ignore]
     store.add(f"lost/{generation}/answers", 1)  # the decider watches answers arrive, in O(1)
+    return True
+
+
+def confirm_local_deaths(store: Store, generation: int, rank: int, members: Collection[int],
+                         host: str) -> list[int]:
+    """Add the ``members`` on this host (``host``: :class:`~commgroups.rank_loss.local_peers.
+    ProcessId`'s) whose process is gone to generation ``generation``'s confirmed dead (one read of
+    the host's key, and one append where one is gone); returns them."""
+    value = read_if_present(store, host_key(host))
+    if value is None:
+        return []
+    dead = sorted(peer for peer, (pid, start) in parse_peers(value).items()
+                  if peer != rank and peer in members and gone(pid, start))
+    if dead:
+        store.append(  # type: ignore[attr-defined,unused-ignore]  # not in some stubs
+            f"lost/{generation}/dead", "".join(f"{peer}," for peer in dead))
+    return dead
 
 
 def answered(store: Store, generation: int, ranks: Collection[int]) -> set[int]:
@@ -141,6 +161,8 @@ class Liveness:
         self._on_loss = on_loss
         self._lock = threading.Lock()  # guards the watch state below
         self._watched: tuple[int, int | None] | None = None  # generation, the member watched
+        self._members: frozenset[int] = frozenset()  # the watched generation's
+        self._process = this_process()  # published for host-local peers (None: not Linux)
         self._interrupted: dict[int, set[int] | None] = {}  # generation -> suspects handled
         self._answered: set[int] = set()  # generations whose loss report this rank answered
         self._seen: tuple[int, int, float] | None = None  # successor, its beat, when it moved
@@ -196,11 +218,22 @@ class Liveness:
                 atexit.unregister(self._settle)
                 return
         try:
+            self._publish_process()
             self._listen()
         finally:  # its connection goes with the thread, not with the registry's last reference
             if self._connect is not None:
                 self._own = PrefixStore(self._namespace, self._root)
             atexit.unregister(self._settle)  # nothing left to settle: the registry may go
+
+    def _publish_process(self) -> None:
+        """Say, once, which process this rank is, under its host's key (local_peers): a peer
+        on this host can then confirm its death from ``/proc`` at once. From the listener's
+        thread, before its first wait: one append, off ``create()``'s path."""
+        if self._process is None:
+            return
+        with contextlib.suppress(Exception):  # an optimisation only: dead_after_s still judges
+            self._own.append(  # type: ignore[attr-defined,unused-ignore]  # not in some stubs
+                host_key(self._process.host), self._process.entry(self.rank))
 
     def watch(self, generation: int | None, members: Sequence[int] = ()) -> None:
         """Listen for losses in ``generation`` and watch its next member; None: beat only.
@@ -212,6 +245,7 @@ class Liveness:
                      if self.rank in ring and len(ring) > 1 else None)
         with self._lock:
             self._watched = None if generation is None else (generation, successor)
+            self._members = frozenset(ring)
             self._seen = None
         if generation is not None and int(self._shared.add(f"lost/{generation}", 0)) > 0:
             self._answer(generation, self._shared)
@@ -281,6 +315,12 @@ class Liveness:
         it). One request (a read of the answers' list), from the calling thread."""
         return answered(self._shared, generation, ranks)
 
+    def confirmed_dead(self, generation: int) -> set[int]:
+        """The ranks whose process a peer on their host saw gone since generation
+        ``generation``'s loss report (:func:`confirm_local_deaths`): dead for sure."""
+        value = read_if_present(self._shared, f"lost/{generation}/dead")
+        return set() if value is None else {int(part) for part in value.split(",") if part}
+
     def answers(self, generation: int) -> int:
         """How many answers generation ``generation``'s loss report got so far (one request)."""
         return int(self._shared.add(f"lost/{generation}/answers", 0))
@@ -322,6 +362,8 @@ class Liveness:
             pass
         with contextlib.suppress(RuntimeError):  # the store's host is gone
             self._shared.delete_key(f"beat/{self.rank}")
+            if members and self._process is not None:  # every member closes: nobody looks now
+                self._shared.delete_key(host_key(self._process.host))
             if members and int(self._shared.add("closed", 1)) >= members:
                 self._emit(self._shared, {"k": "close"})
                 count = int(self._shared.add("event/count", 0))
@@ -349,7 +391,7 @@ class Liveness:
             first = read_if_present(self._shared, f"lost/{generation}/events")
             passed = survivors is not None and len(self.answered(generation, survivors)) == len(
                 survivors)
-            for key in ("", "/who", "/events", "/here", "/answers"):
+            for key in ("", "/who", "/events", "/here", "/answers", "/dead"):
                 self._shared.delete_key(f"lost/{generation}{key}")
             if first is not None and passed:
                 self._shared.delete_key(f"event/{first}")
@@ -443,7 +485,9 @@ class Liveness:
             if generation in self._answered:
                 return
             self._answered.add(generation)
-        answer(store, generation, self.rank)
+            members = self._members
+        if answer(store, generation, self.rank) and self._process is not None:
+            confirm_local_deaths(store, generation, self.rank, members, self._process.host)
 
     def _read_suspects(self, generation: int, store: Store) -> set[int] | None:
         value = read_if_present(store, f"lost/{generation}/who")
