@@ -56,6 +56,7 @@ from commgroups.flight_recorder.diagnosis import diagnose
 from commgroups.flight_recorder.publisher import DEFAULT_INTERVAL_S, StatusPublisher, collect
 from commgroups.rank_loss.check_in import CheckIn
 from commgroups.rank_loss.liveness import Liveness
+from commgroups.rank_loss.local_peers import this_process
 
 __all__ = ["IDLE_THREADED_MAX", "CountingStore", "run"]
 
@@ -139,13 +140,15 @@ def _idle(port: int, namespace: str, ranks: Sequence[int], members: int, idle_s:
           start: Any, ready: Any) -> dict[str, float]:
     """Run real started Liveness objects for ``ranks``; count over ``idle_s``."""
     shared = _client(port)
+    process = this_process()  # every virtual rank publishes it, as each real rank does its own
     lives = []
     # In parallel: a connection now and then stalls for 5 s on this machine (torch's client).
     with concurrent.futures.ThreadPoolExecutor(64) as pool:
         owns = list(pool.map(lambda _: _client(port), ranks))
     for rank, own in zip(ranks, owns, strict=True):
         live = Liveness(own, shared, namespace, rank, interval_s=_BEAT_S,
-                        dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss)
+                        dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss,
+                        process=process)
         live.start()
         live.watch(0, _ring(rank, members))
         lives.append(live)
@@ -172,9 +175,11 @@ def _loss(port: int, namespace: str, ranks: Sequence[int], members: int, victim:
           start: Any, ready: Any) -> dict[str, Any]:
     """The virtual ranks ``ranks`` hear the loss, answer, check in and wait for the decision."""
     shared = _client(port)
+    process = this_process()  # a real rank reads its host's key when it answers: so does each
     every = frozenset(range(members))  # shared by every CheckIn (frozenset() of it is itself)
     lives = {rank: _VirtualListener(shared, shared, namespace, rank, interval_s=_BEAT_S,
-                                    dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss)
+                                    dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss,
+                                    process=process)
              for rank in ranks if rank != victim}
     for rank, live in lives.items():
         live.watch(0, _ring(rank, members))

@@ -49,7 +49,7 @@ from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]  # re-exported
 
-from commgroups.rank_loss.local_peers import gone, host_key, parse_peers, this_process
+from commgroups.rank_loss.local_peers import ProcessId, gone, host_key, parse_peers
 
 __all__ = ["Liveness", "OnLoss", "answer", "answered", "own_connection", "read_if_present"]
 
@@ -144,10 +144,14 @@ class Liveness:
         dead_after_s: how long a check-in waits for a rank's answer to a loss report before it
             counts that rank as dead (:meth:`answered`).
         on_loss: called from the thread when a loss is reported (:data:`OnLoss`).
+        process: this rank's process as its host-local peers can check it
+            (:func:`~commgroups.rank_loss.local_peers.this_process`); published once, and used to
+            confirm local peers' deaths at once. None: neither (deaths wait ``dead_after_s``).
     """
 
     def __init__(self, client: Store | Callable[[], Store], shared: Store, namespace: str,
-                 rank: int, *, interval_s: float, dead_after_s: float, on_loss: OnLoss) -> None:
+                 rank: int, *, interval_s: float, dead_after_s: float, on_loss: OnLoss,
+                 process: ProcessId | None = None) -> None:
         self._namespace = namespace
         self._connect = None if isinstance(client, Store) else client
         # Until the listener's thread connected: the listener alone uses it, and only after.
@@ -162,7 +166,7 @@ class Liveness:
         self._lock = threading.Lock()  # guards the watch state below
         self._watched: tuple[int, int | None] | None = None  # generation, the member watched
         self._members: frozenset[int] = frozenset()  # the watched generation's
-        self._process = this_process()  # published for host-local peers (None: not Linux)
+        self._process = process
         self._interrupted: dict[int, set[int] | None] = {}  # generation -> suspects handled
         self._answered: set[int] = set()  # generations whose loss report this rank answered
         self._seen: tuple[int, int, float] | None = None  # successor, its beat, when it moved
@@ -172,18 +176,22 @@ class Liveness:
         self._next = 1
         self._stop = threading.Event()
         self._beating = threading.Lock()  # held by a beat under way: close() waits it out
-        self._threads = [threading.Thread(target=target, name=f"commgroups-{name}-{rank}",
+        # Made by start(): a Liveness that never starts (the benchmark's virtual ranks, which
+        # share one listener) costs no thread objects (0.8 s per 16,384 ranks).
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Beat once (so peers see this rank at once), read the next event's number, publish
+        this rank's process, then start the threads. An event emitted after this call is heard,
+        however long the listener's thread takes to connect: it waits for that number."""
+        self._shared.add(f"beat/{self.rank}", 1)
+        self._next = int(self._shared.add("event/count", 0)) + 1
+        self._publish_process()
+        atexit.register(self._settle)  # unregistered when the listener ends
+        self._threads = [threading.Thread(target=target, name=f"commgroups-{name}-{self.rank}",
                                           daemon=True)
                          for target, name in ((self._connect_and_listen, "listen"),
                                               (self._beats, "beat"))]
-
-    def start(self) -> None:
-        """Beat once (so peers see this rank at once), read the next event's number, then start
-        the threads. An event emitted after this call is heard, however long the listener's
-        thread takes to connect: it waits for that number."""
-        self._shared.add(f"beat/{self.rank}", 1)
-        self._next = int(self._shared.add("event/count", 0)) + 1
-        atexit.register(self._settle)  # unregistered when the listener ends
         for thread in self._threads:
             thread.start()
 
@@ -218,7 +226,6 @@ class Liveness:
                 atexit.unregister(self._settle)
                 return
         try:
-            self._publish_process()
             self._listen()
         finally:  # its connection goes with the thread, not with the registry's last reference
             if self._connect is not None:
@@ -227,12 +234,14 @@ class Liveness:
 
     def _publish_process(self) -> None:
         """Say, once, which process this rank is, under its host's key (local_peers): a peer
-        on this host can then confirm its death from ``/proc`` at once. From the listener's
-        thread, before its first wait: one append, off ``create()``'s path."""
+        on this host can then confirm its death from ``/proc`` at once. One append, from
+        :meth:`start`: a rank that dies any time after ``create()`` returned is confirmed (from
+        the listener's thread, whose own connection can take seconds, a rank killed early was
+        not, and its loss waited ``dead_after_s``)."""
         if self._process is None:
             return
         with contextlib.suppress(Exception):  # an optimisation only: dead_after_s still judges
-            self._own.append(  # type: ignore[attr-defined,unused-ignore]  # not in some stubs
+            self._shared.append(  # type: ignore[attr-defined,unused-ignore]  # not in some stubs
                 host_key(self._process.host), self._process.entry(self.rank))
 
     def watch(self, generation: int | None, members: Sequence[int] = ()) -> None:
@@ -345,7 +354,7 @@ class Liveness:
     def listening(self) -> bool:
         """Whether the listener runs (events reach :meth:`subscribe`'s and :meth:`expect`'s
         handlers)."""
-        return self._threads[0].is_alive() and not self._stop.is_set()
+        return bool(self._threads) and self._threads[0].is_alive() and not self._stop.is_set()
 
     def close(self, members: int = 0) -> None:
         """Stop the threads and delete this rank's beat; the last of ``members`` ranks to close

@@ -35,6 +35,7 @@ from commgroups.generation import STORE_PREFIX, Generation, dims_needing_groups,
 from commgroups.planning.plan import plan
 from commgroups.rank_loss.check_in import check_in, check_in_window, forget_check_ins, record_made
 from commgroups.rank_loss.liveness import Liveness, own_connection
+from commgroups.rank_loss.local_peers import this_process
 from commgroups.rank_loss.rebuild_report import RebuildReport
 from commgroups.rank_loss.replan import alive_ranks, replan_arrays
 
@@ -96,7 +97,7 @@ class Recovery:
         self.liveness = Liveness(lambda: _connected(own_connection(store, timeout)), store,
                                  f"{STORE_PREFIX}/live/{self.registry_id}/", self.rank,
                                  interval_s=heartbeat_s, dead_after_s=dead_after_s,
-                                 on_loss=on_loss)
+                                 on_loss=on_loss, process=this_process())
         self.liveness.start()
         self.liveness.watch(current.number, members)
         self.attach_flight(current)
