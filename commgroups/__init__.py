@@ -25,6 +25,7 @@ from commgroups.layout.specs import (
     default_roles,
 )
 from commgroups.planning.plan import Plan, RolePlan, plan
+from commgroups.rank_loss.rebuild_report import RebuildReport
 from commgroups.rank_loss.replan import Replan, replan
 from commgroups.registry import GroupRegistry
 
@@ -38,6 +39,7 @@ __all__ = [
     "Layout",
     "NcclOptions",
     "Plan",
+    "RebuildReport",
     "RoleOptions",
     "RolePlan",
     "RoleCollectives",

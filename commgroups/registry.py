@@ -11,13 +11,14 @@ group, not even when the role spans the world.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -163,6 +164,7 @@ class GroupRegistry:
         self._lock = threading.RLock()
         self._creator = threading.current_thread()  # owns the role handles (RoleCollectives)
         self._creator_site = ""
+        self._on_rebuilt: list[Callable[[RebuildReport], None]] = []
 
     # ------------------------------------------------------------------------------- creation
     @serialized
@@ -277,14 +279,34 @@ class GroupRegistry:
         self._number = report.generation
         if generation is None:
             self._state = RegistryState(report.place)
-            return report
-        mark = time.monotonic()
-        self._start(generation)
-        report.seconds["meshes"] = time.monotonic() - mark
-        report.seconds["release"] = self._recovery.finish(report, current, generation)
-        logger.info("rank %d: rebuilt generation %d on %d ranks in %.3fs", self._rank,
-                    self._number, len(self.members), report.total_seconds)
+        else:
+            mark = time.monotonic()
+            self._start(generation)
+            report.seconds["meshes"] = time.monotonic() - mark
+            report.seconds["release"] = self._recovery.finish(report, current, generation)
+            logger.info("rank %d: rebuilt generation %d on %d ranks in %.3fs", self._rank,
+                        self._number, len(self.members), report.total_seconds)
+        for callback in list(self._on_rebuilt):
+            callback(report)
         return report
+
+    def on_rebuilt(self, callback: Callable[[RebuildReport], None]) -> Callable[[], None]:
+        """Call ``callback(report)`` on this rank at the end of each successful :meth:`rebuild`,
+        once the new generation is current (``report.place`` says whether this rank is in it);
+        returns the function that stops it. Local; callbacks run in the order added.
+
+        For state that mirrors the registry's groups elsewhere, e.g. Megatron-Core's
+        ``parallel_state`` globals (:func:`commgroups.integrations.megatron.install_parallel_state`
+        re-points them here), so a bare ``registry.rebuild()`` leaves nothing on retired groups.
+        An exception from ``callback`` propagates from ``rebuild()``, after the rebuild is done.
+        """
+        self._on_rebuilt.append(callback)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):  # removed already: idempotent
+                self._on_rebuilt.remove(callback)
+
+        return remove
 
     def _retire(self) -> None:
         """Retire the live generation (released once this rank is past the check-in)."""

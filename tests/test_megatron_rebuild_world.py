@@ -2,9 +2,9 @@
 answers with the new generation, and the old groups fail loudly. One real 8-rank gloo world.
 
 ``megatron_layout(tp=2, dp=4, ep=2, expt_tp=1, elastic_dp=2)`` is created and installed in
-``parallel_state``; rank 6 dies for good. The even survivors call ``registry.rebuild(alive)``
-(``parallel_state`` stays on the retired groups) and then ``handle.refresh()``; the odd ones call
-``handle.rebuild(alive)``, which does both. dp shrinks to 3 (rank 6's replica, ranks 6 and 7,
+``parallel_state``; rank 6 dies for good. The even survivors call a bare ``registry.rebuild(alive)``
+(``parallel_state`` follows through ``registry.on_rebuilt``, no ``refresh()``); the odd ones call
+``handle.rebuild(alive)``. dp shrinks to 3 (rank 6's replica, ranks 6 and 7,
 goes; rank 7 is dropped and uninstalls). On the six members every ``parallel_state`` global is
 the new generation's group of its role, a fresh ``process_group_collection(registry)`` holds the
 groups Megatron's own ``RankGenerator`` gives for tp=2 x dp=3, a collective on the new dp group
@@ -59,33 +59,22 @@ def _lose_a_rank_and_rebuild(rank: int, world: int) -> dict[str, Any]:
 
     started = time.monotonic()
     alive = [r for r in range(world) if r != VICTIM]
-    if rank % 2:  # handle.rebuild: the registry's rebuild, then refresh (or uninstall if dropped)
+    if rank % 2:  # the handle's rebuild
         report = handle.rebuild(alive, timeout=2 * ROLE_TIMEOUT_S + 6)
-    else:  # registry.rebuild alone: parallel_state still on the retired groups until refresh()
+    else:  # a bare registry.rebuild, as in the guide's loop: parallel_state follows by itself
         report = registry.rebuild(alive, timeout=2 * ROLE_TIMEOUT_S + 6)
-        if report.place == "member" and ps.get_tensor_model_parallel_group() is not old_tp:
-            problems_before = ["parallel_state moved before refresh()"]
-        else:
-            problems_before = []
     result: dict[str, Any] = {"place": report.place, "generation": registry.generation,
                               "rebuild_s": time.monotonic() - started, "problems": []}
     problems: list[str] = result["problems"]
-    problems += [] if rank % 2 else problems_before
     if report.place != "member":
-        if handle.installed:
-            try:
-                handle.refresh()
-                problems.append("refresh() on a dropped rank answered")
-            except cg.errors.RegistryStateError:
-                pass
+        if handle.installed:  # a rank left out is uninstalled by the rebuild
+            problems.append("the dropped rank's handle is still installed")
         handle.uninstall()
         if ps.get_tensor_model_parallel_group(check_initialized=False) is not None:
             problems.append("the dropped rank's parallel_state still holds groups")
         registry.close()
         return result
 
-    if not rank % 2:
-        handle.refresh()
     result["handle_generation"] = handle.generation
     # Every global: the new generation's group of its role (member-only roles: None elsewhere).
     for name, role in install.STATE_ROLES.items():

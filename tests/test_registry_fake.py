@@ -105,3 +105,25 @@ def test_set_timeout_on_fake_groups_is_silent(fake_world: Callable[..., None]) -
         warnings.simplefilter("error")
         registry.set_timeout(30)
         registry.set_timeout(60, role="cp")
+
+
+def test_on_rebuilt_follows_each_rebuild_until_removed(fake_world: Callable[..., None]) -> None:
+    # What mirrors the registry's groups elsewhere (Megatron's parallel_state) is told of each
+    # new generation, after it is current; a removed callback hears nothing more.
+    fake_world(16, 0)
+    layout = cg.Layout(dims={"dp_replicate": 4, "dp_shard": 4},
+                       elastic={"dims": {"dp_replicate": 1}})
+    heard: list[tuple[int, str, int]] = []
+    # all_ranks: member-only names of a second rebuild repeat the first's under the fake backend
+    with cg.GroupRegistry(layout, creation_mode="all_ranks") as registry:
+        def seen(report: cg.RebuildReport) -> None:  # the new generation is current already
+            heard.append((report.generation, report.place, registry.generation))
+            assert registry.group("dp_shard") is not None
+
+        remove = registry.on_rebuilt(seen)
+        registry.rebuild([r for r in range(16) if r not in (12, 13, 14, 15)])
+        assert heard == [(1, "member", 1)]
+        remove()
+        remove()  # idempotent
+        registry.rebuild([r for r in range(12) if r not in (8, 9, 10, 11)])
+        assert heard == [(1, "member", 1)] and registry.generation == 2

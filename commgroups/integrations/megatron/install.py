@@ -29,10 +29,10 @@ time, #6897). ``registry.close()`` alone also destroys every group; the globals 
 destroyed groups (collectives on them fail) until ``destroy_model_parallel()`` or
 :meth:`ParallelStateHandle.uninstall` clears them.
 
-After a rank loss, :meth:`ParallelStateHandle.rebuild` (or ``registry.rebuild()`` followed by
-:meth:`ParallelStateHandle.refresh`) points every global at the new generation's groups. The
-registry offers no callback on a rebuild, so a bare ``registry.rebuild()`` leaves the globals on
-the retired groups, whose collectives fail at once, until ``refresh()``.
+After a rank loss, ``registry.rebuild()`` (or :meth:`ParallelStateHandle.rebuild`, the same)
+points every global at the new generation's groups: the handle follows the registry through
+:meth:`GroupRegistry.on_rebuilt <commgroups.GroupRegistry.on_rebuilt>`, and a rank the rebuild
+leaves out is uninstalled (its globals back to None).
 """
 
 from __future__ import annotations
@@ -305,6 +305,7 @@ class ParallelStateHandle:
             self, originals["get_hybrid_data_context_parallel_groups"])
         replacements["destroy_model_parallel"] = self._destroy_model_parallel
         self._functions.enter_context(internals.replaced_functions(replacements))
+        self._functions.callback(self.registry.on_rebuilt(self._rebuilt))  # off at uninstall
         internals.set_state(values)
         self._made_buffer = internals.set_global_memory_buffer()
         self._generation = self.registry.generation
@@ -325,17 +326,21 @@ class ParallelStateHandle:
 
     def rebuild(self, alive: Iterable[int] | None = None, *,
                 timeout: float | timedelta | None = None) -> RebuildReport:
-        """``registry.rebuild(alive, timeout=timeout)``, then :meth:`refresh`; collective.
-
-        A rank the rebuild leaves without a place (``report.place != "member"``) is uninstalled:
-        its globals go back to None. Raises what ``registry.rebuild`` raises.
+        """``registry.rebuild(alive, timeout=timeout)``; collective. The globals follow by
+        themselves (:meth:`_rebuilt`), as they do after a bare ``registry.rebuild()``.
+        Raises what ``registry.rebuild`` raises.
         """
-        report = self.registry.rebuild(alive, timeout=timeout)
+        return self.registry.rebuild(alive, timeout=timeout)
+
+    def _rebuilt(self, report: RebuildReport) -> None:
+        """The registry's ``on_rebuilt`` callback: every global to the new generation, or, on a
+        rank the rebuild left without a place (``report.place != "member"``), uninstalled."""
+        if not self._installed:
+            return
         if report.place == "member":
-            self.refresh()
+            self._write()
         else:
             self.uninstall()
-        return report
 
     # ------------------------------------------------------------------------------ teardown
     def uninstall(self) -> None:
