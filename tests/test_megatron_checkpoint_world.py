@@ -90,10 +90,9 @@ def _audited(registry: Any, what: str, fn: Any) -> tuple[Any, list[str], dict[st
         counts[r.op] = counts.get(r.op, 0) + 1
     if not recorder.records:
         problems.append(f"{what}: the audit recorded no collective")
-    # off_purpose: the audit counts only torch.distributed.checkpoint frames as checkpoint traffic
-    # (audit.records.CHECKPOINT_MODULES), not Megatron's dist_checkpointing nor commgroups' own
-    # gathers for it; every record is on the checkpoint group all the same (checked above).
-    kinds = {h.kind for h in recorder.hazards()} - {"off_purpose"}
+    # Megatron's dist_checkpointing and commgroups' wrapper count as checkpoint traffic
+    # (audit.records.CHECKPOINT_MODULES): no off_purpose hazard either.
+    kinds = {h.kind for h in recorder.hazards()}
     problems += [f"{what}: hazard {kind}" for kind in sorted(kinds)]
     return value, problems, counts
 

@@ -50,9 +50,12 @@ COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional
 NOT_COLLECTIVES = frozenset({"wait_tensor", "_wrap_tensor_autograd", "wait"})
 """Op names in those namespaces that move no data between ranks."""
 
-CHECKPOINT_MODULES: tuple[str, ...] = ("torch.distributed.checkpoint",)
-"""Module prefixes whose frames mark a collective as checkpoint traffic (DCP's save, load and
-async_save, whoever calls them: commgroups' DCP integration, torchtitan's checkpointer, a user)."""
+CHECKPOINT_MODULES: tuple[str, ...] = ("torch.distributed.checkpoint",
+                                       "megatron.core.dist_checkpointing",
+                                       "commgroups.integrations.megatron.checkpoint")
+"""Module prefixes whose frames mark a collective as checkpoint traffic: DCP's save, load and
+async_save, whoever calls them (commgroups' DCP integration, torchtitan's checkpointer, a user),
+and Megatron-Core's distributed checkpoint, through commgroups' wrapper of its save or not."""
 
 P2P_OPS = frozenset({"c10d.send", "c10d.recv_", "c10d.recv_any_source_"})
 """Point-to-point ops: no async flag, and not part of a group's collective sequence."""
