@@ -541,6 +541,7 @@ class GroupRegistry:
             return
         if self._current is not None and not self._current.ended:
             self._current.destroy()
+            self._recovery.linger(self._current.lingering)
         members = self.members
         member = self._rank in members
         self._recovery.close(self._number, bool(members) and members[0] == self._rank,

@@ -374,9 +374,10 @@ class Generation:
         them, measured on 2.13): a young-generation collection frees those in about a millisecond.
         A full one (0.2-0.7 s with torch loaded) runs only with ``full``: a ``rebuild()`` called
         from the ``except`` block of the failed step (the guide's pattern) still holds the
-        groups through the live exception, which no collection frees, so during a rebuild it
-        cost that time for nothing; the rank-loss side collects later instead
-        (:meth:`commgroups.rank_loss.Recovery.release_retired`).
+        groups through the live exception, and a caller of ``close()`` often still holds a
+        group or a mesh; no collection frees those, so it cost every rebuild and close that time
+        for nothing (close: 326 ms of 8 ranks' 326, cProfile). The rank-loss side collects what
+        lingers a second later instead (:meth:`commgroups.rank_loss.Recovery.linger`).
         """
         left = [weakref.ref(group) for made in [*self.roles.values(), *self.dim_groups.values()]
                 for group in made.owned]
@@ -403,7 +404,7 @@ class Generation:
             for attempt in self.attempts:
                 attempt.release(self.request.position, self.layout.world_size)
         self.attempts.clear()
-        self._drop_references(full=True)
+        self.lingering = self._drop_references(full=False)
 
     def _teardown(self, how: str, end_handle: Callable[[RoleCollectives], None],
                   end_groups: Callable[[Iterable[CreatedRole]], None]) -> None:

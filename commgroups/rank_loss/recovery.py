@@ -255,24 +255,29 @@ class Recovery:
         current members, if known."""
         for old in self.retired:
             if old.release(lost_positions):
-                with self.collector_lock:
-                    self.lingering += old.lingering
+                self.linger(old.lingering)
                 if first and self.liveness is not None:
                     self.liveness.release(old.number, survivors)
         self.retired = [old for old in self.retired if old.ended != "released"]
+
+    def linger(self, groups: Sequence[weakref.ref[dist.ProcessGroup]]) -> None:
+        """Collect ``groups`` (released or destroyed, something still held them) a second from
+        now, once, if a reference cycle holds one then.
+
+        Off the rebuild's and close()'s path: the caller's exception (rebuild() in the except
+        block of the failed step) holds the old groups until that block ends, a caller of
+        close() may still hold a mesh; a full collection later frees what only a cycle holds
+        then (their sockets and threads), from this timer's thread while the job runs on."""
         with self.collector_lock:
+            self.lingering += groups
             if self.lingering and self.collector is None:
-                # Off the rebuild's path: the caller's exception (rebuild() in the except block
-                # of the failed step) holds the old groups until that block ends; a full
-                # collection a second later frees what a reference cycle still holds then
-                # (their sockets and threads), from this timer's thread while the next step runs.
                 self.collector = threading.Timer(LINGER_COLLECT_S, self.collect_lingering)
                 self.collector.daemon = True
                 self.collector.start()
 
     def collect_lingering(self) -> None:
         """Free the released groups that reference cycles still hold: one full collection, only
-        if one is still alive. From the collector's timer, or from ``close()``."""
+        if one is still alive. From the collector's timer (:meth:`linger`)."""
         with self.collector_lock:
             self.collector = None
             alive = any(ref() is not None for ref in self.lingering)
@@ -288,12 +293,7 @@ class Recovery:
         if first and self.liveness is not None:
             self.liveness.release(number)
         self.stop_liveness(len(members))
-        self.release_retired()
-        with self.collector_lock:
-            collector = self.collector
-        if collector is not None:
-            collector.cancel()
-        self.collect_lingering()
+        self.release_retired()  # what lingers is collected by the timer: never here
         if (first and self.previous_check_ins is not None and dist.is_initialized()
                 and str(dist.get_backend()) != "fake"):
             root = torch_internals.default_store()
