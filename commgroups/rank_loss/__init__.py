@@ -1,6 +1,7 @@
 """Surviving a rank loss, in one place: the entry point the registry calls
 (:class:`~commgroups.rank_loss.recovery.Recovery`), the heartbeat and loss reports
-(:mod:`~commgroups.rank_loss.liveness`), the survivors' check-in
+(:mod:`~commgroups.rank_loss.liveness`), a dead process confirmed by its host
+(:mod:`~commgroups.rank_loss.local_peers`), the survivors' check-in
 (:mod:`~commgroups.rank_loss.check_in`), the smaller layout (:mod:`~commgroups.rank_loss.replan`)
 and the rebuild's report.
 
