@@ -28,6 +28,8 @@ from typing import Any
 
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
+from commgroups.util.store_reads import read_bytes_if_present, read_if_present
+
 __all__ = ["ANSWER_LOOK_S", "ANSWER_QUIET_S", "DEFAULT_INTERVAL_S", "REQUEST_POLLS_PER_INTERVAL",
            "StatusPublisher", "collect", "parse_answers", "read_status"]
 
@@ -50,7 +52,6 @@ member), it stops when no answer came for this long between two of its looks: a 
 answers in about 1.5-1.9 s on one store (a steady stream), and the asker names its silent
 members 0.1 s after the last answer, not at the longest wait (2.8 s)."""
 
-_ABSENT = "\x00"  # compare_set(key, _ABSENT, _ABSENT) reads a key in one request, never creates it
 _ASKS_READ = 64  # a polling publisher reads at most the newest this many asks it missed
 _STALE_READ = 8  # the stale statuses read for members that never answered (the text names 3)
 
@@ -238,7 +239,7 @@ class StatusPublisher:
             with self._handling:
                 if asked in self._handled:
                     continue
-            record = _read(self.store, f"{self.prefix}asked/{asked}")
+            record = read_if_present(self.store, f"{self.prefix}asked/{asked}")
             if record is None:
                 legacy = True
             else:
@@ -304,7 +305,7 @@ class StatusPublisher:
         counter = f"{self.prefix}requests"
         number = int(self.store.get(counter)) if self.store.check([counter]) else 0
         for asked in range(1, number + 1):
-            record = _read(self.store, f"{self.prefix}asked/{asked}")
+            record = read_if_present(self.store, f"{self.prefix}asked/{asked}")
             if record is None:
                 continue
             key = f"{self.prefix}{json.loads(record)['q']}"
@@ -314,8 +315,8 @@ class StatusPublisher:
     def answers(self, key: str) -> bytes:
         """The answers to the group ask ``key`` so far, one line each (one request; see
         :func:`parse_answers`)."""
-        value = bytes(self.store.compare_set(f"{key}/answers", _ABSENT, _ABSENT))
-        return b"" if value == _ABSENT.encode() else value
+        value = read_bytes_if_present(self.store, f"{key}/answers")
+        return b"" if value is None else value
 
 
 def _reached(answer: Mapping[str, Any], role: str, failed: Mapping[str, Any]) -> bool:
@@ -386,13 +387,6 @@ def collect(publisher: StatusPublisher, key: str, ranks: Sequence[int], role: st
                  if missing <= _STALE_READ else {})
         published[rank] = None if stale is None else {**stale, "answered": 0}
     return published
-
-
-def _read(store: Store, key: str) -> str | None:
-    """``key``'s value, or None where it does not exist (one request; never blocks, never
-    creates the key)."""
-    value = bytes(store.compare_set(key, _ABSENT, _ABSENT)).decode()
-    return None if value == _ABSENT else value
 
 
 def read_status(store: Store, prefix: str, rank: int) -> dict[str, Any] | None:

@@ -51,7 +51,7 @@ from commgroups.creation.agreement import store_calls
 from commgroups.errors import LeftOutError, RebuildError
 from commgroups.layout import limits
 from commgroups.layout.specs import Layout
-from commgroups.rank_loss.liveness import read_if_present
+from commgroups.util.store_reads import read_if_present
 
 __all__ = ["Answers", "CheckIn", "check_in", "check_in_window", "forget_check_ins", "record_made",
            "window_slack_s"]

@@ -50,15 +50,15 @@ from typing import Any
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]  # re-exported
 
 from commgroups.rank_loss.local_peers import ProcessId, gone, host_key, parse_peers
+from commgroups.util.store_reads import read_if_present
 
-__all__ = ["Liveness", "OnLoss", "answer", "answered", "own_connection", "read_if_present"]
+__all__ = ["Liveness", "OnLoss", "answer", "answered", "own_connection"]
 
 logger = logging.getLogger(__name__)
 
 OnLoss = Callable[[int, frozenset[int] | None], None]
 """``on_loss(generation, suspects)``: suspects None means every group of that generation."""
 
-_ABSENT = "\x00"  # a value no key holds: compare_set(key, _ABSENT, _ABSENT) reads, never creates
 _FOREVER = timedelta(days=365)  # the listener's wait: an event (a close included) ends it
 
 
@@ -123,12 +123,6 @@ def _suspects(token: str) -> set[int] | None:
         return None
     return {int(rank) for rank in token.split(",") if rank}
 
-
-def read_if_present(store: Store, key: str) -> str | None:
-    """``key``'s value, or None where it does not exist; one request, and unlike ``get`` it
-    never blocks on a missing key, unlike ``add(key, 0)`` it never creates one."""
-    value = bytes(store.compare_set(key, _ABSENT, _ABSENT)).decode()
-    return None if value == _ABSENT else value
 
 
 class Liveness:
