@@ -345,11 +345,13 @@ class RoleCollectiveError(CommGroupsError, RuntimeError):
     """
 
     def __init__(self, message: str, *, role: str, op: str, seq: int,
-                 flight: dict[str, Any] | None = None) -> None:
+                 flight: dict[str, Any] | None = None, cause: str = "") -> None:
         super().__init__(message)
         self.role = role
         self.op = op
         self.seq = seq
+        self.cause = cause
+        """The first line of the backend's own error (kept when the text is rewritten)."""
         self.flight = flight
         """With the flight recorder on: every rank of the role compared with this call (behind,
         ahead, mismatch, silent: :class:`commgroups.flight_recorder.diagnosis.Diagnosis`)."""

@@ -301,6 +301,20 @@ def test_the_error_text_stays_short_with_a_long_dump_path() -> None:
     assert error.flight is not None and len(error.flight["behind"]) == 39
 
 
+def test_a_rewritten_failure_keeps_the_backends_words() -> None:
+    failed = {"op": "all_reduce", "seq": 3, "group_seq": 3, "caller": "/x/train.py:9 in step"}
+    found = diagnose("cp", 0, failed, {1: _published(2), 2: _published(3)}, asked=1)
+    cause = ("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
+             "by peer [127.0.0.1]:4242 " + "x" * 400)  # gloo's source line is left out
+    error = _rewritten(cg.errors.RoleCollectiveError("t", role="cp", op="all_reduce", seq=3,
+                                                     cause=cause), found)
+    text = str(error)
+    assert text.startswith("role 'cp': all_reduce #3 at train.py:9 failed: Connection closed by "
+                           "peer [127.0.0.1]:4242 x"), text
+    assert "behind: rank 1 (" in text and len(text) <= 300 and error.cause == cause
+    assert type(error) is cg.errors.RoleCollectiveError
+
+
 def test_at_exit_an_open_registry_whose_last_call_failed_dumps(
         one_rank: dist.ProcessGroup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_VAR, raising=False)

@@ -69,13 +69,13 @@ def _diagnoses(directory: Path, ranks: range) -> dict[str, dict[str, list[int]]]
 def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
     _log_diagnoses(rank)
     roles = [cg.RoleSpec(name=name, dims=["cp"], timeout_s=2)
-             for name in ("skip", "sleep", "mismatch", "dies")]
+             for name in ("skip", "sleep", "mismatch", "refused", "dies")]
     roles.append(cg.RoleSpec(name="hold", dims=["cp"], timeout_s=60))
     out: dict[str, Any] = {}
     with cg.GroupRegistry(cg.Layout(dims={"cp": world_size}, roles=roles)) as registry:
         hold = registry.collectives("hold")
         tensor = torch.ones(4)
-        for name in ("skip", "sleep", "mismatch", "dies"):
+        for name in ("skip", "sleep", "mismatch", "refused", "dies"):
             registry.collectives(name).all_reduce(tensor)  # #1 on every rank
         hold.barrier()
 
@@ -96,6 +96,10 @@ def _scenarios(rank: int, world_size: int) -> dict[str, Any]:
             out["mismatch"] = _caught(lambda: mismatch.broadcast(tensor, src=ODD_OP))
         else:
             out["mismatch"] = _caught(lambda: mismatch.all_reduce(tensor))
+        hold.barrier()
+
+        refused = registry.collectives("refused")  # gloo refuses the output's size on every rank
+        out["refused"] = _caught(lambda: refused.all_gather_into_tensor(torch.empty(3), tensor))
         hold.barrier()
 
         # The dying rank reports nothing: every rank keeps what it saw so far in a file.
@@ -170,6 +174,20 @@ def test_a_different_op_at_the_same_sequence_number_is_a_mismatch_with_both_site
     assert odd["flight"]["mismatch"] == [0, 1, 2]
 
 
+def test_a_call_the_backend_refuses_keeps_its_words_and_asks_no_peer(scenarios: Any) -> None:
+    # The group never counted the call: comparing the peers' statuses would set this rank's
+    # previous call against theirs (it read "different op at this seq" on torch 2.10's CI leg).
+    results, _ = scenarios
+    for rank in range(4):
+        got = results[rank]["refused"]
+        assert got["cls"] == "RoleCollectiveError", got
+        # gloo's words differ by torch ("invalid tensor size", "expected length 4, got 3")
+        assert "ProcessGroupGloo::" in got["text"] and "got (3)" in got["text"].replace(
+            "got 3", "got (3)"), got
+        assert got["text"].startswith("role 'refused': all_gather"), got
+        assert got["flight"] is None, got
+
+
 def test_a_dead_rank_is_named_silent(scenarios: Any) -> None:
     results, _ = scenarios
     assert isinstance(results[DIES]["end"], TimeoutError)  # it exited without reporting
@@ -187,6 +205,8 @@ def test_a_dead_rank_is_named_silent(scenarios: Any) -> None:
         assert DIES in got["flight"]["silent"], got  # ranks that left before: left or silent
         assert got["flight"]["behind"] == [] and got["flight"]["mismatch"] == []
         assert "silent: rank 3 (no fresh status: dead or frozen" in got["text"]
+        if got["cls"] == "RoleCollectiveError":  # gloo's own words stay in the rewritten text
+            assert got["text"].split("; ")[0].split(" failed: ", 1)[1], got
     assert diagnosed >= 1  # its direct peers see the closed connection before any heartbeat
 
 
@@ -243,7 +263,9 @@ def test_the_merged_dumps_name_each_hang(scenarios: Any) -> None:
     assert kinds[("behind", "dies")].ranks == (DIES,)
     mismatch = kinds[("mismatch", "mismatch")]
     assert "broadcast" in mismatch.message and "all_reduce" in mismatch.message
-    assert set(report.rows) == {"skip", "sleep", "mismatch", "dies", "hold"}
+    assert set(report.rows) == {"skip", "sleep", "mismatch", "refused", "dies", "hold"}
+    # every rank's refused call failed alike at the same count: nobody behind or apart there
+    assert not [kind for kind, role in kinds if role == "refused" and kind != "failed"], kinds
     text = report.render()
     assert "role skip:" in text and "groups (c10d names" in text
     assert {info["role"] for info in report.groups.values()} >= {"skip", "dies"}

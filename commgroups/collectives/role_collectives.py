@@ -211,7 +211,7 @@ class RoleCollectives:
             f"; fix: check that every rank of the role is alive and issues the same "
             f"collectives in the same order"
             + (", or raise the role's timeout_s" if timed_out else ""),
-            role=self.role, op=op, seq=seq,
+            role=self.role, op=op, seq=seq, cause=text,
         )
         if self.flight is not None:
             if entry is not None:

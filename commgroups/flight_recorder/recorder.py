@@ -123,7 +123,7 @@ class RoleRecorder:
             f"role {self.role!r}: {entry.op} #{entry.seq} on group {self.group_name!r} timed out: "
             f"{text}; fix: check that every rank of the role is alive and issues the same "
             "collectives in the same order, or raise the role's timeout_s",
-            role=self.role, op=entry.op, seq=entry.seq)
+            role=self.role, op=entry.op, seq=entry.seq, cause=text)
         return self.diagnose(failure, entry) if self.diagnose is not None else failure
 
     def status(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import tempfile
 import threading
 import weakref
@@ -40,6 +41,8 @@ DIR_ENV_VAR = "COMMGROUPS_FLIGHT_DIR"
 """Where recorders are written on a timeout (default: see :meth:`FlightSession.default_dir`)."""
 
 _MAX_TEXT = 300  # commgroups' error texts stay this short; the details are in ``flight``
+_MAX_CAUSE = 80  # of which the backend's own words of a failure (a gloo message is one line)
+_GLOO_SOURCE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")
 
 DIAGNOSIS = "commgroups_diagnosis"
 """Set (True) on the log record of a diagnosis, for a filter that wants it at another level (the
@@ -161,6 +164,12 @@ class FlightSession:
         """
         publisher = self.publisher
         if publisher is None or entry is None or self.interrupted:
+            return failure
+        count = self.recorder.roles[failure.role].group_seq()
+        if entry.group_seq is not None and count is not None and count < entry.group_seq:
+            # The group never counted the call: the backend refused it on this rank before any
+            # communication (an op this gloo lacks, a wrong size). Its text is the cause; the
+            # peers' statuses would only compare this rank's previous call with theirs.
             return failure
         try:
             diagnosis = self._compare(failure.role, entry, publisher,
@@ -308,8 +317,12 @@ def _rewritten(failure: RoleCollectiveError, diagnosis: Diagnosis) -> RoleCollec
         return failure
     timed_out = isinstance(failure, RoleTimeoutError)
     cls: type[RoleCollectiveError] = RoleHangError if timed_out else type(failure)
+    # A failure other than a timeout keeps the backend's words (a closed connection, a refused
+    # op): the ranks apart explain it, they do not replace it.
+    words = _GLOO_SOURCE.sub("", failure.cause)  # gloo's own text opens with its source line
+    cause = "" if timed_out or not words else f": {words[:_MAX_CAUSE]}"
     head = (f"role {diagnosis.role!r}: {diagnosis.op} #{diagnosis.seq} at "
-            f"{short_site(diagnosis.caller)} {'timed out' if timed_out else 'failed'}; ")
+            f"{short_site(diagnosis.caller)} {'timed out' if timed_out else 'failed'}{cause}; ")
     tail = (f"; fix: see error.flight or `commgroups flight merge "
             f"{os.path.dirname(diagnosis.dump)}`")
     if len(head) + len(tail) > _MAX_TEXT - 60:  # a long dump path: error.flight has it
@@ -319,7 +332,7 @@ def _rewritten(failure: RoleCollectiveError, diagnosis: Diagnosis) -> RoleCollec
     if len(body) > room:
         body = body[: max(0, room - 4)] + " ..."
     return cls(head + body + tail, role=failure.role, op=failure.op, seq=failure.seq,
-               flight={**diagnosis.to_dict(), "error": str(failure)})
+               flight={**diagnosis.to_dict(), "error": str(failure)}, cause=failure.cause)
 
 
 def open_flight(groups: Mapping[str, dist.ProcessGroup | None], *, enabled: bool,
