@@ -203,10 +203,11 @@ def _create_groups(request: GenerationRequest, infos: list[RolePlan],
     started = time.monotonic()
     created: dict[str, CreatedRole] = {}
     current: RolePlan | None = None
+    scan: dict[int, str] | None = None  # the sockets right after the previous group, if gloo's
     try:
         for current in infos:
-            created[current.name] = _create_one(
-                request, current, adapters[current.name], methods[current.name])
+            created[current.name], scan = _create_one(
+                request, current, adapters[current.name], methods[current.name], scan)
         current = None
         # Only where a backend connects on creation (gloo; NCCL eager init): single-rank and
         # fake groups have no peer that could still be connecting.
@@ -228,7 +229,11 @@ def _create_groups(request: GenerationRequest, infos: list[RolePlan],
     return created
 
 def _create_one(request: GenerationRequest, info: RolePlan, adapter: BackendAdapter,
-                method: str) -> CreatedRole:
+                method: str, scan: dict[int, str] | None,
+                ) -> tuple[CreatedRole, dict[int, str] | None]:
+    """Create one role's (or dim's) group; returns it and, for a backend whose sockets are
+    severed, the sockets open right after it (``scan``: those right after the group before, when
+    that one was severed too: nothing else opened a socket in between)."""
     spec = info.spec
     timeout = (adapter.default_timeout() if spec.timeout_s is None
                else timedelta(seconds=spec.timeout_s))
@@ -238,16 +243,20 @@ def _create_one(request: GenerationRequest, info: RolePlan, adapter: BackendAdap
     bounded = adapter.connects_on_create and timeout.total_seconds() > request.create_timeout_s
     make = create_role_group if request.spine is None else request.spine.creator(adapter)
     is_role = info.name in request.layout.role_names
-    before = open_sockets() if adapter.severs else {}
+    # One scan between two gloo groups, not two (each reads every descriptor: 8 -> 5 scans for
+    # create() on the default layout). Only a gloo group's own scan is reused: a socket another
+    # backend opened (NCCL's bootstrap) must never be counted as the next gloo group's.
+    before = (scan if scan is not None else open_sockets()) if adapter.severs else {}
     created = make(
         request.plan, info, adapter, spec.options,
         request.create_timeout_s if bounded else timeout.total_seconds(),
         request.rank, method, group_desc=info.name if is_role else f"mesh-{info.name}",
     )
-    if adapter.severs and created.owned:
-        created.sockets = new_sockets(before, open_sockets())
+    after = open_sockets() if adapter.severs else None
+    if after is not None and created.owned:
+        created.sockets = new_sockets(before, after)
     if bounded:
         set_group_timeout(created, timeout)
     logger.debug("rank %d: created %s via %s", request.rank, info.name, method)
-    return created
+    return created, after
 
