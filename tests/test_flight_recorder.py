@@ -313,6 +313,15 @@ def test_a_rewritten_failure_keeps_the_backends_words() -> None:
                            "peer [127.0.0.1]:4242 x"), text
     assert "behind: rank 1 (" in text and len(text) <= 300 and error.cause == cause
     assert type(error) is cg.errors.RoleCollectiveError
+    # The ranks apart come first: a long diagnosis shortens the backend's words, never itself.
+    elsewhere = {"fsdp": {"last": {"op": "barrier", "seq": 3, "group_seq": 3,
+                                   "caller": "/x/a_long_module_name_for_a_model.py:400 in f",
+                                   "state": "in flight"}}}
+    found = diagnose("cp", 0, failed, {1: _published(2, **elsewhere), 2: _published(3)}, asked=1)
+    found = dataclasses.replace(found, dump="/tmp/pytest-of-root/pytest-215/popen-gw0/flight0/x")
+    text = str(_rewritten(cg.errors.RoleCollectiveError("t", role="cp", op="all_reduce", seq=3,
+                                                        cause=cause), found))
+    assert found.text() in text and len(text) <= 300, text  # the words cut short to fit
 
 
 def test_at_exit_an_open_registry_whose_last_call_failed_dumps(

@@ -317,20 +317,25 @@ def _rewritten(failure: RoleCollectiveError, diagnosis: Diagnosis) -> RoleCollec
         return failure
     timed_out = isinstance(failure, RoleTimeoutError)
     cls: type[RoleCollectiveError] = RoleHangError if timed_out else type(failure)
-    # A failure other than a timeout keeps the backend's words (a closed connection, a refused
-    # op): the ranks apart explain it, they do not replace it.
-    words = _GLOO_SOURCE.sub("", failure.cause)  # gloo's own text opens with its source line
-    cause = "" if timed_out or not words else f": {words[:_MAX_CAUSE]}"
+    verb = "timed out" if timed_out else "failed"
     head = (f"role {diagnosis.role!r}: {diagnosis.op} #{diagnosis.seq} at "
-            f"{short_site(diagnosis.caller)} {'timed out' if timed_out else 'failed'}{cause}; ")
+            f"{short_site(diagnosis.caller)} ")
     tail = (f"; fix: see error.flight or `commgroups flight merge "
             f"{os.path.dirname(diagnosis.dump)}`")
-    if len(head) + len(tail) > _MAX_TEXT - 60:  # a long dump path: error.flight has it
+    if len(head) + len(verb) + 2 + len(tail) > _MAX_TEXT - 60:  # a long dump path: in .flight
         tail = "; fix: see error.flight (its 'dump' names this rank's file)"
     body = diagnosis.text()
-    room = _MAX_TEXT - len(head) - len(tail)
+    room = _MAX_TEXT - len(head) - len(verb) - 2 - len(tail)
+    # A failure other than a timeout keeps the backend's words (a closed connection, a refused
+    # op) where the ranks apart leave room: they explain it, the ranks come first.
+    words = "" if timed_out else _GLOO_SOURCE.sub("", failure.cause)  # gloo's opens with its source
+    spare = min(_MAX_CAUSE, room - len(body) - 2)
+    if words and spare >= 24:
+        verb += f": {words if len(words) <= spare else words[:spare - 4] + ' ...'}"
+        room -= len(verb) - len("failed")
     if len(body) > room:
         body = body[: max(0, room - 4)] + " ..."
+    head += f"{verb}; "
     return cls(head + body + tail, role=failure.role, op=failure.op, seq=failure.seq,
                flight={**diagnosis.to_dict(), "error": str(failure)}, cause=failure.cause)
 
