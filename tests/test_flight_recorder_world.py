@@ -205,8 +205,8 @@ def test_a_dead_rank_is_named_silent(scenarios: Any) -> None:
         assert DIES in got["flight"]["silent"], got  # ranks that left before: left or silent
         assert got["flight"]["behind"] == [] and got["flight"]["mismatch"] == []
         assert "silent: rank 3 (no fresh status: dead or frozen" in got["text"]
-        if got["cls"] == "RoleCollectiveError":  # gloo's own words stay in the rewritten text
-            assert got["text"].split("; ")[0].split(" failed: ", 1)[1], got
+        if " failed: " in got["text"]:  # gloo's own words, where the ranks apart left room
+            assert got["text"].split("; ")[0].split(" failed: ", 1)[1].strip(), got
     assert diagnosed >= 1  # its direct peers see the closed connection before any heartbeat
 
 
