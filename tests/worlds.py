@@ -86,6 +86,11 @@ def connected_barrier(registry: GroupRegistry, rank: int, world_size: int,
     store = torch_internals.default_store()
     generation = registry.generation
     store.set(f"tests/pid/{generation}/{rank}", str(os.getpid()))
+    # Lined up in the store first (60 s): a test's role timeout is seconds, and under the
+    # suite's load ranks reach this point further apart than that (the 2.15 leg's
+    # test_a_second_loss_during_rebuild...: a RoleHangError out of this barrier at 3 s).
+    store_barrier(store, f"tests/arrived/{generation}", rank, world_size,
+                  timedelta(seconds=60), "tests: every rank reached the barrier")
     registry.collectives("checkpoint-metadata").barrier()
     store_barrier(store, f"tests/left-barrier/{generation}", rank, world_size,
                   timedelta(seconds=60), "tests: every rank left the barrier")
