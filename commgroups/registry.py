@@ -469,11 +469,15 @@ class GroupRegistry:
         handles = self._live().handles
         # One object per role, so its call count (the sequence number errors name) is per role.
         if role not in handles:
-            flight = self._live().flight
+            live = self._live()
+            flight = live.flight
+            # A gloo wait blocks this thread: it also watches for the generation's interruption.
+            severs = live.roles[role].adapter.severs if role in live.roles else False
             handles[role] = RoleCollectives(group, role=role,
                                             async_and_wait=self.spec(role).async_and_wait,
                                             owner=self._creator, owner_site=self._creator_site,
-                                            flight=flight.recorder.role(role) if flight else None)
+                                            flight=flight.recorder.role(role) if flight else None,
+                                            watch=live if severs else None)
         return handles[role]
 
     @serialized

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -163,6 +163,21 @@ class Generation:
     """The flight recorder of this generation's roles (None: off; see commgroups.flight_recorder)."""
     lingering: list[weakref.ref[dist.ProcessGroup]] = field(default_factory=list)
     """After :meth:`release`: its groups something else still held (see :meth:`_drop_references`)."""
+    abandoned: list[tuple[dist.ProcessGroup, Any]] = field(default_factory=list)
+    """Calls its interruption did not end, each with its group (see :meth:`abandon`)."""
+
+    def abandon(self, group: dist.ProcessGroup, work: Any) -> None:
+        """Keep ``work``, a call on ``group`` that survived this generation's interruption, from
+        blocking: the group is destroyed only once the call ended (at its own timeout), since
+        destroying a gloo group waits for its running calls. A caller that gave up on it
+        (:class:`~commgroups.collectives.role_collectives.RoleCollectives`) calls this."""
+        self.abandoned.append((group, work))
+
+    def _still_running(self) -> set[int]:
+        """``id()`` of each group whose abandoned call has not ended yet."""
+        self.abandoned = [(group, work) for group, work in self.abandoned
+                          if not work.is_completed()]
+        return {id(group) for group, _ in self.abandoned}
 
     @property
     def layout(self) -> Layout:
@@ -353,6 +368,8 @@ class Generation:
         if not all(role.adapter.aborts or role.sockets or not role.owned
                    or not role.adapter.connects_on_create for role in made):
             return False
+        if self._still_running():  # tried again at the next rebuild() or close()
+            return False
         destroy_groups(made)
         del made  # a reference here would keep every group alive through _drop_references
         if self.flight is not None:
@@ -398,8 +415,17 @@ class Generation:
         """
         for attempt in self.attempts:
             attempt.wait_created()
+        running = self._still_running()
+
+        def destroy_ended(made: Iterable[CreatedRole]) -> None:
+            # A group with an abandoned call still running is left to torch (destroying it would
+            # block until the call's timeout): closed with the process, or by whoever destroys
+            # torch.distributed.
+            destroy_groups([role for role in made
+                            if not any(id(group) in running for group in role.owned)])
+
         self._teardown("destroyed", lambda handle: handle.close("the registry was closed"),
-                       destroy_groups)
+                       destroy_ended)
         if self.request.rank >= 0:
             for attempt in self.attempts:
                 attempt.release(self.request.position, self.layout.world_size)
