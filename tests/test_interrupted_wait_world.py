@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commgroups.collectives.role_collectives import WAIT_SLICE_S, RoleCollectives
+from commgroups.collectives.async_wait import WAIT_SLICE_S
+from commgroups.collectives.role_collectives import RoleCollectives
 from commgroups.errors import RoleCollectiveError
 from tests.worlds import run_world
 
@@ -76,3 +77,40 @@ def test_a_call_the_interruption_does_not_end_is_abandoned_within_a_slice() -> N
     assert result["abandoned"] == 1 and result["running_then"], result
     # the call itself goes on to its own timeout: the group may be destroyed only then
     assert result["ended"] and result["ended_by_itself_s"] >= CALL_TIMEOUT_S - 0.5, result
+
+
+def _abandoned_plain_call(rank: int, world: int) -> dict[str, Any]:
+    import commgroups as cg
+    from commgroups.collectives.async_wait import async_and_wait_scope
+
+    layout = cg.Layout(dims={"cp": 2}, roles=[
+        cg.RoleSpec(name="cp", dims=["cp"], timeout_s=CALL_TIMEOUT_S),
+        cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo")])
+    registry = cg.GroupRegistry(layout, heartbeat_s=None).create()
+    group = registry.group("cp")
+    out: dict[str, Any] = {}
+    dist.all_reduce(torch.ones(2), group=group)
+    if rank == 0:
+        generation = registry._current
+        assert generation is not None
+        # The listener's interruption, without the sever (which would end the call at once).
+        threading.Timer(0.5, lambda: setattr(generation, "interrupted", True)).start()
+        start = time.monotonic()
+        try:
+            with async_and_wait_scope():  # a library's plain call on the registry's group
+                dist.all_reduce(torch.ones(2), group=group)  # rank 1 never joins this one
+        except RuntimeError as error:
+            out["error"] = str(error)
+        out["waited_s"] = time.monotonic() - start
+        out["abandoned"] = len(generation.abandoned)
+        time.sleep(CALL_TIMEOUT_S)  # the call ends at its own timeout; then close() frees it
+    dist.barrier()
+    registry.close()
+    return out
+
+
+def test_a_plain_call_on_a_registry_gloo_group_is_abandoned_too() -> None:
+    result = run_world(_abandoned_plain_call, 2, timeout=60)[0]
+    assert "interrupted: a rank-loss report ended this generation" in result.get("error", ""), result
+    assert 0.5 <= result["waited_s"] <= 0.5 + 3 * WAIT_SLICE_S + 0.5, result
+    assert result["abandoned"] == 1, result

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -44,10 +44,13 @@ __all__ = [
     "BLOCKING_P2P_FUNCTIONS",
     "AsyncWaitDist",
     "async_and_wait_scope",
+    "InterruptWatch",
+    "WAIT_SLICE_S",
     "issue_and_wait",
     "issue_and_wait_on",
     "p2p_issuer",
     "source_rank",
+    "wait_unless_interrupted",
     "wrap_async_wait",
 ]
 
@@ -113,6 +116,43 @@ def issue_and_wait(
     return work
 
 
+WAIT_SLICE_S = 0.25
+"""How often a wait on a gloo group looks at whether its generation was interrupted."""
+
+
+class InterruptWatch(Protocol):
+    """What a call on a registry's gloo group asks of the generation the group belongs to (its
+    :class:`~commgroups.generation.Generation`): whether a loss report interrupted it, and where
+    to leave a call that its interruption did not end."""
+
+    interrupted: bool
+
+    def abandon(self, group: Any, work: Any) -> None:
+        """Keep ``work``, still running on ``group``, from blocking the group's destruction."""
+
+
+def wait_unless_interrupted(work: Any, group: Any, watch: InterruptWatch) -> None:
+    """Wait for ``work`` on ``group`` (gloo); once ``watch`` says interrupted, one slice more.
+
+    A loss report severs the generation's gloo sockets, and the calls blocked on them fail
+    within milliseconds. Not every one: when every rank calls rebuild() right after an
+    all_reduce, gloo leaves one rank's call waiting for its whole role timeout in 20 to 50
+    rebuilds (2.13, 4 ranks: 60 s at 60 s timeouts), although every socket of its group is shut.
+    Such a call is left to the generation (it keeps the group until the call ends: destroying
+    it would wait as long) and fails here with a RuntimeError, so the caller goes on to rebuild().
+    """
+    lingering = False
+    while not torch_internals.wait_slice(work, WAIT_SLICE_S):
+        if not watch.interrupted:
+            continue
+        if lingering:
+            watch.abandon(group, work)
+            raise RuntimeError(
+                "interrupted: a rank-loss report ended this generation while the call "
+                f"waited, and it did not end within {WAIT_SLICE_S:g} s of that")
+        lingering = True
+
+
 def issue_and_wait_on(group: Any, fn: Callable[..., Any], /, *args: Any, async_op: bool = False,
                       flight_op: str | None = None, **kwargs: Any) -> Any:
     """:func:`issue_and_wait` of a call on ``group`` (also among ``args``/``kwargs``), recorded
@@ -129,8 +169,14 @@ def issue_and_wait_on(group: Any, fn: Callable[..., Any], /, *args: Any, async_o
         return issue_and_wait(fn, *args, async_op=async_op, **kwargs)
     entry = recorder.start(flight_op or str(getattr(fn, "__name__", "collective")), args, True,
                            async_op, sys._getframe(1))
+    watch = recorder.watch
     try:
-        work = issue_and_wait(fn, *args, async_op=async_op, **kwargs)
+        if watch is None or async_op:
+            work = issue_and_wait(fn, *args, async_op=async_op, **kwargs)
+        else:  # a registry gloo group: the rule, its wait in slices
+            work = fn(*args, async_op=True, **kwargs)
+            if work is not None:
+                wait_unless_interrupted(work, group, watch)
     except RuntimeError as error:
         failure = recorder.failure(entry, error)
         if failure is None:

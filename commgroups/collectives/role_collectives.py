@@ -20,13 +20,20 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from commgroups import torch_internals
-from commgroups.collectives.async_wait import async_and_wait_scope, issue_and_wait, p2p_issuer, source_rank
+from commgroups.collectives.async_wait import (
+    InterruptWatch,
+    async_and_wait_scope,
+    issue_and_wait,
+    p2p_issuer,
+    source_rank,
+    wait_unless_interrupted,
+)
 from commgroups.errors import (
     ConcurrentRoleUseError,
     RegistryClosedError,
@@ -38,21 +45,7 @@ from commgroups.flight_recorder.entries import FlightEntry
 from commgroups.flight_recorder.recorder import RoleRecorder
 from commgroups.util.error_text import first_fitting
 
-__all__ = ["InterruptWatch", "RoleCollectives"]
-
-WAIT_SLICE_S = 0.25
-"""How often a wait on a gloo group looks at whether its generation was interrupted."""
-
-
-class InterruptWatch(Protocol):
-    """What a role's calls ask of the generation whose group they run on (its
-    :class:`~commgroups.generation.Generation`): whether a loss report interrupted it, and where
-    to leave a call that its interruption did not end."""
-
-    interrupted: bool
-
-    def abandon(self, group: dist.ProcessGroup, work: Any) -> None:
-        """Keep ``work``, still running on ``group``, from blocking the group's destruction."""
+__all__ = ["RoleCollectives"]
 
 
 def _caller_site(frame: Any) -> str:
@@ -281,10 +274,10 @@ class RoleCollectives:
                 work = fn(*args, group=self.group, async_op=async_op, **kwargs)
             elif self._watch is None or async_op:
                 work = issue_and_wait(fn, *args, group=self.group, async_op=async_op, **kwargs)
-            else:  # the async-and-wait rule, its wait in slices (see _wait_unless_interrupted)
+            else:  # the async-and-wait rule, its wait in slices (see wait_unless_interrupted)
                 work = fn(*args, group=self.group, async_op=True, **kwargs)
                 if work is not None:
-                    self._wait_unless_interrupted(work, self._watch)
+                    wait_unless_interrupted(work, self.group, self._watch)
         except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
             raise self._failure(fn.__name__, seq, error, entry) from error
         except BaseException as error:  # refused arguments (ValueError): no longer in flight
@@ -294,27 +287,6 @@ class RoleCollectives:
         if entry is not None:
             entry.end_ns = time.monotonic_ns()  # RoleRecorder.end, inline: the hot path
         return work
-
-    def _wait_unless_interrupted(self, work: Any, watch: InterruptWatch) -> None:
-        """Wait for ``work``; once its generation is interrupted, give it one more slice.
-
-        A loss report severs the generation's gloo sockets, and the calls blocked on them fail
-        within milliseconds. Not every one: a call whose peers had shut their side down just as
-        it was issued may wait for its whole role timeout (seen on 2.13: one rank of 4 in about
-        one rebuild of 20 where every rank calls rebuild() after an all_reduce, 60 s at 60 s
-        timeouts). Such a call is left to the generation (it keeps the group until the call ends:
-        destroying it would wait as long) and fails here, so the caller goes on to rebuild().
-        """
-        lingering = False
-        while not torch_internals.wait_slice(work, WAIT_SLICE_S):
-            if not watch.interrupted:
-                continue
-            if lingering:
-                watch.abandon(self.group, work)
-                raise RuntimeError(
-                    "interrupted: a rank-loss report ended this generation while the call "
-                    f"waited, and it did not end within {WAIT_SLICE_S:g} s of that")
-            lingering = True
 
     @contextmanager
     def _object_scope(self, op: str) -> Iterator[None]:

@@ -53,7 +53,7 @@ class RoleRecorder:
     """
 
     __slots__ = ("_async_stream", "_counter", "_sites", "diagnose", "entries", "group",
-                 "group_name", "last", "role", "seq")
+                 "group_name", "last", "role", "seq", "watch")
 
     def __init__(self, role: str, group: dist.ProcessGroup, maxlen: int = DEFAULT_ENTRIES,
                  sites: SiteCache | None = None) -> None:
@@ -69,6 +69,9 @@ class RoleRecorder:
         self.diagnose: Callable[[RoleCollectiveError, FlightEntry | None], RoleCollectiveError] | None = None
         """Turns a failed call's error into one naming the ranks behind (set by the recorder's
         owner when ranks publish their status); None: the error stays as it is."""
+        self.watch: Any = None
+        """The generation's :class:`~commgroups.collectives.async_wait.InterruptWatch` where the
+        group is gloo's (set by the generation's maker): calls recorded here wait in slices."""
         # The backend's collective count, if it keeps one (commgroups' single-rank backend does not).
         self._counter = torch_internals.group_sequence_counter(group)
 
@@ -78,6 +81,7 @@ class RoleRecorder:
         self.group = None
         self._counter = None
         self.diagnose = None
+        self.watch = None
 
     def group_seq(self) -> int | None:
         """The group's own collective count on this rank (every call on it), or None."""

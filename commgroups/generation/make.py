@@ -137,6 +137,10 @@ def make_generation(request: GenerationRequest, local_error: CommGroupsError | N
         epoch=generation.epoch, store_prefix=STORE_PREFIX, publish=store is not None,
         members=request.layout.world_size,
         backends={name: made[name].adapter.name for name in request.layout.role_names})
+    if generation.flight is not None:  # calls recorded on a gloo group watch for interruption
+        for name, recorder in generation.flight.recorder.roles.items():
+            if made[name].adapter.severs:
+                recorder.watch = generation
     return generation
 
 def _order(plan: Plan, mesh_dims: Sequence[str], infos: dict[str, RolePlan],
