@@ -145,21 +145,26 @@ def _lone_rebuild(rank: int, world: int) -> dict[str, Any]:
             stale[name] = "ran"
         except (RuntimeError, ValueError) as error:
             stale[name] = f"{type(error).__name__}: {str(error).split('>', 1)[-1][:80]}"
+    # A call the interruption did not end within a second (a loaded host) was abandoned: its
+    # generation stays, groups severed, until the call ends.
+    kept = bool(registry._recovery.retired)
     registry.close()
     return {"generation": report.generation, "members": report.members, "lost": report.lost,
-            "sum": float(total.item()), "stale": stale}
+            "sum": float(total.item()), "stale": stale, "kept": kept}
 
 
 def test_a_lone_rebuild_brings_every_live_rank_into_the_same_generation() -> None:
     results = run_world(_lone_rebuild, 4, timeout=120)
     for result in results:
-        stale = result.pop("stale")
+        stale, kept = result.pop("stale"), result.pop("kept")
         assert result == {"generation": 1, "members": (0, 1, 2, 3), "lost": (), "sum": 4.0}
-        # released: torch no longer knows the groups (and their sockets were shut down before)
+        # released: torch no longer knows the groups (and their sockets were shut down before);
+        # kept for an abandoned call: severed, so they fail at once all the same
         assert set(stale) == {"group", "mesh"} and all(
             text.startswith("ValueError") and "not initialized in the world group map" in text
+            if not kept else text.startswith("RuntimeError") and "Connection" in text
             for text in stale.values()
-        ), stale
+        ), (stale, kept)
 
 
 def _lone_rebuild_nobody_answers(rank: int, world: int) -> str:

@@ -44,6 +44,7 @@ __all__ = [
     "BLOCKING_P2P_FUNCTIONS",
     "AsyncWaitDist",
     "async_and_wait_scope",
+    "ABANDON_AFTER_S",
     "InterruptWatch",
     "WAIT_SLICE_S",
     "issue_and_wait",
@@ -119,6 +120,10 @@ def issue_and_wait(
 WAIT_SLICE_S = 0.25
 """How often a wait on a gloo group looks at whether its generation was interrupted."""
 
+ABANDON_AFTER_S = 1.0
+"""How long a call may outlive its generation's interruption before it is abandoned: the sever
+ends the others within milliseconds, a loaded host's threads within a fraction of this."""
+
 
 class InterruptWatch(Protocol):
     """What a call on a registry's gloo group asks of the generation the group belongs to (its
@@ -132,7 +137,7 @@ class InterruptWatch(Protocol):
 
 
 def wait_unless_interrupted(work: Any, group: Any, watch: InterruptWatch) -> None:
-    """Wait for ``work`` on ``group`` (gloo); once ``watch`` says interrupted, one slice more.
+    """Wait for ``work`` on ``group`` (gloo); once ``watch`` says interrupted, a second more.
 
     A loss report severs the generation's gloo sockets, and the calls blocked on them fail
     within milliseconds. Not every one: when every rank calls rebuild() right after an
@@ -141,16 +146,18 @@ def wait_unless_interrupted(work: Any, group: Any, watch: InterruptWatch) -> Non
     Such a call is left to the generation (it keeps the group until the call ends: destroying
     it would wait as long) and fails here with a RuntimeError, so the caller goes on to rebuild().
     """
-    lingering = False
+    seen: float | None = None  # when this wait first saw the interruption
     while not torch_internals.wait_slice(work, WAIT_SLICE_S):
         if not watch.interrupted:
             continue
-        if lingering:
+        now = time.monotonic()
+        if seen is None:
+            seen = now
+        elif now - seen >= ABANDON_AFTER_S:
             watch.abandon(group, work)
             raise RuntimeError(
                 "interrupted: a rank-loss report ended this generation while the call "
-                f"waited, and it did not end within {WAIT_SLICE_S:g} s of that")
-        lingering = True
+                f"waited, and it did not end within {ABANDON_AFTER_S:g} s of that")
 
 
 def issue_and_wait_on(group: Any, fn: Callable[..., Any], /, *args: Any, async_op: bool = False,
