@@ -466,13 +466,13 @@ class GroupRegistry:
         from commgroups.collectives.role_collectives import RoleCollectives
 
         group = self.group(role)
-        handles = self._live().handles
+        live = self._live()
+        handles = live.handles
         # One object per role, so its call count (the sequence number errors name) is per role.
         if role not in handles:
-            live = self._live()
             flight = live.flight
             # A gloo wait blocks this thread: it also watches for the generation's interruption.
-            severs = live.roles[role].adapter.severs if role in live.roles else False
+            severs = live.role(role).adapter.severs
             handles[role] = RoleCollectives(group, role=role,
                                             async_and_wait=self.spec(role).async_and_wait,
                                             owner=self._creator, owner_site=self._creator_site,

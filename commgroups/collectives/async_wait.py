@@ -90,7 +90,8 @@ _STATE_ATTR = "__commgroups_async_wait_state__"
 
 
 def issue_and_wait(
-    fn: Callable[..., Any], /, *args: Any, async_op: bool = False, **kwargs: Any
+    fn: Callable[..., Any], /, *args: Any, async_op: bool = False,
+    interrupt: tuple[Any, InterruptWatch] | None = None, **kwargs: Any
 ) -> Any:
     """The async-and-wait rule, the one place it is written: every commgroups path calls this.
 
@@ -102,6 +103,9 @@ def issue_and_wait(
         fn: a torch.distributed collective with an ``async_op`` parameter (or :func:`p2p_issuer`).
         args, kwargs: ``fn``'s own arguments, without ``async_op``.
         async_op: what the caller asked for: True hands the Work back unwaited.
+        interrupt: ``(group, watch)`` for a call on a registry's gloo group: the wait runs in
+            slices and gives up once the group's generation is interrupted
+            (:func:`wait_unless_interrupted`).
 
     Returns:
         The Work (already waited unless ``async_op``), or None when this rank is not in the group.
@@ -113,7 +117,10 @@ def issue_and_wait(
     """
     work = fn(*args, async_op=True, **kwargs)
     if work is not None and not async_op:
-        work.wait()
+        if interrupt is None:
+            work.wait()
+        else:
+            wait_unless_interrupted(work, *interrupt)
     return work
 
 
@@ -176,14 +183,9 @@ def issue_and_wait_on(group: Any, fn: Callable[..., Any], /, *args: Any, async_o
         return issue_and_wait(fn, *args, async_op=async_op, **kwargs)
     entry = recorder.start(flight_op or str(getattr(fn, "__name__", "collective")), args, True,
                            async_op, sys._getframe(1))
-    watch = recorder.watch
+    interrupt = None if recorder.watch is None else (group, recorder.watch)
     try:
-        if watch is None or async_op:
-            work = issue_and_wait(fn, *args, async_op=async_op, **kwargs)
-        else:  # a registry gloo group: the rule, its wait in slices
-            work = fn(*args, async_op=True, **kwargs)
-            if work is not None:
-                wait_unless_interrupted(work, group, watch)
+        work = issue_and_wait(fn, *args, async_op=async_op, interrupt=interrupt, **kwargs)
     except RuntimeError as error:
         failure = recorder.failure(entry, error)
         if failure is None:

@@ -32,7 +32,6 @@ from commgroups.collectives.async_wait import (
     issue_and_wait,
     p2p_issuer,
     source_rank,
-    wait_unless_interrupted,
 )
 from commgroups.errors import (
     ConcurrentRoleUseError,
@@ -117,7 +116,8 @@ class RoleCollectives:
         self._retired_generation: int | None = None
         self.flight = flight
         """The role's flight recorder (None: off); every call is recorded in it."""
-        self._watch = watch  # set for gloo groups, whose wait() blocks this thread
+        # Set for gloo groups, whose wait() blocks this thread: it watches for interruption.
+        self._interrupt = None if watch is None else (group, watch)
 
     def close(self, reason: str) -> None:
         """Refuse every later call with :class:`RegistryClosedError` saying ``reason``.
@@ -272,12 +272,9 @@ class RoleCollectives:
         try:
             if not self.async_and_wait:
                 work = fn(*args, group=self.group, async_op=async_op, **kwargs)
-            elif self._watch is None or async_op:
-                work = issue_and_wait(fn, *args, group=self.group, async_op=async_op, **kwargs)
-            else:  # the async-and-wait rule, its wait in slices (see wait_unless_interrupted)
-                work = fn(*args, group=self.group, async_op=True, **kwargs)
-                if work is not None:
-                    wait_unless_interrupted(work, self.group, self._watch)
+            else:
+                work = issue_and_wait(fn, *args, group=self.group, async_op=async_op,
+                                      interrupt=self._interrupt, **kwargs)
         except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
             raise self._failure(fn.__name__, seq, error, entry) from error
         except BaseException as error:  # refused arguments (ValueError): no longer in flight

@@ -169,12 +169,13 @@ class Generation:
     def abandon(self, group: dist.ProcessGroup, work: Any) -> None:
         """Keep ``work``, a call on ``group`` that survived this generation's interruption, from
         blocking: the group is destroyed only once the call ended (at its own timeout), since
-        destroying a gloo group waits for its running calls. A caller that gave up on it
-        (:class:`~commgroups.collectives.role_collectives.RoleCollectives`) calls this."""
+        destroying a gloo group waits for its running calls. The wait that gave up on it
+        (:func:`~commgroups.collectives.async_wait.wait_unless_interrupted`) calls this."""
         self.abandoned.append((group, work))
 
     def _still_running(self) -> set[int]:
-        """``id()`` of each group whose abandoned call has not ended yet."""
+        """``id()`` of each group whose abandoned call has not ended yet (the ended ones are
+        forgotten)."""
         self.abandoned = [(group, work) for group, work in self.abandoned
                           if not work.is_completed()]
         return {id(group) for group, _ in self.abandoned}
