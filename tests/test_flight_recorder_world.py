@@ -216,9 +216,13 @@ def test_each_hang_is_printed_by_one_rank_and_logged_at_debug_by_the_others(
     found = _diagnoses(directory, range(4))
     for role in ("skip", "sleep", "mismatch"):
         waiting = sorted(rank for rank in range(4) if results[rank].get(role, {}).get("flight"))
-        # the lowest rank that diagnosed prints it; every other one keeps it at debug
-        assert found[role].get("WARNING") == [waiting[0]], (role, found)
-        assert sorted(found[role].get("DEBUG", [])) == waiting[1:], (role, found)
+        # One rank prints it, every other one keeps it at debug. Usually the lowest that
+        # diagnosed, but not always: a lower rank that says it diagnoses only after a higher
+        # one claimed the call stays at debug (seen on CI's 2.15 leg: rank 1 printed the
+        # mismatch, rank 0 logged it at debug). What must hold is once, by one who diagnosed.
+        speakers = found[role].get("WARNING", [])
+        assert len(speakers) == 1, (role, found)
+        assert sorted(speakers + found[role].get("DEBUG", [])) == waiting, (role, found)
     diagnosed = sorted(rank for rank in range(3) if results[rank]["dies"]["flight"])
     if diagnosed:  # a survivor the heartbeat's report interrupted first does not diagnose
         assert len(found["dies"].get("WARNING", [])) == 1, found
