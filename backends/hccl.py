@@ -7,6 +7,7 @@ or RuntimeError when libhccl.so is missing), so every import of it lives in a fu
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import timedelta
 from types import ModuleType
 from typing import Any, ClassVar
@@ -34,7 +35,15 @@ def import_torch_npu() -> ModuleType:
 
 
 def npu_available() -> bool:
-    """True when torch_npu imports and an NPU is visible; never raises."""
+    """True when torch_npu imports and an NPU is visible; never raises.
+
+    Where ``import torch`` loads device extensions (torch's default), an installed torch_npu is
+    imported already (its ``torch.backends`` entry point): not imported means not installed, and
+    no import is tried. A failed import walks ``sys.path`` each time (1 ms of create()'s CPU
+    per rank here; slow on shared filesystems).
+    """
+    if "torch_npu" not in sys.modules and torch_internals.device_backend_autoload_enabled():
+        return False
     try:
         torch_npu = import_torch_npu()
         return bool(torch_npu.npu.is_available())

@@ -48,6 +48,7 @@ __all__ = [
     "backend_plugin",
     "clear_flatten_mapping",
     "cuda_sync_events_config",
+    "device_backend_autoload_enabled",
     "functional_collective_ops",
     "nccl_comm_split_count",
     "nccl_backend_class",
@@ -312,6 +313,17 @@ def torchcomms_enabled() -> bool:
     versions without it (2.10), which have no TorchComms path.
     """
     check = getattr(c10d, "_use_torchcomms_enabled", None)
+    return bool(check()) if callable(check) else False
+
+
+def device_backend_autoload_enabled() -> bool:
+    """Whether ``import torch`` loaded the installed device extensions (``torch.backends`` entry
+    points, e.g. torch_npu): ``torch._is_device_backend_autoload_enabled()`` (read on 2.10, 2.13
+    and 2.15.0: ``TORCH_DEVICE_BACKEND_AUTOLOAD`` unset or ``1``; 2.14.1 NOT CHECKED, no venv of
+    it this time). False where it is missing: the caller then cannot tell an extension is absent
+    from its not being imported.
+    """
+    check = getattr(torch, "_is_device_backend_autoload_enabled", None)
     return bool(check()) if callable(check) else False
 
 
