@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -17,9 +18,10 @@ from commgroups.flight_recorder import session as flight_session
 from commgroups.flight_recorder.session import DIAGNOSIS
 from commgroups.util.local_world import Post, run_local_world
 
-__all__ = ["DiagnosesAtDebug", "WorldFailed", "run_world"]
+__all__ = ["DiagnosesAtDebug", "WorldFailed", "grow_descriptor_table", "run_world"]
 
 _PRELOAD = ("torch", "torch.distributed", "commgroups", "commgroups.bench")
+_DESCRIPTOR_TABLE = 1024
 
 
 class DiagnosesAtDebug(logging.Filter):
@@ -34,9 +36,43 @@ class DiagnosesAtDebug(logging.Filter):
         return True
 
 
+def grow_descriptor_table(size: int = _DESCRIPTOR_TABLE) -> None:
+    """Grow this process's descriptor table to ``size`` entries (capped by ``RLIMIT_NOFILE``)
+    now, before anything is measured.
+
+    The kernel grows a process's descriptor table when a new descriptor passes its size, and in
+    a process with threads that waits for every thread (Linux: ``synchronize_rcu`` in
+    ``expand_fdtable``). Measured here (gVisor, 8 gloo ranks on 2 cores): 25-35 ms, once per
+    process, at the rank's 65th descriptor. The creation variants open different numbers of
+    sockets (8 ranks: the registry's groups take a rank from 47 descriptors to 80, DeviceMesh's
+    to 61), so that stall landed on whichever variant first passed 64: the registry in at least
+    two worlds of five, DeviceMesh in none. One ``dup2`` to the top of the table (11-15 ms) makes
+    it a cost of the rank's start, like the warm-up group's connections.
+    """
+    import resource  # Unix only, like the gloo worlds that call this
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = (size if soft == resource.RLIM_INFINITY else min(size, soft)) - 1
+    if top < 3:
+        return
+    try:
+        os.fstat(top)
+        return  # open already (never replace it): the table is that big
+    except OSError:
+        pass
+    spare = os.open(os.devnull, os.O_RDONLY)
+    try:
+        if spare < top:
+            os.dup2(spare, top)
+            os.close(top)
+    finally:
+        os.close(spare)
+
+
 def _with_progress(fn: Callable[..., Any], simulated_world: int | None, rank: int,
                    world_size: int, post: Post, *args: Any) -> Any:
     logging.getLogger(flight_session.__name__).addFilter(DiagnosesAtDebug())
+    grow_descriptor_table()
     progress: Progress = QueueProgress(post) if rank == 0 else NullProgress()
     # A fake world is one process playing rank 0 of `simulated_world`; the function (re)initialises
     # it itself, since creation benchmarks start each repetition from a fresh default group.
