@@ -31,7 +31,7 @@ PHASES = (("commgroups.generation.make", "agreement_store"),
           ("commgroups.generation.make", "_agree"),
           ("commgroups.generation.make", "_create_one"),
           ("commgroups.generation.make", "open_flight"),
-          ("commgroups.rank_loss.recovery", "Recovery.start_liveness"))
+          ("commgroups.rank_loss.recovery", "Recovery.start_threads"))
 VARIANTS = ("registry", "registry, no heartbeat or flight", "devicemesh", "devicemesh + own fsdp")
 
 

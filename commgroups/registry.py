@@ -197,9 +197,9 @@ class GroupRegistry:
         generation = make_generation(self._first_request(), local_error)
         self._recovery.rank, self._recovery.registry_id = rank, generation.epoch
         self._start(generation)
-        self._recovery.start_liveness(generation, self.members, self.heartbeat_s,
-                                      self.dead_after_s, self.create_timeout_s,
-                                      lambda: self._current)
+        self._recovery.start_threads(generation, self.members, self.heartbeat_s,
+                                     self.dead_after_s, self.create_timeout_s,
+                                     lambda: self._current)
         return self
 
     def _first_request(self) -> GenerationRequest:

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,11 @@ def test_a_registry_records_every_role_and_dumps_on_request(
             signal.signal(signal.SIGUSR1, previous)
         assert (tmp_path / "signalled" / path.name).exists()
         key = session.publisher.key
+        # The first publication is the publisher thread's, at once (not create()'s).
+        deadline = time.monotonic() + 10
+        while (read_status(session.publisher.store, session.publisher.prefix, 0) is None
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
         assert read_status(session.publisher.store, session.publisher.prefix, 0) is not None
     assert registry.flight_recorder is None
     assert not torch_internals.default_store().check([key])  # released at close

@@ -152,6 +152,8 @@ def _idle(port: int, namespace: str, ranks: Sequence[int], members: int, idle_s:
         live.start()
         live.watch(0, _ring(rank, members))
         lives.append(live)
+    for live in lives:  # their first beats are their threads': not in the idle count
+        live.announced(60.0)
     ready.wait()
     start.wait()  # every worker's ranks exist: the idle window starts together
     before = shared.requests + sum(own.requests for own in owns)

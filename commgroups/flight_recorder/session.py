@@ -90,6 +90,13 @@ class FlightSession:
         self._at_exit = _exit_dump(weakref.ref(self))
         atexit.register(self._at_exit)
 
+    def start(self) -> None:
+        """Start publishing this rank's status (the publisher's thread); once, by the owner of
+        the generation's background threads (:class:`~commgroups.rank_loss.recovery.Recovery`),
+        after :func:`open_flight`."""
+        if self.publisher is not None:
+            self.publisher.start()
+
     def default_dir(self) -> str:
         """``$COMMGROUPS_FLIGHT_DIR``, else ``<tmp>/commgroups-flight-<run>-<epoch>``: the run is
         torchrun's ``TORCHELASTIC_RUN_ID``, else ``MASTER_PORT`` (the same on every rank, and
@@ -344,7 +351,8 @@ def open_flight(groups: Mapping[str, dist.ProcessGroup | None], *, enabled: bool
                 generation: int, epoch: int, backends: Mapping[str, str],
                 store_prefix: str, publish: bool, members: int,
                 interval_s: float = DEFAULT_INTERVAL_S) -> FlightSession | None:
-    """The generation's flight session, or None when the recorder is off.
+    """The generation's flight session, or None when the recorder is off; its publisher is
+    not started (:meth:`FlightSession.start`).
 
     Args:
         groups: role -> this rank's group (None where this rank is not a member).
@@ -370,5 +378,4 @@ def open_flight(groups: Mapping[str, dist.ProcessGroup | None], *, enabled: bool
     if publisher is not None:
         publisher.on_request = session._on_request
         publisher.answer = session._answer
-        publisher.start()
     return session

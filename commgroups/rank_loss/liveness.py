@@ -173,14 +173,24 @@ class Liveness:
         # Made by start(): a Liveness that never starts (the benchmark's virtual ranks, which
         # share one listener) costs no thread objects (0.8 s per 16,384 ranks).
         self._threads: list[threading.Thread] = []
+        self._announced = threading.Event()  # the beat thread's first beat was sent
 
     def start(self) -> None:
-        """Beat once (so peers see this rank at once), read the next event's number, publish
-        this rank's process, then start the threads. An event emitted after this call is heard,
-        however long the listener's thread takes to connect: it waits for that number."""
-        self._shared.add(f"beat/{self.rank}", 1)
+        """:meth:`anchor`, :meth:`publish_process`, then :meth:`start_threads`."""
+        self.anchor()
+        self.publish_process()
+        self.start_threads()
+
+    def anchor(self) -> None:
+        """Read the next event's number: an event emitted after this call is heard, however
+        late the threads start and the listener connects (it waits for that number). One store
+        round trip; the caller's, where ordering matters (before ``create()`` returns)."""
         self._next = int(self._shared.add("event/count", 0)) + 1
-        self._publish_process()
+
+    def start_threads(self) -> None:
+        """Start the listener's and the beat's threads, after :meth:`anchor`; the beat's thread
+        first beats (so peers see this rank), at once. Until it lands a peer reads no beat of
+        this rank, which it never reports."""
         atexit.register(self._settle)  # unregistered when the listener ends
         self._threads = [threading.Thread(target=target, name=f"commgroups-{name}-{self.rank}",
                                           daemon=True)
@@ -188,6 +198,11 @@ class Liveness:
                                               (self._beats, "beat"))]
         for thread in self._threads:
             thread.start()
+
+    def announced(self, timeout_s: float | None = None) -> bool:
+        """Wait until the first beat was sent (or tried), which :meth:`start_threads` leaves
+        to the beat's thread; True once it was."""
+        return self._announced.wait(timeout_s)
 
     def _settle(self) -> None:
         """At interpreter exit, before daemon threads are frozen: let the listener end first.
@@ -226,12 +241,12 @@ class Liveness:
                 self._own = PrefixStore(self._namespace, self._root)
             atexit.unregister(self._settle)  # nothing left to settle: the registry may go
 
-    def _publish_process(self) -> None:
+    def publish_process(self) -> None:
         """Say, once, which process this rank is, under its host's key (local_peers): a peer
-        on this host can then confirm its death from ``/proc`` at once. One append, from
-        :meth:`start`: a rank that dies any time after ``create()`` returned is confirmed (from
-        the listener's thread, whose own connection can take seconds, a rank killed early was
-        not, and its loss waited ``dead_after_s``)."""
+        on this host can then confirm its death from ``/proc`` at once. One append, before
+        ``create()`` returns: a rank that dies any time after is confirmed (from a thread, a
+        rank killed at once was not, and its loss waited ``dead_after_s``: the listener's own
+        connection can take seconds, and under load even the beat's thread came too late)."""
         if self._process is None:
             return
         with contextlib.suppress(Exception):  # an optimisation only: dead_after_s still judges
@@ -433,6 +448,13 @@ class Liveness:
         """The backstop beat, every ``interval_s``, on the shared connection; after
         :meth:`close`, the wake of a listener still waiting a second later."""
         failures = 0
+        with self._beating:
+            if not self._stop.is_set():
+                try:
+                    self._shared.add(f"beat/{self.rank}", 1)
+                except Exception as error:  # a store hiccup: the loop's next beat retries
+                    logger.debug("rank %d: first beat failed: %s", self.rank, error)
+        self._announced.set()
         while not self._stop.wait(self.interval_s):
             try:
                 with self._beating:

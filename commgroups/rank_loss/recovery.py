@@ -13,6 +13,7 @@ only these verbs; nothing below :mod:`commgroups.generation` imports this packag
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import gc
 import logging
@@ -63,27 +64,47 @@ class Recovery:
     attempts_made: int = 0
     """How many check-ins the last successful rebuild took."""
     previous_check_ins: tuple[str, int] | None = None
+    """The last successful rebuild's check-in prefix and attempt count, deleted one rebuild later."""
     lingering: list[weakref.ref[dist.ProcessGroup]] = field(default_factory=list)
     """Released groups something still held at release (see :meth:`release_retired`)."""
     collector: threading.Timer | None = None
     collector_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Guards ``lingering`` and ``collector`` (the timer's thread and the main one)."""
-    """The last successful rebuild's check-in prefix and attempt count, deleted one rebuild later."""
+    starter: threading.Event | None = None
+    """Set once the thread that starts generation 0's background threads is done
+    (:meth:`start_threads`); None once waited for."""
 
     # ------------------------------------------------------------------------------- heartbeat
-    def start_liveness(self, current: Generation, members: Sequence[int], heartbeat_s: float | None,
-                       dead_after_s: float, connect_timeout_s: float,
-                       live: Callable[[], Generation | None]) -> None:
-        """Start this rank's heartbeat watching ``current``; nothing where there is nobody to
-        watch (one rank, the fake backend, a store that is not a TCPStore, heartbeats off).
-        ``live`` returns the registry's current generation (read from the heartbeat thread)."""
+    def start_threads(self, current: Generation, members: Sequence[int], heartbeat_s: float | None,
+                      dead_after_s: float, connect_timeout_s: float,
+                      live: Callable[[], Generation | None]) -> None:
+        """Start generation 0's background threads: its flight publisher and this rank's
+        heartbeat watching ``current`` (none where there is nobody to watch: one rank, the fake
+        backend, a store that is not a TCPStore, heartbeats off). ``live`` returns the
+        registry's current generation (read from the heartbeat thread).
+
+        ``create()``'s path, where every rank waits for the slowest, keeps one store round trip
+        (this rank's process entry, :meth:`Liveness.publish_process`); a starter thread of this
+        Recovery does the rest (:meth:`_start_in_background`): three thread starts that each
+        waited for the new thread to run and three round trips (8 ranks sharing 2 cores: 1-6
+        ms a thread start, 0.5-3 ms a round trip as every rank ends its groups at once). Every
+        other verb waits for the starter first (:meth:`wait_started`).
+
+        The starter reads the listener's anchor (:meth:`Liveness.anchor`) first: an event
+        emitted before it is one the starter's next steps catch up on (a loss report: the
+        watch reads the generation's report; an ask: the flight publisher looks for one as it
+        attaches), as one emitted before ``create()`` returned was.
+        """
         if heartbeat_s is None or len(members) == 1 or str(dist.get_backend()) == "fake":
+            if current.flight is not None:
+                current.flight.start()
             return
         store = torch_internals.default_store()
         if not _over_tcp_store(store):
             logger.debug("rank %d: the job's store is not a TCPStore: no heartbeats", self.rank)
+            if current.flight is not None:
+                current.flight.start()
             return
-        # The listener's own connection is made by its thread: create() does not wait for it.
         timeout = timedelta(seconds=connect_timeout_s)
 
         def on_loss(number: int, suspects: frozenset[int] | None) -> None:
@@ -94,16 +115,50 @@ class Recovery:
                             else f"its groups holding ranks {sorted(suspects)}")
                 generation.interrupt(self._kept(generation, from_thread=True), suspects)
 
+        # The listener's own connection is made by its thread, later still.
         self.liveness = Liveness(lambda: _connected(own_connection(store, timeout)), store,
                                  f"{STORE_PREFIX}/live/{self.registry_id}/", self.rank,
                                  interval_s=heartbeat_s, dead_after_s=dead_after_s,
                                  on_loss=on_loss, process=this_process())
-        self.liveness.start()
-        self.liveness.watch(current.number, members)
-        self.attach_flight(current)
+        self.liveness.publish_process()  # before create() returns: see publish_process
+        self.starter = threading.Event()
+        # _thread, not threading: Thread.start() waits until the new thread runs, 1-6 ms here
+        # at the end of creation (every rank's cores busy), 0.1 ms on a quiet one; this start
+        # does not wait. The event says when the starter is done (wait_started).
+        _thread.start_new_thread(self._start_in_background,
+                                 (current, self.liveness, tuple(members), self.starter))
+
+    def _start_in_background(self, current: Generation, liveness: Liveness,
+                             members: tuple[int, ...], done: threading.Event) -> None:
+        """The starter: the heartbeat's anchor, its threads and the watch of ``current``, and
+        the flight publisher, which then hears asks through the listener. A store failure here
+        is logged: the heartbeat's own threads report what they cannot do. ``done`` is set at
+        the end, whatever happened."""
+        try:
+            liveness.anchor()
+            if current.flight is not None:
+                current.flight.start()
+            liveness.start_threads()
+            liveness.watch(current.number, members)
+            self._attach_flight(current)
+        except Exception as error:  # the store's host died: the job's next call says so
+            logger.warning("rank %d: starting the heartbeat failed: %r", self.rank, error)
+        finally:
+            done.set()
+
+    def wait_started(self) -> None:
+        """Wait for the starter thread (:meth:`start_threads`), if one still runs; every verb
+        that touches the heartbeat or the flight publisher calls this first."""
+        starter, self.starter = self.starter, None
+        if starter is not None:
+            starter.wait()
 
     def attach_flight(self, generation: Generation) -> None:
         """Let ``generation``'s flight publisher hear asks through the listener (no polling)."""
+        self.wait_started()
+        self._attach_flight(generation)
+
+    def _attach_flight(self, generation: Generation) -> None:
         flight = generation.flight
         if self.liveness is not None and flight is not None and flight.publisher is not None:
             flight.publisher.listen_through(self.liveness.emit, self.liveness.subscribe)
@@ -121,6 +176,7 @@ class Recovery:
     def stop_liveness(self, members: int = 0) -> None:
         """Stop the listening thread: a rank out of the job, or ``close()`` of a generation of
         ``members`` ranks (the last of them to close wakes every thread still waiting)."""
+        self.wait_started()
         if self.liveness is not None:
             self.liveness.close(members)
             self.liveness = None
@@ -140,6 +196,7 @@ class Recovery:
         report's ``place`` says spare or dropped). ``current`` is retired on return, and on any
         error raised after the survivors were decided.
         """
+        self.wait_started()
         members = current.plan.members or tuple(range(current.layout.world_size))
         known = None if alive is None else alive_ranks(alive, current.plan, self.rank)
         self.check_rebuildable(current)
@@ -218,6 +275,8 @@ class Recovery:
         """After ``generation`` (g+1) is current: watch it, release ``previous`` (g) and the
         check-in keys of a rebuild ago; returns the seconds it took (the report's ``release``)."""
         mark = time.monotonic()
+        if generation.flight is not None:
+            generation.flight.start()
         self.attach_flight(generation)
         members = generation.plan.members or tuple(range(generation.layout.world_size))
         lost_positions = previous.plan.positions(np.asarray(report.lost, dtype=np.int64)).tolist()
@@ -253,6 +312,7 @@ class Recovery:
         collective waits on them) and every survivor is past the check-in that read its keys.
         ``first``: this rank deletes the shared keys (one rank does); ``survivors``: the
         current members, if known."""
+        self.wait_started()
         for old in self.retired:
             if old.release(lost_positions):
                 self.linger(old.lingering)
@@ -290,6 +350,7 @@ class Recovery:
         """``close()`` of generation ``number`` (on ``members``, if this rank is one): stop the
         listening thread, release the retired generations, close the spine; ``first`` (one
         rank): delete the rebuild records too."""
+        self.wait_started()
         if first and self.liveness is not None:
             self.liveness.release(number)
         self.stop_liveness(len(members))
