@@ -40,12 +40,15 @@ from commgroups.rank_loss.local_peers import this_process
 from commgroups.rank_loss.rebuild_report import RebuildReport
 from commgroups.rank_loss.replan import alive_ranks, replan_arrays
 
-__all__ = ["LINGER_COLLECT_S", "Recovery"]
+__all__ = ["LINGER_COLLECT_S", "STARTER_WAIT_S", "Recovery"]
 
 logger = logging.getLogger(__name__)
 
 LINGER_COLLECT_S = 1.0
 """How long after a release its lingering groups are collected (see ``release_retired``)."""
+
+STARTER_WAIT_S = 30.0
+"""The longest a verb waits for generation 0's starter thread (see ``Recovery.wait_started``)."""
 
 @dataclass
 class Recovery:
@@ -148,10 +151,16 @@ class Recovery:
 
     def wait_started(self) -> None:
         """Wait for the starter thread (:meth:`start_threads`), if one still runs; every verb
-        that touches the heartbeat or the flight publisher calls this first."""
+        that touches the heartbeat or the flight publisher calls this first.
+
+        At most :data:`STARTER_WAIT_S`: its four store requests take milliseconds; one held
+        that long waits on a store that stopped answering, and the verb then goes on (and says
+        so) rather than hang the job with it."""
         starter, self.starter = self.starter, None
-        if starter is not None:
-            starter.wait()
+        if starter is not None and not starter.wait(STARTER_WAIT_S):
+            logger.warning("rank %d: the heartbeat's starter has not finished after %g s (the "
+                           "store is slow or gone); going on without it", self.rank,
+                           STARTER_WAIT_S)
 
     def attach_flight(self, generation: Generation) -> None:
         """Let ``generation``'s flight publisher hear asks through the listener (no polling)."""
