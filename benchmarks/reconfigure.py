@@ -72,7 +72,7 @@ def kill_world(rank: int, world_size: int, _post: Any, port: int, mode: str) -> 
     victim = world_size - 1
     survivors = everyone[:-1]
     regime = mode == "reconfigure"
-    before = sever.open_descriptors()
+    before = sever.open_sockets()
     start = time.perf_counter()
     init = getattr(dist, "init_process_group")  # noqa: B009  (enable_reconfigure: 2.15's stubs)
     init("gloo", store=store, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT,
@@ -80,7 +80,7 @@ def kill_world(rank: int, world_size: int, _post: Any, port: int, mode: str) -> 
     if regime:  # the communicator is built by the first reconfigure
         handles = _exchange(store, "h0", rank, torch_internals.reconfigure_handle(), everyone)
         torch_internals.reconfigure_group(None, uuid=1, handles=handles)
-    sockets = sever.new_sockets(before, sever.open_descriptors())  # the group's sockets, to sever
+    sockets = sever.new_sockets(before, sever.open_sockets())  # the group's sockets, to sever
     setup_s = time.perf_counter() - start
     warm = torch.ones(1)
     dist.all_reduce(warm)

@@ -33,7 +33,7 @@ from commgroups.creation.role_groups import (
     local_vote,
     nonmember_split_hazard,
 )
-from commgroups.creation.sockets import new_sockets, open_descriptors
+from commgroups.creation.sockets import new_sockets, open_sockets
 from commgroups.creation.store_keys import AttemptStore, open_attempt
 from commgroups.errors import BackendUnavailableError, CommGroupsError, GroupCreationError
 from commgroups.flight_recorder.session import open_flight
@@ -207,7 +207,7 @@ def _create_groups(request: GenerationRequest, infos: list[RolePlan],
     started = time.monotonic()
     created: dict[str, CreatedRole] = {}
     current: RolePlan | None = None
-    scan: frozenset[int] | None = None  # the descriptors right after the previous group, if gloo's
+    scan: dict[int, str] | None = None  # the sockets right after the previous group, if gloo's
     try:
         for current in infos:
             created[current.name], scan = _create_one(
@@ -233,11 +233,11 @@ def _create_groups(request: GenerationRequest, infos: list[RolePlan],
     return created
 
 def _create_one(request: GenerationRequest, info: RolePlan, adapter: BackendAdapter,
-                method: str, scan: frozenset[int] | None,
-                ) -> tuple[CreatedRole, frozenset[int] | None]:
+                method: str, scan: dict[int, str] | None,
+                ) -> tuple[CreatedRole, dict[int, str] | None]:
     """Create one role's (or dim's) group; returns it and, for a backend whose sockets are
-    severed, the descriptors open right after it (``scan``: those right after the group before,
-    when that one was severed too: nothing else opened a socket in between)."""
+    severed, the sockets open right after it (``scan``: those right after the group before, when
+    that one was severed too: nothing else opened a socket in between)."""
     spec = info.spec
     timeout = (adapter.default_timeout() if spec.timeout_s is None
                else timedelta(seconds=spec.timeout_s))
@@ -247,16 +247,16 @@ def _create_one(request: GenerationRequest, info: RolePlan, adapter: BackendAdap
     bounded = adapter.connects_on_create and timeout.total_seconds() > request.create_timeout_s
     make = create_role_group if request.spine is None else request.spine.creator(adapter)
     is_role = info.name in request.layout.role_names
-    # One look between two gloo groups, not two (8 -> 5 directory reads for create() on the
-    # default layout). Only a gloo group's own look is reused: a socket another backend opened
-    # (NCCL's bootstrap) must never be counted as the next gloo group's.
-    before = (scan if scan is not None else open_descriptors()) if adapter.severs else frozenset()
+    # One scan between two gloo groups, not two (each reads every descriptor: 8 -> 5 scans for
+    # create() on the default layout). Only a gloo group's own scan is reused: a socket another
+    # backend opened (NCCL's bootstrap) must never be counted as the next gloo group's.
+    before = (scan if scan is not None else open_sockets()) if adapter.severs else {}
     created = make(
         request.plan, info, adapter, spec.options,
         request.create_timeout_s if bounded else timeout.total_seconds(),
         request.rank, method, group_desc=info.name if is_role else f"mesh-{info.name}",
     )
-    after = open_descriptors() if adapter.severs else None
+    after = open_sockets() if adapter.severs else None
     if after is not None and created.owned:
         created.sockets = new_sockets(before, after)
     if bounded:
