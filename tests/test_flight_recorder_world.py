@@ -171,7 +171,19 @@ def test_a_different_op_at_the_same_sequence_number_is_a_mismatch_with_both_site
             in got["text"]
         assert got["text"].startswith("role 'mismatch': all_reduce #2 at test_flight_recorder_world.py:")
     odd = results[ODD_OP]["mismatch"]
-    assert odd["flight"]["mismatch"] == [0, 1, 2]
+    if odd["cls"] == "RoleHangError":  # its own timeout: the whole wait, every peer answered
+        assert odd["flight"]["mismatch"] == [0, 1, 2], odd["flight"]
+    else:
+        # torch 2.15's gloo: a peer's timeout closed the connection first, and a failure that
+        # is not a timeout waits only until the answers stop (a loss is the likely cause). Under
+        # load a peer still blocked in its all_reduce may answer after that; it is then read
+        # from its last published status, which may predate the call (behind). Seen on the 2.15
+        # leg (mismatch [2]). Never reached or ahead: nobody else called broadcast #2.
+        flight = odd["flight"]
+        assert flight["mismatch"] and set(flight["mismatch"]) <= {0, 1, 2}, flight
+        assert set(flight["mismatch"]) | set(flight["behind"]) | set(flight["silent"]) \
+            == {0, 1, 2}, flight
+        assert not flight["reached"] and not flight["ahead"], flight
 
 
 def test_a_call_the_backend_refuses_keeps_its_words_and_asks_no_peer(scenarios: Any) -> None:
