@@ -184,7 +184,8 @@ class Liveness:
     def anchor(self) -> None:
         """Read the next event's number: an event emitted after this call is heard, however
         late the threads start and the listener connects (it waits for that number). One store
-        round trip; the caller's, where ordering matters (before ``create()`` returns)."""
+        round trip; an event emitted before it is the caller's to catch up on (the registry's
+        starter: :meth:`watch` reads the generation's loss report)."""
         self._next = int(self._shared.add("event/count", 0)) + 1
 
     def start_threads(self) -> None:
