@@ -194,7 +194,9 @@ class GroupRegistry:
             )
         self._creator = threading.current_thread()
         self._creator_site = call_site(sys._getframe(1))
-        generation = make_generation(self._first_request(), local_error)
+        # The note that this rank is done creating goes out from the starter thread
+        # (Recovery.start_threads): one store round trip off the path every rank waits on.
+        generation = make_generation(self._first_request(), local_error, announce=False)
         self._recovery.rank, self._recovery.registry_id = rank, generation.epoch
         self._start(generation)
         self._recovery.start_threads(generation, self.members, self.heartbeat_s,

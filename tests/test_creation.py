@@ -22,17 +22,20 @@ from commgroups.backends.gloo import GlooAdapter
 from commgroups.backends.hccl import HcclAdapter
 from commgroups.backends.nccl import NcclAdapter
 from commgroups.backends.rccl import RcclAdapter
+from commgroups.backends.single_rank import SingleRankAdapter
 from commgroups.creation.role_groups import (
     CreationContext,
     choose_method,
     create_role_group,
     creation_order,
     nonmember_split_hazard,
+    prefer_all_ranks,
 )
 from commgroups.torch_internals.version import torch_version
 from tests import nccl_fakes
 
 PATHS = ("all_ranks", "local", "auto")
+UNBOUND = CreationContext(default_backend="gloo", device_bound=False)
 
 # ------------------------------------------------------------------------------------ layouts
 
@@ -57,6 +60,30 @@ def _irregular(world: int) -> cg.Layout:
 
 
 # ------------------------------------------------------------------------------ pure decisions
+
+
+def test_auto_creates_on_every_rank_where_that_is_a_few_calls() -> None:
+    """auto's last step: member-only candidates go all_ranks while they need at most 32 calls
+    per rank together (no vote then), stay local above that (the calls grow with the world), and
+    a role local by its backend (single-rank groups) always stays local; nothing changes on a
+    device-bound default group."""
+    gloo = GlooAdapter()
+    for world, expected in ((8, "all_ranks"), (64, "all_ranks"), (128, "local")):
+        plan = cg.plan(cg.Layout(dims={"dp_shard": world // 4, "cp": 4}))
+        infos = {name: plan.role(name) for name in plan.role_names}
+        methods = dict.fromkeys(infos, "local")
+        # dp_shard x cp at 64 ranks: 4 + 16 + 1 + 1 = 22 calls; at 128: 4 + 32 + 1 + 1 = 38.
+        chosen = prefer_all_ranks(methods, infos, dict.fromkeys(infos, gloo), UNBOUND)
+        assert set(chosen.values()) == {expected}, (world, chosen)
+    plan = cg.plan(cg.Layout(dims={"dp_shard": 2, "cp": 4}))
+    infos = {name: plan.role(name) for name in plan.role_names}
+    adapters: dict[str, BackendAdapter] = {**dict.fromkeys(infos, gloo), "cp": SingleRankAdapter()}
+    methods = {**dict.fromkeys(infos, "local"), "dp_shard": "split"}
+    assert prefer_all_ranks(methods, infos, adapters, UNBOUND) == {
+        "dp_shard": "split", "cp": "local", "fsdp": "all_ranks", "checkpoint-metadata": "all_ranks"}
+    assert prefer_all_ranks({"cp": "all_ranks"}, infos, adapters, UNBOUND) == {"cp": "all_ranks"}
+    # A bound default group: a group every rank makes may hang its non-members (torch < 2.15).
+    assert prefer_all_ranks(methods, infos, adapters, BOUND_NCCL) == methods
 
 
 def test_creation_order_puts_irregular_roles_last() -> None:

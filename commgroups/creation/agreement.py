@@ -127,13 +127,14 @@ def agree(
     this with the same namespace, in the same order. One round: each rank compares its digest with
     the first one in (a compare-and-set returns it: nobody waits for a particular rank), records
     itself, casts its ``ballot`` and counts itself in; the last rank to arrive decides the attempt
-    by one compare-and-set on the key ``state`` and publishes the verdict, which every rank waits
-    for. A rank whose wait times out first sets ``state`` to ``abandoned`` instead; every rank
-    follows that one outcome, and ``finish`` runs once when it is decided, so the caller can open a
-    fresh namespace for the next attempt: a rank that skipped this attempt then meets the others at
-    the next one instead of reading this one's stale keys. Five store calls per rank on the success
-    path (a difference or a veto adds one; the last rank in adds three), O(1) in the world size;
-    the error path reads every rank's digest once.
+    and publishes the verdict by one compare-and-set on the key ``all``, which every other rank
+    waits for. A rank whose wait times out first sets ``all`` to ``abandoned`` instead; every rank
+    follows that one outcome, and ``finish`` runs before anyone acts on it, so the caller can open
+    a fresh namespace for the next attempt: a rank that skipped this attempt then meets the others
+    at the next one instead of reading this one's stale keys. Five store calls per rank on the
+    success path, the last rank in included (it waits for nobody: its compare-and-set returns the
+    outcome), O(1) in the world size; a difference or a veto adds one; the error path reads every
+    rank's digest once.
     ``counter``: a value compared like the ballot's state but reported, not voted on (torch's name
     for the next all-ranks group: the caller decides whether a difference matters).
     """
@@ -169,15 +170,19 @@ def agree(
         # One counter says both how many ranks are in and how many of them noted something: the
         # last rank in reads the detailed counters only when one did (none on the success path).
         total = store.add("arrived", 1 + (_ANOMALY if anomalous else 0))
-        if total % _ANOMALY == world_size and _decide(store, "complete") == "complete":
+        if total % _ANOMALY == world_size:
+            # The last rank in: one compare-and-set publishes the verdict unless a rank gave the
+            # attempt up first (it set "all" itself); either way it returns the outcome.
             verdict = _verdict(store, world_size, reference_digest, ballot is not None,
                                anomalies=total // _ANOMALY)
             if finish is not None:
-                finish()
-            store.set("all", json.dumps(verdict))
-        _wait_or_abandon(store, ["all"], timeout, started, world_size, rank, finish)
-        verdict = json.loads(store.get("all").decode())
+                finish()  # before anyone can leave: the next attempt opens a fresh namespace
+            verdict = json.loads(_decide(store, json.dumps(verdict)))
+        else:
+            verdict = _wait_or_abandon(store, timeout, started, world_size, rank, finish)
         if verdict["state"] != "complete":
+            if finish is not None:
+                finish()  # whoever gave the attempt up may not have moved the epoch on yet
             missing = _missing_ranks(store, world_size, "digest/")
             if members is not None:  # a rebuild: name global ranks, and the call to make
                 raise AgreementTimeoutError(
@@ -244,32 +249,34 @@ def _verdict(store: Store, world_size: int, reference: str, ballot: bool,
 
 
 def _decide(store: Store, outcome: str) -> str:
-    """Set the attempt's outcome unless one is set already; returns the outcome that holds."""
-    return bytes(store.compare_set("state", "", outcome)).decode()
+    """Set the attempt's outcome (the key ``all``, JSON) unless one is set already; returns the
+    outcome that holds. The one key both decides and wakes the waiting ranks."""
+    return bytes(store.compare_set("all", "", outcome)).decode()
 
 
 def _wait_or_abandon(
     store: Store,
-    keys: list[str],
     timeout: timedelta,
     started: float,
     world_size: int,
     rank: int,
     finish: Callable[[], None] | None,
-) -> None:
-    """Wait for ``keys``; on timeout give the attempt up (unless it completed meanwhile) and raise."""
+) -> dict[str, Any]:
+    """Wait for the attempt's outcome and return it; on timeout give the attempt up, unless it
+    was decided meanwhile (then that outcome is returned), and raise."""
     try:
-        _wait(store, keys, timeout, started, world_size, rank)
+        _wait(store, ["all"], timeout, started, world_size, rank)
     except AgreementTimeoutError:
-        if _decide(store, f"abandoned by rank {rank}") == "complete":
-            # The last rank arrived just as this one gave up: the attempt stands, "all" follows.
-            _wait(store, ["all"], timedelta(seconds=30), time.monotonic(), world_size, rank)
-            return
+        abandoned = json.dumps({"state": f"abandoned by rank {rank}"})
+        outcome = _decide(store, abandoned)
+        if outcome not in ("", abandoned):
+            # Decided just as this rank gave up (the last rank's verdict, or another rank gave
+            # up first): that outcome stands.
+            return dict(json.loads(outcome))
         if finish is not None:
             finish()  # idempotent: the next attempt opens however many ranks give up
-        # Wake the ranks still waiting: they read the outcome and raise.
-        store.set("all", json.dumps({"state": f"abandoned by rank {rank}"}))
         raise
+    return dict(json.loads(store.get("all").decode()))
 
 
 def store_host(store: Store) -> str:

@@ -14,7 +14,9 @@ keys at once, and the last rank to release deletes the shared ones, which no ran
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -29,7 +31,7 @@ logger = logging.getLogger(__name__)
 # Shared keys of an attempt that some ranks write and others only read or wait for (agreement's
 # outcome, reference and counters, the end of creation); the last rank to release deletes
 # them whether or not it wrote them.
-_SHARED_KEYS = ("all", "state", "ref", "mismatch", "ballot/split", "ballot/veto", "counter/split",
+_SHARED_KEYS = ("all", "ref", "mismatch", "ballot/split", "ballot/veto", "counter/split",
                 "created/all", "closed")
 
 
@@ -52,8 +54,10 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
         self._epoch_key = f"{prefix}/epoch"
         self.written: set[str] = set()
         self._peers_created_by: float | None = None  # see note_created
+        self._unannounced: int | None = None  # the world size while this rank's note is unsent
+        self._announcing = threading.Lock()
 
-    def note_created(self, world_size: int, deadline: float) -> None:
+    def note_created(self, world_size: int, deadline: float, announce: bool = True) -> None:
         """This rank finished creating the attempt's groups; no wait (the last one says so for all).
 
         On backends that connect on creation (gloo) a rank can return from ``new_group`` while a
@@ -61,9 +65,19 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
         connection. Rather than every rank meeting at the end of creation, each notes its end
         here and :meth:`wait_created` meets only before groups are destroyed. ``deadline``
         (``time.monotonic()``): when the peers' creation would have timed out anyway.
+        ``announce=False``: the store request is left to :meth:`announce_created`, from another
+        thread (``create()``'s starter); :meth:`wait_created` sends it first if it is still due.
         """
         self._peers_created_by = deadline
-        if self.add("created/count", 1) == world_size:
+        self._unannounced = world_size
+        if announce:
+            self.announce_created()
+
+    def announce_created(self) -> None:
+        """Send this rank's note of :meth:`note_created` if it is still due (once, any thread)."""
+        with self._announcing:
+            world_size, self._unannounced = self._unannounced, None
+        if world_size is not None and self.add("created/count", 1) == world_size:
             self.set("created/all", "1")
 
     def wait_created(self) -> None:
@@ -74,6 +88,8 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
             return
         left = self._peers_created_by - time.monotonic()
         self._peers_created_by = None
+        with contextlib.suppress(RuntimeError):  # the store failed: nobody is left to wait for
+            self.announce_created()
         if left <= 0:
             return
         try:

@@ -32,6 +32,7 @@ from commgroups.creation.role_groups import (
     decide_local,
     local_vote,
     nonmember_split_hazard,
+    prefer_all_ranks,
 )
 from commgroups.creation.sockets import new_sockets, open_sockets
 from commgroups.creation.store_keys import AttemptStore, open_attempt
@@ -65,13 +66,14 @@ def agreement_store(rank: int) -> AttemptStore:
 
 
 def make_generation(request: GenerationRequest, local_error: CommGroupsError | None = None,
-                    ) -> Generation:
+                    announce: bool = True) -> Generation:
     """Agree on the request with every member, then create every group. Collective.
 
     ``local_error``: an input error this rank found (world size, backend); it is voted with
     so every member raises the same error before any group exists. On failure nothing of this
     generation is left: what was made is destroyed and :class:`GroupCreationError` names the
-    role or step.
+    role or step. ``announce=False``: the store request saying this rank is done creating is
+    left to :meth:`Generation.announce_created` (``create()``'s starter thread sends it).
     """
     plan, default_backend = request.plan, str(dist.get_backend())
     adapters: dict[str, BackendAdapter] = {}
@@ -102,6 +104,8 @@ def make_generation(request: GenerationRequest, local_error: CommGroupsError | N
             if request.number > 0:
                 raise
             local_error = error
+        if mode == "auto" and local_error is None:
+            methods = prefer_all_ranks(methods, infos, adapters, request.context)
     order = _order(plan, request.mesh_dims, infos, methods)
     if request.spine is not None:  # device roles split from the shrunk spine, after the others
         order, methods = request.spine.arrange(order, methods, adapters)
@@ -125,7 +129,7 @@ def make_generation(request: GenerationRequest, local_error: CommGroupsError | N
         raise local_error
     what = ("the end of create()" if request.number == 0
             else f"the end of rebuild() (generation {request.number})")
-    made = _create_groups(request, order, adapters, methods, store, what)
+    made = _create_groups(request, order, adapters, methods, store, what, announce)
     generation = Generation(request=request,
                      roles={n: made[n] for n in request.layout.role_names},
                      dim_groups={d: made[d] for d in request.mesh_dims},
@@ -189,11 +193,13 @@ def _agree(request: GenerationRequest, store: AttemptStore, payload: dict[str, A
 
 def _create_groups(request: GenerationRequest, infos: list[RolePlan],
                    adapters: dict[str, BackendAdapter], methods: dict[str, str],
-                   store: AttemptStore | None, what: str) -> dict[str, CreatedRole]:
+                   store: AttemptStore | None, what: str, announce: bool,
+                   ) -> dict[str, CreatedRole]:
     """Create the groups of ``infos`` in order, after agreement; all or nothing.
 
     Where a backend connects on creation, this rank then notes in the attempt's store that it
-    is done (no wait: ``destroy()`` waits for the others). ``what`` names that point in errors.
+    is done (no wait: ``destroy()`` waits for the others; ``announce=False``: noted here, sent
+    later, see :meth:`AttemptStore.note_created`). ``what`` names that point in errors.
     """
     for info in infos:  # the same inputs on every rank: the same error, before any group
         hazard = nonmember_split_hazard(info, adapters[info.name], methods[info.name],
@@ -218,7 +224,7 @@ def _create_groups(request: GenerationRequest, infos: list[RolePlan],
         if store is not None and any(adapters[info.name].connects_on_create for info in infos):
             with store_calls(store, request.position, started, what):
                 store.note_created(request.layout.world_size,
-                                   started + request.create_timeout_s)
+                                   started + request.create_timeout_s, announce)
     except Exception as error:
         destroy_groups(created.values())  # leave nothing half-made
         step = (f"creating role {current.name!r} ({methods[current.name]})"

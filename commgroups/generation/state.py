@@ -408,6 +408,12 @@ class Generation:
             gc.collect(generation)
         return [ref for ref in left if ref() is not None]
 
+    def announce_created(self) -> None:
+        """Send this rank's note that it is done creating, where :func:`make_generation` left it
+        to the caller (``announce=False``); nothing otherwise. Any thread; once."""
+        for attempt in list(self.attempts):
+            attempt.announce_created()
+
     def destroy(self) -> None:
         """``close()``: every handle refuses later calls, groups are destroyed, store keys released.
 

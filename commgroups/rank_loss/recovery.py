@@ -83,15 +83,17 @@ class Recovery:
                       live: Callable[[], Generation | None]) -> None:
         """Start generation 0's background threads: its flight publisher and this rank's
         heartbeat watching ``current`` (none where there is nobody to watch: one rank, the fake
-        backend, a store that is not a TCPStore, heartbeats off). ``live`` returns the
-        registry's current generation (read from the heartbeat thread).
+        backend, a store that is not a TCPStore, heartbeats off), and send the note that this
+        rank is done creating ``current`` (:meth:`Generation.announce_created`). ``live``
+        returns the registry's current generation (read from the heartbeat thread).
 
-        ``create()``'s path, where every rank waits for the slowest, keeps one store round trip
-        (this rank's process entry, :meth:`Liveness.publish_process`); a starter thread of this
-        Recovery does the rest (:meth:`_start_in_background`): three thread starts that each
-        waited for the new thread to run and three round trips (8 ranks sharing 2 cores: 1-6
-        ms a thread start, 0.5-3 ms a round trip as every rank ends its groups at once). Every
-        other verb waits for the starter first (:meth:`wait_started`).
+        ``create()``'s path, where every rank waits for the slowest, keeps one store request
+        (this rank's process entry, :meth:`Liveness.publish_process`, an append: no reply
+        awaited); a starter thread of this Recovery does the rest
+        (:meth:`_start_in_background`): the note, three thread starts that each waited for the
+        new thread to run and three round trips (8 ranks sharing 2 cores: 1-6 ms a thread
+        start, 0.5-3 ms a round trip as every rank ends its groups at once). Every other verb
+        waits for the starter first (:meth:`wait_started`).
 
         The starter reads the listener's anchor (:meth:`Liveness.anchor`) first: an event
         emitted before it is one the starter's next steps catch up on (a loss report: the
@@ -99,12 +101,14 @@ class Recovery:
         attaches), as one emitted before ``create()`` returned was.
         """
         if heartbeat_s is None or len(members) == 1 or str(dist.get_backend()) == "fake":
+            current.announce_created()
             if current.flight is not None:
                 current.flight.start()
             return
         store = torch_internals.default_store()
         if not _over_tcp_store(store):
             logger.debug("rank %d: the job's store is not a TCPStore: no heartbeats", self.rank)
+            current.announce_created()
             if current.flight is not None:
                 current.flight.start()
             return
@@ -138,6 +142,7 @@ class Recovery:
         is logged: the heartbeat's own threads report what they cannot do. ``done`` is set at
         the end, whatever happened."""
         try:
+            current.announce_created()
             liveness.anchor()
             if current.flight is not None:
                 current.flight.start()
