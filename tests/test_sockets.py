@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from commgroups.creation.sockets import SUPPORTED, new_sockets, open_sockets, sever
+from commgroups.creation.sockets import SUPPORTED, SocketLedger, new_sockets, open_sockets, sever
 
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason="needs /proc/self/fd (Linux)")
 
@@ -56,3 +56,47 @@ def test_sever_leaves_listeners_and_reused_descriptors_alone() -> None:
         assert sever([(fd, "socket:[0]")]) == 0  # another inode: the number was reused
     finally:
         listener.close()
+
+
+def test_the_ledger_gives_each_window_the_sockets_opened_in_it() -> None:
+    """Windows closed by number-only looks: each socket goes to the group it was opened for
+    (groups with the same members share a window); one opened in a gap (another backend's) to
+    nobody; a closed descriptor whose number a new socket takes, unseen by any look, to every
+    group (a sever never misses it); one opened after the last group to nobody."""
+    held = socket.socket()  # a descriptor before the first look: never anyone's
+    ledger = SocketLedger()
+    ledger.watch("first", (0, 1))
+    first = socket.socketpair()
+    ledger.watch("first-again", (0, 1))  # the same members: the same window
+    again = socket.socket()
+    ledger.gap()
+    between = socket.socket()  # another backend's group
+    ledger.watch("second", (0, 2))
+    second = socket.socketpair()
+    number = held.fileno()
+    held.close()
+    reused = socket.socket()  # the lowest free number: the one just closed
+    found = ledger.finish()
+    late = socket.socket()
+    try:
+        assert reused.fileno() == number
+        fds = {name: {fd for fd, _ in refs} for name, refs in found.items()}
+        mine = {first[0].fileno(), first[1].fileno(), again.fileno(), number}
+        assert fds == {"first": mine, "first-again": mine,
+                       "second": {second[0].fileno(), second[1].fileno(), number}}
+        assert between.fileno() not in fds["first"] | fds["second"]
+    finally:
+        for sock in (*first, *second, again, between, reused, late):
+            sock.close()
+
+
+def test_a_window_after_a_gap_starts_from_a_new_look() -> None:
+    ledger = SocketLedger()
+    ledger.watch("gloo", (0, 1))  # nothing opened
+    ledger.gap()
+    nccl = socket.socket()  # opened while the other backend's group was made
+    ledger.watch("next", (0, 1))
+    try:
+        assert ledger.finish() == {"gloo": (), "next": ()}
+    finally:
+        nccl.close()

@@ -34,7 +34,7 @@ from commgroups.creation.role_groups import (
     nonmember_split_hazard,
     prefer_all_ranks,
 )
-from commgroups.creation.sockets import new_sockets, open_sockets
+from commgroups.creation.sockets import SocketLedger
 from commgroups.creation.store_keys import AttemptStore, open_attempt
 from commgroups.errors import BackendUnavailableError, CommGroupsError, GroupCreationError
 from commgroups.flight_recorder.session import open_flight
@@ -213,12 +213,20 @@ def _create_groups(request: GenerationRequest, infos: list[RolePlan],
     started = time.monotonic()
     created: dict[str, CreatedRole] = {}
     current: RolePlan | None = None
-    scan: dict[int, str] | None = None  # the sockets right after the previous group, if gloo's
+    ledger: SocketLedger | None = None  # from the first group whose sockets are severed
     try:
         for current in infos:
-            created[current.name], scan = _create_one(
-                request, current, adapters[current.name], methods[current.name], scan)
+            if adapters[current.name].severs:
+                ledger = ledger or SocketLedger()
+                ledger.watch(current.name, request.plan.ranks_of(current, request.rank))
+            elif ledger is not None:
+                ledger.gap()
+            created[current.name] = _create_one(
+                request, current, adapters[current.name], methods[current.name])
         current = None
+        for name, sockets in ({} if ledger is None else ledger.finish()).items():
+            if created[name].owned:
+                created[name].sockets = sockets
         # Only where a backend connects on creation (gloo; NCCL eager init): single-rank and
         # fake groups have no peer that could still be connecting.
         if store is not None and any(adapters[info.name].connects_on_create for info in infos):
@@ -239,11 +247,8 @@ def _create_groups(request: GenerationRequest, infos: list[RolePlan],
     return created
 
 def _create_one(request: GenerationRequest, info: RolePlan, adapter: BackendAdapter,
-                method: str, scan: dict[int, str] | None,
-                ) -> tuple[CreatedRole, dict[int, str] | None]:
-    """Create one role's (or dim's) group; returns it and, for a backend whose sockets are
-    severed, the sockets open right after it (``scan``: those right after the group before, when
-    that one was severed too: nothing else opened a socket in between)."""
+                method: str) -> CreatedRole:
+    """Create one role's (or dim's) group."""
     spec = info.spec
     timeout = (adapter.default_timeout() if spec.timeout_s is None
                else timedelta(seconds=spec.timeout_s))
@@ -253,20 +258,12 @@ def _create_one(request: GenerationRequest, info: RolePlan, adapter: BackendAdap
     bounded = adapter.connects_on_create and timeout.total_seconds() > request.create_timeout_s
     make = create_role_group if request.spine is None else request.spine.creator(adapter)
     is_role = info.name in request.layout.role_names
-    # One scan between two gloo groups, not two (each reads every descriptor: 8 -> 5 scans for
-    # create() on the default layout). Only a gloo group's own scan is reused: a socket another
-    # backend opened (NCCL's bootstrap) must never be counted as the next gloo group's.
-    before = (scan if scan is not None else open_sockets()) if adapter.severs else {}
     created = make(
         request.plan, info, adapter, spec.options,
         request.create_timeout_s if bounded else timeout.total_seconds(),
         request.rank, method, group_desc=info.name if is_role else f"mesh-{info.name}",
     )
-    after = open_sockets() if adapter.severs else None
-    if after is not None and created.owned:
-        created.sockets = new_sockets(before, after)
     if bounded:
         set_group_timeout(created, timeout)
     logger.debug("rank %d: created %s via %s", request.rank, info.name, method)
-    return created, after
-
+    return created
