@@ -4,6 +4,7 @@ three-streams pattern with mocked CUDA streams). Real worlds: test_flight_record
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -191,6 +192,20 @@ def test_diagnosis_sorts_ranks_behind_ahead_mismatched_and_silent() -> None:
     error = _rewritten(cg.errors.RoleTimeoutError("t", role="cp", op="all_reduce", seq=5), found)
     assert isinstance(error, cg.errors.RoleHangError) and len(str(error)) <= 300
     assert error.flight is not None and error.flight["behind"] == [1]
+
+
+def test_a_value_shared_by_many_ranks_is_judged_like_its_copies() -> None:
+    """collect() hands every member that answered alike one shared value: diagnose judges each
+    distinct value once, and the result is the one per-rank copies give."""
+    failed = {"op": "all_reduce", "seq": 5, "group_seq": 5, "caller": "/x/train.py:9 in step"}
+    reached, behind = _published(5), _published(4)
+    shared = {**dict.fromkeys(range(1, 200), reached), 200: behind, 201: None,
+              **dict.fromkeys(range(202, 300), behind)}
+    copies = {rank: None if value is None else copy.deepcopy(value)
+              for rank, value in shared.items()}
+    one, other = diagnose("cp", 0, failed, shared, 1), diagnose("cp", 0, failed, copies, 1)
+    assert one == other
+    assert one.to_dict()["behind"] == [200, *range(202, 300)] and one.where("left")[0].rank == 201
 
 
 # -------------------------------------------------------------------------------- dumps, merge

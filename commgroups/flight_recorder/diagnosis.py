@@ -143,32 +143,45 @@ def diagnose(role: str, rank: int, failed: Mapping[str, Any],
     by_group = failed.get("group_seq") is not None
     mine = int(failed["group_seq"] if by_group else failed["seq"])
     states = []
-    for other, value in sorted(published.items()):
+    # Most members answer alike (at 65,536, every one that reached the call shares one value
+    # object: see collect): judge each distinct value once (0.21 s -> 0.03 s at 65,536).
+    judged: dict[int, tuple[Mapping[str, Any], str, int | None, Any, Any]] = {}
+    for other in sorted(published):  # ints only: a third of sorting the items
+        value = published[other]
         if other == rank:
             continue
-        status = (value or {}).get("status") or {}
-        mine_there = status.get(role) or {}
-        now = next(({"role": name, **info["last"]} for name, info in status.items()
-                    if name != role and (info.get("last") or {}).get("state") == "in flight"),
-                   None)
-        last = mine_there.get("last")
         if value is None:
             states.append(RankState(other, "left", None))
             continue
-        if int(value.get("answered", 0)) < asked:
-            states.append(RankState(other, "silent", None, last, now))
-            continue
-        count = _count(mine_there) if by_group else mine_there.get("seq")
-        if count is None:
-            states.append(RankState(other, "silent", None, last, now))
-        elif count < mine:
-            states.append(RankState(other, "behind", int(count), last, now))
-        elif count > mine:
-            states.append(RankState(other, "ahead", int(count), last, now))
-        elif last is not None and (last.get("group_seq") if by_group else last.get("seq")) == mine \
-                and last.get("op") != failed["op"]:
-            states.append(RankState(other, "mismatch", int(count), last, now))
-        else:
-            states.append(RankState(other, "reached", int(count), last, now))
+        seen = judged.get(id(value))
+        if seen is None or seen[0] is not value:
+            seen = judged[id(value)] = (value, *_judge(value, role, mine, by_group, failed,
+                                                       asked))
+        _, position, count, last, now = seen
+        states.append(RankState(other, position, count, last, now))
     return Diagnosis(role=role, rank=rank, op=str(failed["op"]), seq=int(failed["seq"]),
                      count=mine, caller=str(failed.get("caller", "")), ranks=tuple(states))
+
+
+def _judge(value: Mapping[str, Any], role: str, mine: int, by_group: bool,
+           failed: Mapping[str, Any], asked: int) -> tuple[str, int | None, Any, Any]:
+    """One published value's position against the failed call, its count, last and now."""
+    status = value.get("status") or {}
+    mine_there = status.get(role) or {}
+    now = next(({"role": name, **info["last"]} for name, info in status.items()
+                if name != role and (info.get("last") or {}).get("state") == "in flight"),
+               None)
+    last = mine_there.get("last")
+    if int(value.get("answered", 0)) < asked:
+        return "silent", None, last, now
+    count = _count(mine_there) if by_group else mine_there.get("seq")
+    if count is None:
+        return "silent", None, last, now
+    if count < mine:
+        return "behind", int(count), last, now
+    if count > mine:
+        return "ahead", int(count), last, now
+    if last is not None and (last.get("group_seq") if by_group else last.get("seq")) == mine \
+            and last.get("op") != failed["op"]:
+        return "mismatch", int(count), last, now
+    return "reached", int(count), last, now

@@ -363,8 +363,9 @@ def collect(publisher: StatusPublisher, key: str, ranks: Sequence[int], role: st
     """Wait for the answers to the group ask ``key`` (:meth:`StatusPublisher.ask_group`) from
     every one of ``ranks`` (the group, the asker too), then read them once; returns what
     :func:`~commgroups.flight_recorder.diagnosis.diagnose` takes (rank -> ``{"answered": 1,
-    "status": ...}``; ``answered`` 0 for a member that never answered, with its last published
-    status where it has one; None for one that has none: it closed its registry).
+    "status": ...}``, one value shared by the members that answered alike: read it, never change
+    it; ``answered`` 0 for a member that never answered, with its last published status where it
+    has one; None for one that has none: it closed its registry).
 
     Reads the answers, one request per look every :data:`ANSWER_LOOK_S` (or as long as the last
     look took, where answers are many), until every member answered, ``stop()``, ``wait_s``
@@ -384,13 +385,19 @@ def collect(publisher: StatusPublisher, key: str, ranks: Sequence[int], role: st
         time.sleep(max(ANSWER_LOOK_S, now - looked))
     answers = parse_answers(value, role, failed)
     published: dict[int, Mapping[str, Any] | None] = {}
+    # One value per distinct answer, shared by the ranks that gave it (parse_answers shares
+    # "reached at the failed call"): 65,536 members, one dict instead of 65,535.
+    answered: dict[int, tuple[Mapping[str, Any], Mapping[str, Any]]] = {}
     missing = 0
     for rank in ranks:
         if rank == publisher.rank:
             continue
         answer = answers.get(rank)
         if answer is not None:
-            published[rank] = {"answered": 1, **answer}
+            shared = answered.get(id(answer))
+            if shared is None or shared[0] is not answer:
+                shared = answered[id(answer)] = (answer, {"answered": 1, **answer})
+            published[rank] = shared[1]
             continue
         missing += 1  # silent: its last published status says where it was, if it has one
         stale = (read_status(publisher.store, publisher.prefix, rank)
