@@ -96,12 +96,13 @@ def test_predicted_names_match_torch(gloo_results: list[dict[str, Any]]) -> None
 
 
 def local_worker(rank: int, world: int) -> dict[str, Any]:
-    """auto creation of a regular layout, twice (re-created after close), plus set_timeout."""
+    """local creation of a regular layout, twice (re-created after close), plus set_timeout
+    (local, not auto: on 4 ranks auto makes these few groups on every rank, prefer_all_ranks)."""
     out: dict[str, Any] = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for attempt in ("first", "again"):
-            registry = GroupRegistry(_regular(), creation_mode="auto", create_timeout_s=60).create()
+            registry = GroupRegistry(_regular(), creation_mode="local", create_timeout_s=60).create()
             out[attempt] = {role: registry.creation_method(role) for role in registry.role_names}
             registry.set_timeout(120, "cp")
             tensor = torch.tensor([float(rank)])
@@ -114,8 +115,9 @@ def local_worker(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
-def test_auto_takes_the_local_path_and_warns_nothing(gloo_results: list[dict[str, Any]]) -> None:
-    """4 gloo ranks, regular layout: auto is local; after close() again local where names never
+def test_local_takes_the_member_only_path_and_warns_nothing(
+        gloo_results: list[dict[str, Any]]) -> None:
+    """4 gloo ranks, regular layout: local is kept; after close() again local where names never
     repeat (torch >= 2.14), else all_ranks (a reused name would hang); no deprecation warnings."""
     results = [result["local"] for result in gloo_results]
     again = "local" if NAMES_NEVER_REPEAT else "all_ranks"
