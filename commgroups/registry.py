@@ -545,6 +545,9 @@ class GroupRegistry:
         """
         if self._state is RegistryState.CLOSED:
             return
+        # The starter thread sends generation 0's note that this rank is done creating, which
+        # destroy() waits for on every rank, on the connection the starter uses.
+        self._recovery.wait_started()
         if self._current is not None and not self._current.ended:
             self._current.destroy()
             self._recovery.linger(self._current.lingering)

@@ -74,11 +74,15 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
             self.announce_created()
 
     def announce_created(self) -> None:
-        """Send this rank's note of :meth:`note_created` if it is still due (once, any thread)."""
+        """Send this rank's note of :meth:`note_created` if it is still due (once, any thread).
+
+        Returns once the note is in the store, whoever sent it: a caller that goes on to wait
+        for every rank's note (:meth:`wait_created`, on the connection the sender needs) must
+        not start that wait while its own note is still being sent."""
         with self._announcing:
             world_size, self._unannounced = self._unannounced, None
-        if world_size is not None and self.add("created/count", 1) == world_size:
-            self.set("created/all", "1")
+            if world_size is not None and self.add("created/count", 1) == world_size:
+                self.set("created/all", "1")
 
     def wait_created(self) -> None:
         """Before destroying the attempt's groups: wait until every rank noted the end of creating
