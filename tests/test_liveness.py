@@ -144,7 +144,7 @@ def _lone_rebuild(rank: int, world: int) -> dict[str, Any]:
             dist.all_reduce(torch.ones(1), group=group)
             stale[name] = "ran"
         except (RuntimeError, ValueError) as error:
-            stale[name] = f"{type(error).__name__}: {str(error).split('>', 1)[-1][:80]}"
+            stale[name] = f"{type(error).__name__}: {str(error).split('>', 1)[-1][:200]}"
     # A call the interruption did not end within a second (a loaded host) was abandoned: its
     # generation stays, groups severed, until the call ends.
     kept = bool(registry._recovery.retired)
