@@ -24,7 +24,7 @@ import os
 import socket
 import stat
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 __all__ = ["SUPPORTED", "SocketLedger", "SocketRef", "new_sockets", "open_sockets", "sever"]
@@ -111,10 +111,10 @@ class SocketLedger:
         # Each look: the groups whose window it closes (none: it opens one) and the numbers.
         self._looks: list[tuple[tuple[str, ...], frozenset[int]]] = [((), frozenset(numbers))]
         self._window: list[str] = []  # the groups of the open window
-        self._members: object = None  # theirs
+        self._members: tuple[int, ...] | None = None  # theirs
         self._stale = False  # a group not watched was made since the last look
 
-    def watch(self, name: str, members: object) -> None:
+    def watch(self, name: str, members: tuple[int, ...] | None) -> None:
         """``name``'s group is made next; ``members``: whom it holds here (a window of the same
         members stays open for it)."""
         if self._window and members == self._members:
@@ -153,7 +153,7 @@ class SocketLedger:
         if SUPPORTED:
             self._looks.append((closed, frozenset(_descriptors())))
 
-    def _owners(self, fd: int, groups: list[str]) -> tuple[str, ...] | list[str]:
+    def _owners(self, fd: int, groups: Sequence[str]) -> Sequence[str]:
         """The groups of the window ``fd`` last appeared in; every group where it never went
         missing; none where it last appeared outside the windows."""
         owners: tuple[str, ...] = ()
