@@ -269,7 +269,7 @@ def _wait_or_abandon(
     except AgreementTimeoutError:
         abandoned = json.dumps({"state": f"abandoned by rank {rank}"})
         outcome = _decide(store, abandoned)
-        if outcome not in ("", abandoned):
+        if outcome != abandoned:
             # Decided just as this rank gave up (the last rank's verdict, or another rank gave
             # up first): that outcome stands.
             return dict(json.loads(outcome))

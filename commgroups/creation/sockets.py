@@ -73,16 +73,14 @@ def _socket_link(fd: int) -> str | None:
     return f"socket:[{status.st_ino}]" if stat.S_ISSOCK(status.st_mode) else None
 
 
+def _sockets_among(numbers: Iterable[int]) -> dict[int, str]:
+    """The sockets among descriptors ``numbers``: descriptor -> ``socket:[inode]``."""
+    return {fd: link for fd in numbers if (link := _socket_link(fd)) is not None}
+
+
 def open_sockets() -> dict[int, str]:
     """Every socket this process holds: descriptor -> ``socket:[inode]`` (empty where unsupported)."""
-    if not SUPPORTED:
-        return {}
-    found: dict[int, str] = {}
-    for fd in _descriptors():
-        link = _socket_link(fd)
-        if link is not None:
-            found[fd] = link
-    return found
+    return _sockets_among(_descriptors()) if SUPPORTED else {}
 
 
 class SocketLedger:
@@ -107,7 +105,7 @@ class SocketLedger:
 
     def __init__(self) -> None:
         numbers = _descriptors() if SUPPORTED else set()
-        self._start = {fd: link for fd in numbers if (link := _socket_link(fd)) is not None}
+        self._start = _sockets_among(numbers)
         # Each look: the groups whose window it closes (none: it opens one) and the numbers.
         self._looks: list[tuple[tuple[str, ...], frozenset[int]]] = [((), frozenset(numbers))]
         self._window: list[str] = []  # the groups of the open window
@@ -136,10 +134,9 @@ class SocketLedger:
         self._end_window()
         groups = [name for closed, _ in self._looks for name in closed]
         found: dict[str, list[SocketRef]] = {name: [] for name in groups}
-        last = self._looks[-1][1]
-        for fd in sorted(last):  # a socket opened after the last look is nobody's
-            link = _socket_link(fd)
-            if link is not None and self._start.get(fd) != link:  # new since the first look
+        # Among the last look's numbers: a socket opened after it is nobody's.
+        for fd, link in sorted(_sockets_among(self._looks[-1][1]).items()):
+            if self._start.get(fd) != link:  # new since the first look
                 for name in self._owners(fd, groups):
                     found[name].append((fd, link))
         return {name: tuple(refs) for name, refs in found.items()}

@@ -101,16 +101,12 @@ class Recovery:
         attaches), as one emitted before ``create()`` returned was.
         """
         if heartbeat_s is None or len(members) == 1 or str(dist.get_backend()) == "fake":
-            current.announce_created()
-            if current.flight is not None:
-                current.flight.start()
+            self._start_without_heartbeat(current)
             return
         store = torch_internals.default_store()
         if not _over_tcp_store(store):
             logger.debug("rank %d: the job's store is not a TCPStore: no heartbeats", self.rank)
-            current.announce_created()
-            if current.flight is not None:
-                current.flight.start()
+            self._start_without_heartbeat(current)
             return
         timeout = timedelta(seconds=connect_timeout_s)
 
@@ -134,6 +130,14 @@ class Recovery:
         # does not wait. The event says when the starter is done (wait_started).
         _thread.start_new_thread(self._start_in_background,
                                  (current, self.liveness, tuple(members), self.starter))
+
+    @staticmethod
+    def _start_without_heartbeat(current: Generation) -> None:
+        """What :meth:`start_threads` does where no heartbeat runs: the note, then the flight
+        publisher, here (there is no starter thread)."""
+        current.announce_created()
+        if current.flight is not None:
+            current.flight.start()
 
     def _start_in_background(self, current: Generation, liveness: Liveness,
                              members: tuple[int, ...], done: threading.Event) -> None:
