@@ -7,7 +7,14 @@ import socket
 
 import pytest
 
-from commgroups.creation.sockets import SUPPORTED, SocketLedger, new_sockets, open_sockets, sever
+from commgroups.creation.sockets import (
+    SUPPORTED,
+    SocketLedger,
+    gloo_sockets,
+    new_sockets,
+    open_sockets,
+    sever,
+)
 
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason="needs /proc/self/fd (Linux)")
 
@@ -58,35 +65,79 @@ def test_sever_leaves_listeners_and_reused_descriptors_alone() -> None:
         listener.close()
 
 
+def _sockets(count: int) -> list[socket.socket]:
+    """``count`` sockets, as a gloo group of ``count`` members opens here (its listener and one
+    per peer: :func:`gloo_sockets`)."""
+    return [socket.socket() for _ in range(count)]
+
+
+def _numbers(found: dict[str, tuple[tuple[int, str], ...]]) -> dict[str, set[int]]:
+    return {name: {fd for fd, _ in refs} for name, refs in found.items()}
+
+
 def test_the_ledger_gives_each_window_the_sockets_opened_in_it() -> None:
-    """Windows closed by number-only looks: each socket goes to the group it was opened for
-    (groups with the same members share a window); one opened in a gap (another backend's) to
-    nobody; a closed descriptor whose number a new socket takes, unseen by any look, to every
-    group (a sever never misses it); one opened after the last group to nobody."""
-    held = socket.socket()  # a descriptor before the first look: never anyone's
+    """Windows told apart by the lowest free number alone: each socket goes to the group it was
+    opened for (groups with the same members share a window); one opened in a gap (another
+    backend's group) to nobody; one open before, or opened after the last group, to nobody."""
+    held = socket.socket()  # open before the first look: never anyone's
     ledger = SocketLedger()
     ledger.watch("first", (0, 1))
-    first = socket.socketpair()
+    first = _sockets(gloo_sockets(2))
     ledger.watch("first-again", (0, 1))  # the same members: the same window
-    again = socket.socket()
+    again = _sockets(gloo_sockets(2))
     ledger.gap()
     between = socket.socket()  # another backend's group
-    ledger.watch("second", (0, 2))
-    second = socket.socketpair()
-    number = held.fileno()
-    held.close()
-    reused = socket.socket()  # the lowest free number: the one just closed
-    found = ledger.finish()
+    ledger.watch("second", (0, 2, 3))
+    second = _sockets(gloo_sockets(3))
+    ledger.watch("elsewhere", None)  # a group this rank is not in: it opens nothing here
+    found = _numbers(ledger.finish())
     late = socket.socket()
     try:
-        assert reused.fileno() == number
-        fds = {name: {fd for fd, _ in refs} for name, refs in found.items()}
-        mine = {first[0].fileno(), first[1].fileno(), again.fileno(), number}
-        assert fds == {"first": mine, "first-again": mine,
-                       "second": {second[0].fileno(), second[1].fileno(), number}}
-        assert between.fileno() not in fds["first"] | fds["second"]
+        mine = {sock.fileno() for sock in (*first, *again)}
+        assert found == {"first": mine, "first-again": mine,
+                         "second": {sock.fileno() for sock in second}, "elsewhere": set()}
+        everyone = set().union(*found.values())
+        assert held.fileno() not in everyone and between.fileno() not in everyone
     finally:
-        for sock in (*first, *second, again, between, reused, late):
+        for sock in (*first, *again, *second, held, between, late):
+            sock.close()
+
+
+def test_numbering_out_of_order_gives_every_group_every_new_socket() -> None:
+    """A descriptor closed during creation (another thread's) sends the next socket back to its
+    number, where the ranges no longer say whose it is: the counts do not add up, and every
+    group gets every new socket (a sever never misses one). The socket on the closed number
+    was open before by number: not recorded (its peer records its end)."""
+    held = socket.socket()
+    ledger = SocketLedger()
+    ledger.watch("first", (0, 1))
+    first = _sockets(2)
+    ledger.watch("second", (0, 2))
+    number = held.fileno()
+    held.close()
+    second = _sockets(2)  # the first of them takes the closed number
+    found = _numbers(ledger.finish())
+    try:
+        assert second[0].fileno() == number
+        expected = {sock.fileno() for sock in (*first, second[1])}
+        assert found == {"first": expected, "second": expected}
+    finally:
+        for sock in (*first, *second):
+            sock.close()
+
+
+def test_a_foreign_socket_in_a_window_gives_every_group_every_new_socket() -> None:
+    ledger = SocketLedger()
+    ledger.watch("first", (0, 1))
+    first = _sockets(2)
+    ledger.watch("second", (0, 2))
+    second = _sockets(3)  # one more than a gloo group of 2 opens: another thread's
+    found = _numbers(ledger.finish())
+    try:
+        everything = {sock.fileno() for sock in (*first, *second)}
+        assert found == {"first": everything, "second": everything}
+    finally:
+        for sock in (*first, *second):
             sock.close()
 
 

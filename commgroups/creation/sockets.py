@@ -19,15 +19,18 @@ and nothing is recorded: survivors then wait for the role timeout, as before.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import socket
 import stat
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SUPPORTED", "SocketLedger", "SocketRef", "new_sockets", "open_sockets", "sever"]
+__all__ = ["SUPPORTED", "SocketLedger", "SocketRef", "gloo_sockets", "new_sockets", "open_sockets",
+           "sever"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +51,7 @@ def _descriptors() -> set[int]:
     been open all along. So the lowest free number is learned first (opened and closed) and
     left out if nothing holds it after the read. Should another thread open a descriptor in
     the microseconds between, the read's own number stays in: a socket that takes it next
-    then looks opened one window early (severed with its neighbour's group; its peers, who
-    sever their side when our other sockets of the group close, still free it)."""
+    then looks as if it had been open before (not recorded; its peer records its own end)."""
     free = os.open(_FDS, os.O_RDONLY | os.O_DIRECTORY)
     os.close(free)
     numbers = {int(name) for name in os.listdir(_FDS)}
@@ -83,20 +85,53 @@ def open_sockets() -> dict[int, str]:
     return _sockets_among(_descriptors()) if SUPPORTED else {}
 
 
+def _lowest_free() -> int:
+    """The number the next descriptor opened here takes: the lowest free one (opened, closed)."""
+    number = os.open(_FDS, os.O_RDONLY | os.O_DIRECTORY)
+    os.close(number)
+    return number
+
+
+def gloo_sockets(members: int) -> int:
+    """The sockets a gloo group of ``members`` ranks opens on each member while it is made: its
+    listener and one connection per peer (checked on torch 2.10, 2.13 and 2.15 with one
+    device; gloo also opens three descriptors that are not sockets)."""
+    return members
+
+
+@dataclass
+class _Window:
+    """Groups made one after another with the same members here (none: another backend's)."""
+
+    start: int
+    """The lowest free descriptor number when the first of them began."""
+    names: list[str]
+    sockets: int
+    """How many sockets they open together (:func:`gloo_sockets` each)."""
+
+
 class SocketLedger:
     """Which new sockets each of several gloo groups, made one after another, opened.
 
-    One look at every descriptor's inode when it starts and one at :meth:`finish`; between
-    groups only the descriptor numbers are read (one directory read: a look at every inode
-    around every group was 6 ms of 8 gloo ranks' 38 ms ``create()`` on 2 cores, where each
-    millisecond a rank spends between two groups delays every rank's next group). Groups made
-    one after another with the same members here share one window: a loss interrupts both or
-    neither, so their sockets need not be told apart. A socket new at the end belongs to the
-    window its number last appeared in; one that appeared outside every window (another
-    backend's group: NCCL's bootstrap) is nobody's. A number that never went missing from a
-    look yet names a new socket was closed and reused between two looks (another thread's
-    descriptor): it is counted for every group, so a sever never misses one of a group's
-    sockets (it may shut a sibling group's down early: the generation is retired as a whole).
+    Descriptors are numbered lowest free first, and gloo opens a group's sockets while making
+    it and closes none, so one group's sockets take the lowest free numbers in order: every
+    number from the lowest free one when a group starts up to the lowest free one when the
+    next starts was either open before or is that group's. So the ledger reads the open
+    descriptors once when it starts (what was there) and once at :meth:`finish` (what is new,
+    each read for its inode), and between groups only the lowest free number (one open and
+    close, a microsecond; a directory read between groups cost 8 gloo ranks on 2 cores about
+    1 ms each, on the path where every rank waits for the slowest). Groups made one after
+    another with the same members here share one window: a loss interrupts both or neither,
+    so their sockets need not be told apart. A socket that appeared while another backend's
+    group was made (NCCL's bootstrap) is nobody's.
+
+    Each window is checked: it must hold exactly the sockets its groups open
+    (:func:`gloo_sockets`). Where one does not (another thread closed a descriptor during
+    creation, so the numbering went back; a foreign socket opened meanwhile; gloo opening more,
+    on more devices), every new socket of the windows counts for every group, so a sever never
+    misses one (it may shut a sibling group's down early: the generation is retired as a
+    whole). A socket that took the number of a descriptor open at the start is not recorded
+    here; its peer records its own end, and severing that frees both.
 
     Example: ``ledger = SocketLedger()`` right before the first gloo group; ``ledger.watch("cp",
     (0, 1))`` before making ``cp``; ``ledger.gap()`` before a group of another backend; then
@@ -104,65 +139,55 @@ class SocketLedger:
     """
 
     def __init__(self) -> None:
-        numbers = _descriptors() if SUPPORTED else set()
-        self._start = _sockets_among(numbers)
-        # Each look: the groups whose window it closes (none: it opens one) and the numbers.
-        self._looks: list[tuple[tuple[str, ...], frozenset[int]]] = [((), frozenset(numbers))]
-        self._window: list[str] = []  # the groups of the open window
-        self._members: tuple[int, ...] | None = None  # theirs
-        self._stale = False  # a group not watched was made since the last look
+        self._old = frozenset(_descriptors()) if SUPPORTED else frozenset()
+        self._windows: list[_Window] = []
+        self._members: tuple[int, ...] | None = None  # the last window's, while it is open
+        self._open = False
 
     def watch(self, name: str, members: tuple[int, ...] | None) -> None:
-        """``name``'s group is made next; ``members``: whom it holds here (a window of the same
-        members stays open for it)."""
-        if self._window and members == self._members:
-            self._window.append(name)
+        """``name``'s group is made next; ``members``: whom it holds here (None: not this rank;
+        a window of the same members stays open for it)."""
+        expected = 0 if members is None else gloo_sockets(len(members))
+        if self._open and members == self._members:
+            window = self._windows[-1]
+            window.names.append(name)
+            window.sockets += expected
             return
-        self._end_window()
-        if self._stale:
-            self._look(())
-            self._stale = False
-        self._window, self._members = [name], members
+        self._begin([name], expected)
+        self._members, self._open = members, True
 
     def gap(self) -> None:
-        """A group of another backend is made next: not a window."""
-        self._end_window()
-        self._stale = True
+        """A group of another backend is made next: its sockets are nobody's."""
+        if self._open or not self._windows:
+            self._begin([], 0)
+            self._open = False
 
     def finish(self) -> dict[str, tuple[SocketRef, ...]]:
         """Each watched group's new sockets, by name (every group named, empty where none)."""
-        self._end_window()
-        groups = [name for closed, _ in self._looks for name in closed]
-        found: dict[str, list[SocketRef]] = {name: [] for name in groups}
-        # Among the last look's numbers: a socket opened after it is nobody's.
-        for fd, link in sorted(_sockets_among(self._looks[-1][1]).items()):
-            if self._start.get(fd) != link:  # new since the first look
-                for name in self._owners(fd, groups):
-                    found[name].append((fd, link))
+        found: dict[str, list[SocketRef]] = {n: [] for w in self._windows for n in w.names}
+        if not SUPPORTED:
+            return {name: () for name in found}
+        starts = [window.start for window in self._windows]
+        placed: list[list[SocketRef]] = [[] for _ in self._windows]
+        stray: list[SocketRef] = []  # below the first window: a number freed meanwhile
+        for fd, link in sorted(_sockets_among(_descriptors() - self._old).items()):
+            index = bisect.bisect_right(starts, fd) - 1
+            (placed[index] if index >= 0 else stray).append((fd, link))
+        if not stray and all(len(refs) == window.sockets
+                             for window, refs in zip(self._windows, placed) if window.names):
+            for window, refs in zip(self._windows, placed):
+                for name in window.names:
+                    found[name] = refs
+        else:
+            every = sorted([*stray, *(ref for window, refs in zip(self._windows, placed)
+                                      if window.names for ref in refs)])
+            logger.debug("socket numbering went out of order during creation: every group's "
+                         "%d new socket(s) count for each group", len(every))
+            found = {name: every for name in found}
         return {name: tuple(refs) for name, refs in found.items()}
 
-    def _end_window(self) -> None:
-        if self._window:
-            self._look(tuple(self._window))
-            self._window = []
-
-    def _look(self, closed: tuple[str, ...]) -> None:
-        if SUPPORTED:
-            self._looks.append((closed, frozenset(_descriptors())))
-
-    def _owners(self, fd: int, groups: Sequence[str]) -> Sequence[str]:
-        """The groups of the window ``fd`` last appeared in; every group where it never went
-        missing; none where it last appeared outside the windows."""
-        owners: tuple[str, ...] = ()
-        missing = False
-        had = True  # the first look has no window before it: a number there did not appear
-        for closed, numbers in self._looks:
-            has = fd in numbers
-            if has and not had:
-                owners = closed
-            missing = missing or not has
-            had = has
-        return owners if missing else groups
+    def _begin(self, names: list[str], sockets: int) -> None:
+        self._windows.append(_Window(_lowest_free() if SUPPORTED else 0, names, sockets))
 
 
 def new_sockets(before: Mapping[int, str], after: Mapping[int, str]) -> tuple[SocketRef, ...]:
