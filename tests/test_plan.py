@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import commgroups as cg
+from commgroups.layout.specs import Layout, RoleSpec
+from commgroups.planning.plan import plan
 from tests.strategies import layouts
 
 LAYOUTS = Path(__file__).resolve().parent.parent / "examples" / "layouts"
@@ -151,3 +153,14 @@ def test_groups_and_group_of_are_the_old_names() -> None:
     plan = cg.plan(cg.Layout(dims={"dp_shard": 2, "cp": 2}))
     assert plan.groups("cp") == plan.rank_groups("cp") == [(0, 1), (2, 3)]
     assert plan.group_of("dp_shard", 2) == plan.ranks_of("dp_shard", 2) == (0, 2)
+
+
+def test_a_dim_groups_spec_equals_the_validated_one() -> None:
+    """dim_group builds its one-dim RoleSpec without validating it: it must equal the one
+    validation makes, for dims of ``dims`` and of views alike."""
+    layout = Layout(dims={"pp": 2, "dp_shard": 2, "cp": 2}, views={"experts": {"ep": 4, "x": 2}})
+    the_plan = plan(layout)
+    for dim in the_plan.all_dim_names:
+        made = the_plan.dim_group(dim)
+        assert made.spec == RoleSpec(name=dim, dims=[dim])
+        assert the_plan.dim_group(dim) is made  # planned once

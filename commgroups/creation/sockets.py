@@ -27,15 +27,14 @@ import stat
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 __all__ = ["SUPPORTED", "SocketLedger", "SocketRef", "gloo_sockets", "new_sockets", "open_sockets",
            "sever"]
 
 logger = logging.getLogger(__name__)
 
-_FDS = Path("/proc/self/fd")
-SUPPORTED = sys.platform.startswith("linux") and _FDS.is_dir()
+_FDS = "/proc/self/fd"
+SUPPORTED = sys.platform.startswith("linux") and os.path.isdir(_FDS)
 """Whether this platform lets a process list its sockets (Linux's ``/proc``)."""
 
 SocketRef = tuple[int, str]
