@@ -155,12 +155,13 @@ def test_groups_and_group_of_are_the_old_names() -> None:
     assert plan.group_of("dp_shard", 2) == plan.ranks_of("dp_shard", 2) == (0, 2)
 
 
-def test_a_dim_groups_spec_equals_the_validated_one() -> None:
-    """dim_group builds its one-dim RoleSpec without validating it: it must equal the one
-    validation makes, for dims of ``dims`` and of views alike."""
+def test_a_dim_group_is_planned_once_with_its_one_dim_spec() -> None:
+    """dim_group plans each dim once per Plan (its RoleSpec is validated when made), for dims of
+    ``dims`` and of views alike; its group size is the dim's size."""
     layout = Layout(dims={"pp": 2, "dp_shard": 2, "cp": 2}, views={"experts": {"ep": 4, "x": 2}})
     the_plan = plan(layout)
     for dim in the_plan.all_dim_names:
         made = the_plan.dim_group(dim)
         assert made.spec == RoleSpec(name=dim, dims=[dim])
+        assert made.group_size == the_plan.dim_size(dim)
         assert the_plan.dim_group(dim) is made  # planned once

@@ -82,7 +82,7 @@ def covering_role(layout: Layout, plan: Plan, dim: str, context: CreationContext
         if spec.dims == [dim]:
             adapter = resolve_backend(spec.backend, default_backend,
                                       plan.role(spec.name).group_size, context.device_backend)
-            device = resolve_backend("device", default_backend, plan.dim_group(dim).group_size,
+            device = resolve_backend("device", default_backend, plan.dim_size(dim),
                                      context.device_backend)
             if same_device(adapter, device):
                 return spec.name
@@ -98,7 +98,7 @@ def dims_needing_groups(layout: Layout, plan: Plan, meshes: Iterable[Sequence[st
     communicator). Pure: the same answer on every rank.
     """
     wanted = [name for names in meshes for name in names if name not in layout.role_names]
-    wanted += [dim for dim in plan.all_dim_names if plan.dim_group(dim).group_size == 1]
+    wanted += [dim for dim in plan.all_dim_names if plan.dim_size(dim) == 1]
     return tuple(dim for dim in dict.fromkeys(wanted)
                  if covering_role(layout, plan, dim, context) is None)
 
