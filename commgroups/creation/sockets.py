@@ -116,10 +116,11 @@ class SocketLedger:
     it and closes none, so one group's sockets take the lowest free numbers in order: every
     number from the lowest free one when a group starts up to the lowest free one when the
     next starts was either open before or is that group's. So the ledger reads the open
-    descriptors once when it starts (what was there) and once at :meth:`finish` (what is new,
-    each read for its inode), and between groups only the lowest free number (one open and
-    close, a microsecond; a directory read between groups cost 8 gloo ranks on 2 cores about
-    1 ms each, on the path where every rank waits for the slowest). Groups made one after
+    descriptors once, when it starts (what was there); between groups and at :meth:`finish` it
+    takes only the lowest free number (one open and close, a microsecond; a directory read
+    between groups cost 8 gloo ranks on 2 cores about 1 ms each, on the path where every rank
+    waits for the slowest), and at the end it reads the inode of each number from the first
+    window's start up to that last one that was not open before. Groups made one after
     another with the same members here share one window: a loss interrupts both or neither,
     so their sockets need not be told apart. A socket that appeared while another backend's
     group was made (NCCL's bootstrap) is nobody's.
@@ -129,8 +130,9 @@ class SocketLedger:
     creation, so the numbering went back; a foreign socket opened meanwhile; gloo opening more,
     on more devices), every new socket of the windows counts for every group, so a sever never
     misses one (it may shut a sibling group's down early: the generation is retired as a
-    whole). A socket that took the number of a descriptor open at the start is not recorded
-    here; its peer records its own end, and severing that frees both.
+    whole). A socket that took the number of a descriptor open at the start, or a number above
+    the lowest free one at the end, is not recorded here (both only follow a close during
+    creation); its peer records its own end, and severing that frees both.
 
     Example: ``ledger = SocketLedger()`` right before the first gloo group; ``ledger.watch("cp",
     (0, 1))`` before making ``cp``; ``ledger.gap()`` before a group of another backend; then
@@ -164,22 +166,21 @@ class SocketLedger:
     def finish(self) -> dict[str, tuple[SocketRef, ...]]:
         """Each watched group's new sockets, by name (every group named, empty where none)."""
         found: dict[str, list[SocketRef]] = {n: [] for w in self._windows for n in w.names}
-        if not SUPPORTED:
+        if not SUPPORTED or not self._windows:
             return {name: () for name in found}
         starts = [window.start for window in self._windows]
         placed: list[list[SocketRef]] = [[] for _ in self._windows]
-        stray: list[SocketRef] = []  # below the first window: a number freed meanwhile
-        for fd, link in sorted(_sockets_among(_descriptors() - self._old).items()):
-            index = bisect.bisect_right(starts, fd) - 1
-            (placed[index] if index >= 0 else stray).append((fd, link))
-        if not stray and all(len(refs) == window.sockets
-                             for window, refs in zip(self._windows, placed) if window.names):
+        new = (fd for fd in range(starts[0], _lowest_free()) if fd not in self._old)
+        for fd, link in _sockets_among(new).items():  # in order: the numbers ascend
+            placed[bisect.bisect_right(starts, fd) - 1].append((fd, link))
+        if all(len(refs) == window.sockets
+               for window, refs in zip(self._windows, placed) if window.names):
             for window, refs in zip(self._windows, placed):
                 for name in window.names:
                     found[name] = refs
         else:
-            every = sorted([*stray, *(ref for window, refs in zip(self._windows, placed)
-                                      if window.names for ref in refs)])
+            every = sorted(ref for window, refs in zip(self._windows, placed)
+                           if window.names for ref in refs)
             logger.debug("socket numbering went out of order during creation: every group's "
                          "%d new socket(s) count for each group", len(every))
             found = {name: every for name in found}
