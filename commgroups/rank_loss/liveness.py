@@ -189,20 +189,24 @@ class Liveness:
         self._next = int(self._shared.add("event/count", 0)) + 1
 
     def start_threads(self) -> None:
-        """Start the listener's and the beat's threads, after :meth:`anchor`; the beat's thread
-        first beats (so peers see this rank), at once. Until it lands a peer reads no beat of
-        this rank, which it never reports."""
+        """Start the listener's thread (:meth:`start_listener`) and a thread that runs
+        :meth:`run_beats`, after :meth:`anchor`."""
+        self.start_listener()
+        beat = threading.Thread(target=self.run_beats, name=f"commgroups-beat-{self.rank}",
+                                daemon=True)
+        beat.start()
+
+    def start_listener(self) -> None:
+        """Start the listener's thread (its own connection first), after :meth:`anchor`; the
+        beat is left to the caller (:meth:`run_beats`, on a thread of its own)."""
         atexit.register(self._settle)  # unregistered when the listener ends
-        self._threads = [threading.Thread(target=target, name=f"commgroups-{name}-{self.rank}",
-                                          daemon=True)
-                         for target, name in ((self._connect_and_listen, "listen"),
-                                              (self._beats, "beat"))]
-        for thread in self._threads:
-            thread.start()
+        self._threads = [threading.Thread(target=self._connect_and_listen,
+                                          name=f"commgroups-listen-{self.rank}", daemon=True)]
+        self._threads[0].start()
 
     def announced(self, timeout_s: float | None = None) -> bool:
-        """Wait until the first beat was sent (or tried), which :meth:`start_threads` leaves
-        to the beat's thread; True once it was."""
+        """Wait until the first beat was sent (or tried), by :meth:`run_beats`; True once it
+        was."""
         return self._announced.wait(timeout_s)
 
     def _settle(self) -> None:
@@ -445,9 +449,11 @@ class Liveness:
                     return
                 self._stop.wait(0.5)
 
-    def _beats(self) -> None:
-        """The backstop beat, every ``interval_s``, on the shared connection; after
-        :meth:`close`, the wake of a listener still waiting a second later."""
+    def run_beats(self) -> None:
+        """The backstop beat on the calling thread until :meth:`close`: the first at once (so
+        peers see this rank: until it lands a peer reads no beat of this rank, which it never
+        reports), then every ``interval_s``, on the shared connection; after :meth:`close`, the
+        wake of a listener still waiting a second later. Call after :meth:`start_listener`."""
         failures = 0
         with self._beating:
             if not self._stop.is_set():
