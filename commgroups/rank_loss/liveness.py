@@ -174,6 +174,7 @@ class Liveness:
         # share one listener) costs no thread objects (0.8 s per 16,384 ranks).
         self._threads: list[threading.Thread] = []
         self._announced = threading.Event()  # the beat thread's first beat was sent
+        self._listened = threading.Event()  # the listener's thread ended
 
     def start(self) -> None:
         """:meth:`anchor`, :meth:`publish_process`, then :meth:`start_threads`."""
@@ -230,6 +231,12 @@ class Liveness:
         """The listener's thread: its own connection first, then :meth:`_listen`. A connection
         costs the store's host a round trip or two (1-10 ms on loaded cores): not on
         ``create()``'s path."""
+        try:
+            self._connect_and_listen_until_stopped()
+        finally:
+            self._listened.set()
+
+    def _connect_and_listen_until_stopped(self) -> None:
         if self._connect is not None:
             try:
                 self._own = PrefixStore(self._namespace, self._connect())
@@ -474,12 +481,14 @@ class Liveness:
                 logger.debug("rank %d: beat failed (%d): %s", self.rank, failures, error)
                 if failures >= 20:
                     return
-        listener = self._threads[0]
-        if listener.is_alive():
-            listener.join(timeout=1.0)  # the last member's close event wakes it, normally
-            if listener.is_alive():  # a member never closes (dropped), or this rank alone did
-                with contextlib.suppress(RuntimeError):
-                    self._emit(self._shared, {"k": "wake"})
+        # An event, not Thread.join: join asks threading for the current thread, which on the
+        # registry's starter (a bare _thread: it goes on as the beat's) leaves a dummy Thread
+        # registered for good (threading.active_count() grew by one a registry).
+        # The last member's close event wakes the listener, normally; otherwise a member never
+        # closes (dropped), or this rank alone did.
+        if not self._listened.wait(timeout=1.0):
+            with contextlib.suppress(RuntimeError):
+                self._emit(self._shared, {"k": "wake"})
 
     def take(self, number: int) -> None:
         """Read event ``number`` and handle it: the listener's step once its wait returned."""
