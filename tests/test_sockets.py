@@ -4,6 +4,7 @@ ways, never a listener, never a descriptor reused since (real sockets, one proce
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -65,89 +66,88 @@ def test_sever_leaves_listeners_and_reused_descriptors_alone() -> None:
         listener.close()
 
 
-def _sockets(count: int) -> list[socket.socket]:
-    """``count`` sockets, as a gloo group of ``count`` members opens here (its listener and one
-    per peer: :func:`gloo_sockets`)."""
-    return [socket.socket() for _ in range(count)]
+Opener = Callable[[int], list[socket.socket]]
+
+
+@pytest.fixture
+def sockets() -> Iterator[Opener]:
+    """``sockets(count)`` opens ``count`` sockets, as a gloo group of ``count`` members opens here
+    (its listener and one per peer: :func:`gloo_sockets`); every one is closed after the test."""
+    opened: list[socket.socket] = []
+
+    def open_count(count: int) -> list[socket.socket]:
+        made = [socket.socket() for _ in range(count)]
+        opened.extend(made)
+        return made
+
+    yield open_count
+    for sock in opened:
+        sock.close()  # a second close (a test closed it already) does nothing
 
 
 def _numbers(found: dict[str, tuple[tuple[int, str], ...]]) -> dict[str, set[int]]:
     return {name: {fd for fd, _ in refs} for name, refs in found.items()}
 
 
-def test_the_ledger_gives_each_window_the_sockets_opened_in_it() -> None:
+def test_the_ledger_gives_each_window_the_sockets_opened_in_it(sockets: Opener) -> None:
     """Windows told apart by the lowest free number alone: each socket goes to the group it was
     opened for (groups with the same members share a window); one opened in a gap (another
     backend's group) to nobody; one open before, or opened after the last group, to nobody."""
-    held = socket.socket()  # open before the first look: never anyone's
+    (held,) = sockets(1)  # open before the first look: never anyone's
     ledger = SocketLedger()
     ledger.watch("first", (0, 1))
-    first = _sockets(gloo_sockets(2))
+    first = sockets(gloo_sockets(2))
     ledger.watch("first-again", (0, 1))  # the same members: the same window
-    again = _sockets(gloo_sockets(2))
+    again = sockets(gloo_sockets(2))
     ledger.gap()
-    between = socket.socket()  # another backend's group
+    (between,) = sockets(1)  # another backend's group
     ledger.watch("second", (0, 2, 3))
-    second = _sockets(gloo_sockets(3))
+    second = sockets(gloo_sockets(3))
     ledger.watch("elsewhere", None)  # a group this rank is not in: it opens nothing here
     found = _numbers(ledger.finish())
-    late = socket.socket()
-    try:
-        mine = {sock.fileno() for sock in (*first, *again)}
-        assert found == {"first": mine, "first-again": mine,
-                         "second": {sock.fileno() for sock in second}, "elsewhere": set()}
-        everyone = set().union(*found.values())
-        assert held.fileno() not in everyone and between.fileno() not in everyone
-    finally:
-        for sock in (*first, *again, *second, held, between, late):
-            sock.close()
+    sockets(1)  # opened after the last group
+    mine = {sock.fileno() for sock in (*first, *again)}
+    assert found == {"first": mine, "first-again": mine,
+                     "second": {sock.fileno() for sock in second}, "elsewhere": set()}
+    everyone = set().union(*found.values())
+    assert held.fileno() not in everyone and between.fileno() not in everyone
 
 
-def test_numbering_out_of_order_gives_every_group_every_new_socket() -> None:
+def test_numbering_out_of_order_gives_every_group_every_new_socket(sockets: Opener) -> None:
     """A descriptor closed during creation (another thread's) sends the next socket back to its
     number, where the ranges no longer say whose it is: the counts do not add up, and every
     group gets every new socket (a sever never misses one). The socket on the closed number
     was open before by number: not recorded (its peer records its end)."""
-    held = socket.socket()
+    (held,) = sockets(1)
     ledger = SocketLedger()
     ledger.watch("first", (0, 1))
-    first = _sockets(2)
+    first = sockets(2)
     ledger.watch("second", (0, 2))
     number = held.fileno()
     held.close()
-    second = _sockets(2)  # the first of them takes the closed number
+    second = sockets(2)  # the first of them takes the closed number
     found = _numbers(ledger.finish())
-    try:
-        assert second[0].fileno() == number
-        expected = {sock.fileno() for sock in (*first, second[1])}
-        assert found == {"first": expected, "second": expected}
-    finally:
-        for sock in (*first, *second):
-            sock.close()
+    assert second[0].fileno() == number
+    expected = {sock.fileno() for sock in (*first, second[1])}
+    assert found == {"first": expected, "second": expected}
 
 
-def test_a_foreign_socket_in_a_window_gives_every_group_every_new_socket() -> None:
+def test_a_foreign_socket_in_a_window_gives_every_group_every_new_socket(
+        sockets: Opener) -> None:
     ledger = SocketLedger()
     ledger.watch("first", (0, 1))
-    first = _sockets(2)
+    first = sockets(2)
     ledger.watch("second", (0, 2))
-    second = _sockets(3)  # one more than a gloo group of 2 opens: another thread's
+    second = sockets(3)  # one more than a gloo group of 2 opens: another thread's
     found = _numbers(ledger.finish())
-    try:
-        everything = {sock.fileno() for sock in (*first, *second)}
-        assert found == {"first": everything, "second": everything}
-    finally:
-        for sock in (*first, *second):
-            sock.close()
+    everything = {sock.fileno() for sock in (*first, *second)}
+    assert found == {"first": everything, "second": everything}
 
 
-def test_a_window_after_a_gap_starts_from_a_new_look() -> None:
+def test_a_window_after_a_gap_starts_from_a_new_look(sockets: Opener) -> None:
     ledger = SocketLedger()
     ledger.watch("gloo", (0, 1))  # nothing opened
     ledger.gap()
-    nccl = socket.socket()  # opened while the other backend's group was made
+    sockets(1)  # opened while the other backend's group (NCCL) was made
     ledger.watch("next", (0, 1))
-    try:
-        assert ledger.finish() == {"gloo": (), "next": ()}
-    finally:
-        nccl.close()
+    assert ledger.finish() == {"gloo": (), "next": ()}

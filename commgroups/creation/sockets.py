@@ -41,6 +41,13 @@ SocketRef = tuple[int, str]
 """A socket as (descriptor, ``socket:[inode]``): the inode tells a reused descriptor apart."""
 
 
+def _lowest_free() -> int:
+    """The number the next descriptor opened here takes: the lowest free one (opened, closed)."""
+    number = os.open(_FDS, os.O_RDONLY | os.O_DIRECTORY)
+    os.close(number)
+    return number
+
+
 def _descriptors() -> set[int]:
     """The numbers of this process's open descriptors: one directory read, no call per
     descriptor.
@@ -51,8 +58,7 @@ def _descriptors() -> set[int]:
     left out if nothing holds it after the read. Should another thread open a descriptor in
     the microseconds between, the read's own number stays in: a socket that takes it next
     then looks as if it had been open before (not recorded; its peer records its own end)."""
-    free = os.open(_FDS, os.O_RDONLY | os.O_DIRECTORY)
-    os.close(free)
+    free = _lowest_free()
     numbers = {int(name) for name in os.listdir(_FDS)}
     if free in numbers:
         try:
@@ -84,13 +90,6 @@ def open_sockets() -> dict[int, str]:
     return _sockets_among(_descriptors()) if SUPPORTED else {}
 
 
-def _lowest_free() -> int:
-    """The number the next descriptor opened here takes: the lowest free one (opened, closed)."""
-    number = os.open(_FDS, os.O_RDONLY | os.O_DIRECTORY)
-    os.close(number)
-    return number
-
-
 def gloo_sockets(members: int) -> int:
     """The sockets a gloo group of ``members`` ranks opens on each member while it is made: its
     listener and one connection per peer (checked on torch 2.10, 2.13 and 2.15 with one
@@ -105,6 +104,9 @@ class _Window:
     start: int
     """The lowest free descriptor number when the first of them began."""
     names: list[str]
+    """Empty for another backend's groups (a gap)."""
+    members: tuple[int, ...] | None
+    """Whom the groups hold here (None: not this rank)."""
     sockets: int
     """How many sockets they open together (:func:`gloo_sockets` each)."""
 
@@ -142,26 +144,22 @@ class SocketLedger:
     def __init__(self) -> None:
         self._old = frozenset(_descriptors()) if SUPPORTED else frozenset()
         self._windows: list[_Window] = []
-        self._members: tuple[int, ...] | None = None  # the last window's, while it is open
-        self._open = False
 
     def watch(self, name: str, members: tuple[int, ...] | None) -> None:
         """``name``'s group is made next; ``members``: whom it holds here (None: not this rank;
         a window of the same members stays open for it)."""
         expected = 0 if members is None else gloo_sockets(len(members))
-        if self._open and members == self._members:
-            window = self._windows[-1]
-            window.names.append(name)
-            window.sockets += expected
+        last = self._windows[-1] if self._windows else None
+        if last is not None and last.names and last.members == members:
+            last.names.append(name)
+            last.sockets += expected
             return
-        self._begin([name], expected)
-        self._members, self._open = members, True
+        self._begin([name], members, expected)
 
     def gap(self) -> None:
         """A group of another backend is made next: its sockets are nobody's."""
-        if self._open or not self._windows:
-            self._begin([], 0)
-            self._open = False
+        if not self._windows or self._windows[-1].names:
+            self._begin([], None, 0)
 
     def finish(self) -> dict[str, tuple[SocketRef, ...]]:
         """Each watched group's new sockets, by name (every group named, empty where none)."""
@@ -186,8 +184,8 @@ class SocketLedger:
             found = {name: every for name in found}
         return {name: tuple(refs) for name, refs in found.items()}
 
-    def _begin(self, names: list[str], sockets: int) -> None:
-        self._windows.append(_Window(_lowest_free() if SUPPORTED else 0, names, sockets))
+    def _begin(self, names: list[str], members: tuple[int, ...] | None, sockets: int) -> None:
+        self._windows.append(_Window(_lowest_free() if SUPPORTED else 0, names, members, sockets))
 
 
 def new_sockets(before: Mapping[int, str], after: Mapping[int, str]) -> tuple[SocketRef, ...]:

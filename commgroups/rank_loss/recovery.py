@@ -145,7 +145,7 @@ class Recovery:
         the flight publisher, which then hears asks through the listener; ``done`` is set then,
         whatever happened, and the starter goes on as the beat's thread (:meth:`Liveness.run_beats`:
         a thread fewer to start per rank, as every rank ends its groups at once: 8 gloo ranks
-        on 2 cores made creation 1.27-1.34x DeviceMesh with it, 1.34-1.42x without). A store
+        on 2 cores made creation 1.26-1.27x DeviceMesh with it, 1.34-1.42x without). A store
         failure here is logged, and nothing beats: the listener reports what it cannot do."""
         try:
             current.announce_created()
