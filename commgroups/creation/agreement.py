@@ -31,6 +31,7 @@ from commgroups.errors import (
     StoreUnreachableError,
 )
 from commgroups.util.error_text import fit_lines
+from commgroups.util.store_reads import read_bytes_if_present
 from commgroups.util.text_table import format_ranks
 
 __all__ = ["Ballot", "Verdict", "agree", "describe_differences", "store_barrier", "store_host", "store_calls"]
@@ -276,7 +277,9 @@ def _wait_or_abandon(
         if finish is not None:
             finish()  # idempotent: the next attempt opens however many ranks give up
         raise
-    return dict(json.loads(store.get("all").decode()))
+    # One request: the key exists (the wait returned), and get() would wait for it again first.
+    decided = read_bytes_if_present(store, "all")
+    return dict(json.loads(decided if decided is not None else store.get("all")))
 
 
 def store_host(store: Store) -> str:
