@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from commgroups.flight_recorder.recorder import FlightRecorder, RoleRecorder
 from commgroups.flight_recorder.session import _rewritten
 from commgroups.flight_recorder.settings import ENV_VAR, flight_enabled
 from commgroups.flight_recorder.signals import dump_on_signal
+from commgroups.rank_loss.liveness import Liveness
 from commgroups.torch_internals.version import torch_version
 from tests import torch_private
 
@@ -165,6 +167,50 @@ def test_the_publisher_writes_on_change_and_answers_requests() -> None:
     other = StatusPublisher(store, "t/", 4, dict, interval_s=0.05)
     other.stop(release=True, members=2)  # the last one to close deletes the shared keys
     assert not any(store.check([f"t/{key}"]) for key in ("request", "requests", "closed"))
+
+
+def _until(condition: Any, deadline_s: float = 10.0) -> bool:
+    end = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_publisher_heard_through_the_listener_looks_from_the_beats_thread() -> None:
+    store = dist.HashStore()
+    liveness = Liveness(store, store, "live/", 3, interval_s=60.0, dead_after_s=1.0,
+                        on_loss=lambda generation, suspects: None)
+    beat = threading.Thread(target=liveness.run_beats, daemon=True)
+    beat.start()
+    assert liveness.announced(10.0)
+    status = {"cp": {"seq": 1}}
+    publisher = StatusPublisher(store, "t/", 3, lambda: copy.deepcopy(status), interval_s=0.02)
+    registered: list[tuple[str, bool]] = []
+
+    def every(name: str, period_s: float, task: Any) -> None:
+        registered.append((name, task is not None))
+        liveness.every(name, period_s, task)
+
+    publisher.listen_through(liveness.emit, liveness.subscribe, every)
+    first = read_status(store, "t/", 3)  # published by the call itself
+    assert first is not None and first["status"] == status and registered == [("t/", True)]
+    assert not [t for t in threading.enumerate() if t.name.startswith("commgroups-flight")]
+    # A change is published within the publisher's interval, though the beat is a minute away.
+    status["cp"] = {"seq": 2}
+    assert _until(lambda: (read_status(store, "t/", 3) or {}).get("status") == status)
+    failures = []
+    liveness.every("failing", 0.02, lambda: failures.append(1) / 0)  # logged, and kept
+    assert _until(lambda: len(failures) >= 3)
+    publisher.stop(release=True, members=1)
+    assert registered[-1] == ("t/", False) and read_status(store, "t/", 3) is None
+    status["cp"] = {"seq": 3}
+    time.sleep(0.1)
+    assert read_status(store, "t/", 3) is None  # stopped looking: nothing re-created
+    liveness.close()
+    beat.join(timeout=5.0)  # at once, not after the minute's wait (plus a second's grace)
+    assert not beat.is_alive()
 
 
 # ------------------------------------------------------------------------------- diagnosis

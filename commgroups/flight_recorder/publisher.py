@@ -1,11 +1,12 @@
-"""A daemon thread that keeps this rank's status in the store, so other ranks can read it even
-while this rank is stuck (in Python, or in a collective that holds no GIL).
+"""A background publisher that keeps this rank's status in the store, so other ranks can read it
+even while this rank is stuck (in Python, or in a collective that holds no GIL).
 
 Self-contained on purpose: a store, a key prefix, a rank and a ``snapshot`` callable. The
-collective's path never touches the store: the thread publishes at ``interval_s``, only when the
-snapshot changed or another rank asked. Asks arrive as events through the registry's listener
-(:meth:`StatusPublisher.listen_through`: no store request while nobody asks); without one (no
-TCPStore, heartbeats off) the thread reads the request counter a few times an interval.
+collective's path never touches the store: a daemon thread publishes at ``interval_s``, only when
+the snapshot changed or another rank asked. Asks arrive as events through the registry's listener
+(:meth:`StatusPublisher.listen_through`: no store request while nobody asks), and the periodic
+look then runs on the heartbeat's thread (no thread of its own); without a listener (no TCPStore,
+heartbeats off) the publisher's own thread reads the request counter a few times an interval.
 
 A failed call's diagnosis asks only its group (:meth:`StatusPublisher.ask_group`): one ask per
 role, group and failed call however many of its members diagnose it, answered by that group's
@@ -97,6 +98,7 @@ class StatusPublisher:
         self._thread: threading.Thread | None = None  # made by start(): 25 us a thread object
         self._emit: Callable[[dict[str, Any]], object] | None = None
         self._subscribe: Callable[[str, Callable[[dict[str, Any]], None] | None], None] | None = None
+        self._every: Callable[[str, float, Callable[[], object] | None], None] | None = None
 
     @property
     def poll_s(self) -> float:
@@ -109,7 +111,8 @@ class StatusPublisher:
         return f"{self.prefix}{self.rank}"
 
     def start(self) -> StatusPublisher:
-        """Start the thread; it publishes once at once, then at ``interval_s``.
+        """Start the thread; it publishes once at once, then at ``interval_s``. (A publisher that
+        listens through a heartbeat's thread needs none: :meth:`listen_through`.)
 
         The first publication is the thread's, not the caller's: a store round trip less on
         ``create()``'s path, where every rank waits for the slowest (0.5-2 ms each on 8 ranks
@@ -140,14 +143,24 @@ class StatusPublisher:
         return self._emit is not None
 
     def listen_through(self, emit: Callable[[dict[str, Any]], object],
-                       subscribe: Callable[[str, Callable[[dict[str, Any]], None] | None], None]
-                       ) -> None:
+                       subscribe: Callable[[str, Callable[[dict[str, Any]], None] | None], None],
+                       every: Callable[[str, float, Callable[[], object] | None], None] | None
+                       = None) -> None:
         """Hear asks as events (``subscribe(prefix, handler)``, called back from the listener's
         thread) and send them with ``emit``, instead of polling the request counter: every
-        publisher of the prefix must do it alike (they do: the registry attaches each)."""
+        publisher of the prefix must do it alike (they do: the registry attaches each).
+
+        ``every(prefix, interval_s, look)``: run the periodic look at the status from a thread
+        the caller owns (the heartbeat's, :meth:`~commgroups.rank_loss.liveness.Liveness.every`;
+        None stops it) instead of :meth:`start`'s thread: the first publication is made here,
+        on the calling thread. Ignored where :meth:`start` ran already."""
         self._emit, self._subscribe = emit, subscribe
         subscribe(self.prefix, self._heard)
         self._heard()  # an ask made before this publisher listened
+        if every is not None and self._thread is None and not self._stop.is_set():
+            self._every = every
+            if self._look():
+                every(self.prefix, self.interval_s, self._look)
 
     def _heard(self, event: dict[str, Any] | None = None) -> None:
         try:
@@ -260,12 +273,21 @@ class StatusPublisher:
                 logger.exception("flight recorder: handling request %s failed", request)
         self.publish_now(force=True)
 
-    def _run(self) -> None:
-        polls = 0
+    def _look(self) -> bool:
+        """Publish the status if it changed; on a store failure (its host died) say so and stop
+        looking. Returns whether it goes on."""
         try:
             self.publish_now()
         except Exception as error:  # the store went away (its host died): stop quietly
             logger.warning("flight recorder publisher stops: %r", error)
+            if self._every is not None:
+                self._every(self.prefix, self.interval_s, None)
+            return False
+        return True
+
+    def _run(self) -> None:
+        polls = 0
+        if not self._look():
             return
         while not self._stop.wait(self.interval_s if self._emit is not None else self.poll_s):
             try:
@@ -285,6 +307,8 @@ class StatusPublisher:
         self._stop.set()
         if self._subscribe is not None:
             self._subscribe(self.prefix, None)
+        if self._every is not None:
+            self._every(self.prefix, self.interval_s, None)
         thread = self._thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             thread.join(timeout=max(1.0, 2 * self.interval_s))

@@ -27,7 +27,8 @@ Two daemon threads per registry (:class:`Liveness`):
    successor's beat; a beat that has not moved for ``report_after_s`` (ten times ``dead_after_s``)
    is reported as a loss of that rank. A dead process is seen by its peers' sockets within
    milliseconds and by a roll call within ``dead_after_s``; the beat only catches a process alive
-   but wedged (holding the GIL in C), so it can be slow.
+   but wedged (holding the GIL in C), so it can be slow. The same thread runs the periodic
+   tasks given to :meth:`Liveness.every` (the flight publisher's look at its status).
 
 Idle cost per rank: two requests every ``interval_s`` (the beat, the read of the successor's),
 whatever the world's size; 0.2 per second at the default 10 s. Requests from other threads
@@ -175,6 +176,10 @@ class Liveness:
         self._threads: list[threading.Thread] = []
         self._announced = threading.Event()  # the beat thread's first beat was sent
         self._listened = threading.Event()  # the listener's thread ended
+        # Periodic tasks the beat's thread runs besides the beat (every()): name -> period,
+        # task, when next due. _wake ends the thread's wait early: a task added, or a stop.
+        self._tasks: dict[str, tuple[float, Callable[[], object], float]] = {}
+        self._wake = threading.Event()
 
     def start(self) -> None:
         """:meth:`anchor`, :meth:`publish_process`, then :meth:`start_threads`."""
@@ -220,7 +225,7 @@ class Liveness:
         has come and this returns at once; else it waits up to 2 s for it, then wakes the
         listeners itself (one read each)."""
         listener = self._threads[0]
-        self._stop.set()
+        self._halt()
         listener.join(timeout=2.0)
         if listener.is_alive():
             with contextlib.suppress(RuntimeError):  # the store's host is gone: nothing wakes
@@ -355,6 +360,24 @@ class Liveness:
         """How many answers generation ``generation``'s loss report got so far (one request)."""
         return int(self._shared.add(f"lost/{generation}/answers", 0))
 
+    def every(self, name: str, period_s: float, task: Callable[[], object] | None) -> None:
+        """Run ``task()`` every ``period_s`` from the beat's thread (:meth:`run_beats`), the first
+        time ``period_s`` from now; None: stop running ``name``'s task. A task that raises is
+        logged and kept. The flight publisher's periodic look at its status runs here: one
+        thread fewer per rank than a thread of its own (a start that every rank pays as it
+        ends its groups)."""
+        with self._lock:
+            if task is None:
+                self._tasks.pop(name, None)
+            else:
+                self._tasks[name] = (period_s, task, time.monotonic() + period_s)
+        self._wake.set()
+
+    def _halt(self) -> None:
+        """Stop the threads' loops: the listener's at its next event, the beat's at once."""
+        self._stop.set()
+        self._wake.set()
+
     def subscribe(self, prefix: str, handler: Callable[[dict[str, Any]], None] | None) -> None:
         """Call ``handler(event)`` from the thread on each ``ask`` event for ``prefix`` (None:
         stop); the event carries the ask's fields (role, asker, number) as the asker sent them."""
@@ -387,7 +410,7 @@ class Liveness:
         the beat's thread wakes the listeners after that second: one read for each of them.
         (``close()`` used to wait for that itself: 75-400 ms of every close, for the last
         member to arrive.)"""
-        self._stop.set()
+        self._halt()
         with self._beating:  # a beat under way ends first: none re-creates the key deleted here
             pass
         with contextlib.suppress(RuntimeError):  # the store's host is gone
@@ -469,7 +492,19 @@ class Liveness:
                 except Exception as error:  # a store hiccup: the loop's next beat retries
                     logger.debug("rank %d: first beat failed: %s", self.rank, error)
         self._announced.set()
-        while not self._stop.wait(self.interval_s):
+        next_beat = time.monotonic() + self.interval_s
+        while not self._stop.is_set():
+            with self._lock:
+                due = min([next_beat, *(task[2] for task in self._tasks.values())])
+            self._wake.wait(max(0.0, due - time.monotonic()))
+            self._wake.clear()  # before the tasks are read: an every() after it wakes the next
+            if self._stop.is_set():
+                break
+            now = time.monotonic()
+            self._run_due_tasks(now)
+            if now < next_beat:
+                continue
+            next_beat = now + self.interval_s
             try:
                 with self._beating:
                     if self._stop.is_set():
@@ -489,6 +524,18 @@ class Liveness:
         if not self._listened.wait(timeout=1.0):
             with contextlib.suppress(RuntimeError):
                 self._emit(self._shared, {"k": "wake"})
+
+    def _run_due_tasks(self, now: float) -> None:
+        """Run the :meth:`every` tasks due by ``now`` (on the beat's thread)."""
+        with self._lock:
+            due = [(name, task) for name, task in self._tasks.items() if task[2] <= now]
+            for name, (period, run, _) in due:
+                self._tasks[name] = (period, run, now + period)
+        for name, (_, run, _) in due:
+            try:
+                run()
+            except Exception as error:  # the task's own failure: it says what it does about it
+                logger.debug("rank %d: periodic task %s failed: %r", self.rank, name, error)
 
     def take(self, number: int) -> None:
         """Read event ``number`` and handle it: the listener's step once its wait returned."""
@@ -517,7 +564,7 @@ class Liveness:
             if decided is not None:
                 decided(event)
         elif kind == "close":
-            self._stop.set()
+            self._halt()
 
     def _answer(self, generation: int, store: Store) -> None:
         """Say this rank is alive, once per generation whose loss it heard of (before the

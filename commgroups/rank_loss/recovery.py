@@ -90,10 +90,11 @@ class Recovery:
         ``create()``'s path, where every rank waits for the slowest, keeps one store request
         (this rank's process entry, :meth:`Liveness.publish_process`, an append: no reply
         awaited); a starter thread of this Recovery does the rest
-        (:meth:`_start_in_background`): the note, two thread starts that each wait for the new
-        thread to run and three round trips (8 ranks sharing 2 cores: 1-6 ms a thread start,
-        0.5-3 ms a round trip as every rank ends its groups at once), and then it beats. Every
-        other verb waits for the starter's start-up first (:meth:`wait_started`).
+        (:meth:`_start_in_background`): the note, the listener's thread start, which waits
+        for the new thread to run, and four round trips (8 ranks sharing 2 cores: 1-6 ms a
+        thread start, 0.5-3 ms a round trip as every rank ends its groups at once), and then it
+        beats and runs the flight publisher's periodic look. Every other verb waits for the
+        starter's start-up first (:meth:`wait_started`).
 
         The starter reads the listener's anchor (:meth:`Liveness.anchor`) first: an event
         emitted before it is one the starter's next steps catch up on (a loss report: the
@@ -143,15 +144,14 @@ class Recovery:
                              members: tuple[int, ...], done: threading.Event) -> None:
         """The starter: the heartbeat's anchor, its listener and the watch of ``current``, and
         the flight publisher, which then hears asks through the listener; ``done`` is set then,
-        whatever happened, and the starter goes on as the beat's thread (:meth:`Liveness.run_beats`:
-        a thread fewer to start per rank, as every rank ends its groups at once: 8 gloo ranks
-        on 2 cores made creation 1.26-1.27x DeviceMesh with it, 1.34-1.42x without). A store
+        whatever happened, and the starter goes on as the beat's thread (:meth:`Liveness.run_beats`),
+        which also runs the publisher's periodic look (:meth:`Liveness.every`). Two thread
+        starts fewer per rank, as every rank ends its groups at once: 8 gloo ranks on 2 cores
+        made creation 1.26-1.27x DeviceMesh with the beat's, 1.34-1.42x without. A store
         failure here is logged, and nothing beats: the listener reports what it cannot do."""
         try:
             current.announce_created()
             liveness.anchor()
-            if current.flight is not None:
-                current.flight.start()
             liveness.start_listener()
             liveness.watch(current.number, members)
             self._attach_flight(current)
@@ -176,14 +176,21 @@ class Recovery:
                            STARTER_WAIT_S)
 
     def attach_flight(self, generation: Generation) -> None:
-        """Let ``generation``'s flight publisher hear asks through the listener (no polling)."""
+        """Start ``generation``'s flight publisher: it hears asks through the listener (no
+        polling) and looks at its status from the beat's thread (:meth:`Liveness.every`: no
+        thread of its own); without a heartbeat, on a thread of its own."""
         self.wait_started()
         self._attach_flight(generation)
 
     def _attach_flight(self, generation: Generation) -> None:
         flight = generation.flight
-        if self.liveness is not None and flight is not None and flight.publisher is not None:
-            flight.publisher.listen_through(self.liveness.emit, self.liveness.subscribe)
+        if flight is None:
+            return
+        if self.liveness is not None and flight.publisher is not None:
+            flight.publisher.listen_through(self.liveness.emit, self.liveness.subscribe,
+                                            self.liveness.every)
+        else:
+            flight.start()
 
     def _kept(self, generation: Generation, from_thread: bool = False) -> list[dist.ProcessGroup]:
         """Groups an interrupt leaves alone: the spine a shrink needs; from the heartbeat thread on
@@ -297,8 +304,6 @@ class Recovery:
         """After ``generation`` (g+1) is current: watch it, release ``previous`` (g) and the
         check-in keys of a rebuild ago; returns the seconds it took (the report's ``release``)."""
         mark = time.monotonic()
-        if generation.flight is not None:
-            generation.flight.start()
         self.attach_flight(generation)
         members = generation.plan.members or tuple(range(generation.layout.world_size))
         lost_positions = previous.plan.positions(np.asarray(report.lost, dtype=np.int64)).tolist()
