@@ -4,7 +4,7 @@ set of them (:class:`FlightRecorder`), with the compact status other ranks read 
 Cost per recorded call (measured by ``commgroups bench``, ``flight_recorder_us_per_collective``):
 one counter read on the group, a frame walk cached per code object, an entry appended to a
 ``deque(maxlen)``. No lock: a role's calls come from one thread (RoleCollectives enforces it), and
-readers (the status publisher thread) only read the last entry and copy the deque.
+readers (the status publisher's thread) only read the last entry and copy the deque.
 """
 
 from __future__ import annotations

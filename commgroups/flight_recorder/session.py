@@ -91,9 +91,11 @@ class FlightSession:
         atexit.register(self._at_exit)
 
     def start(self) -> None:
-        """Start publishing this rank's status (the publisher's thread); once, by the owner of
-        the generation's background threads (:class:`~commgroups.rank_loss.recovery.Recovery`),
-        after :func:`open_flight`."""
+        """Start publishing this rank's status from the publisher's own thread; once, by the
+        owner of the generation's background threads
+        (:class:`~commgroups.rank_loss.recovery.Recovery`), after :func:`open_flight`, where no
+        heartbeat runs (with one, the publisher listens through it and looks from its beat's
+        thread: :meth:`StatusPublisher.listen_through`)."""
         if self.publisher is not None:
             self.publisher.start()
 
@@ -115,7 +117,7 @@ class FlightSession:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / dump_file_name(self.recorder.generation, self.recorder.rank)
         data = self.recorder.to_dict(call_sites=call_sites)
-        # One temporary per writer: the publisher's thread and a diagnosing main thread may
+        # One temporary per writer: the publishing thread and a diagnosing main thread may
         # write the same dump at once.
         temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         temporary.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
