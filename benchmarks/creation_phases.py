@@ -1,16 +1,24 @@
 """Where ``GroupRegistry.create()`` spends its time on real gloo ranks:
-``python benchmarks/creation_phases.py [--world 8] [--worlds 10]``.
+``python benchmarks/creation_phases.py [--world 8] [--worlds 10] [--warm]``.
 
 Two tables from fresh gloo worlds (one per repetition, as ``commgroups bench`` does):
 
 - per phase, the slowest rank's milliseconds: agreement (its store namespace, then the vote),
   each group, the flight recorder's start and the heartbeat's start;
-- the same layout created four ways in each world, in rotating order, as paired ratios: the
-  registry, the registry with the heartbeat and the flight recorder off, DeviceMesh, and
-  DeviceMesh plus its own fsdp group (the registry's communicators).
+- the same layout created in every way of :data:`VARIANTS` once in each world, in rotating order:
+  the slowest rank's median milliseconds and paired ratios against DeviceMesh and against a
+  loop of the registry's own ``new_group`` calls. Besides the registry, DeviceMesh (with and
+  without its own fsdp group: the registry's communicators) and the loop, the registry with its
+  parts turned off one after another: the heartbeat, the flight recorder, both, then also the
+  socket ledger, then also the agreement. Those last two are no option of the product (without
+  the ledger a gloo generation cannot be severed after a rank loss, without the agreement
+  ranks that disagree hang): they only measure what each part costs.
 
-A probe for the creation floor (benchmarks/README.md), not a scenario of the bench: its phases are
-timed by wrapping the registry's internal functions.
+``--warm``: each process first creates one registry and one DeviceMesh, so every variant runs
+warm code (the bench's figure is a process's first of each). A probe for the creation floor
+(benchmarks/README.md, docs/guide.md "Creation happens in `create()`"), not a scenario of the
+bench: its phases are timed, and its parts turned off, by replacing the registry's internal
+functions.
 """
 
 from __future__ import annotations
@@ -32,7 +40,10 @@ PHASES = (("commgroups.generation.make", "agreement_store"),
           ("commgroups.generation.make", "_create_one"),
           ("commgroups.generation.make", "open_flight"),
           ("commgroups.rank_loss.recovery", "Recovery.start_threads"))
-VARIANTS = ("registry", "registry, no heartbeat or flight", "devicemesh", "devicemesh + own fsdp")
+VARIANTS = ("registry", "registry, no heartbeat", "registry, no flight recorder",
+            "registry, no heartbeat or flight", "registry, quiet, no socket ledger",
+            "registry, quiet, no ledger or agreement", "devicemesh", "devicemesh + own fsdp",
+            "new_group loop")
 
 
 def _timing(spent: dict[str, float]) -> None:
@@ -57,32 +68,56 @@ def _timing(spent: dict[str, float]) -> None:
         setattr(owner, attribute, timed)
 
 
-def _measure(rank: int, world: int, progress: Any, repetition: int) -> dict[str, list[float]]:
+def _create(variant: str, layout: Any) -> Any:
+    """``variant`` of :data:`VARIANTS` made on every rank; returns what keeps it alive."""
+    from commgroups.bench import creation
+    from commgroups.creation import agreement, sockets
+    from commgroups.generation import make
+    from commgroups.registry import GroupRegistry
+
+    if not variant.startswith("registry"):
+        return creation._timed(variant, layout)[2]
+    quiet = layout.model_copy(update={"flight_recorder": False})
+    if variant == "registry":
+        return GroupRegistry(layout).create()
+    if variant == "registry, no heartbeat":
+        return GroupRegistry(layout, heartbeat_s=None).create()
+    if variant == "registry, no flight recorder":
+        return GroupRegistry(quiet).create()
+    if variant == "registry, no heartbeat or flight":
+        return GroupRegistry(quiet, heartbeat_s=None).create()
+    ledger, agree = sockets.SUPPORTED, make.agree
+    sockets.SUPPORTED = False  # type: ignore[misc]  # a probe: no ledger, no sever
+    if variant == "registry, quiet, no ledger or agreement":
+        make.agree = lambda *args, **kwargs: agreement.Verdict(carried=False)  # type: ignore[assignment]
+    try:
+        return GroupRegistry(quiet, heartbeat_s=None).create()
+    finally:
+        sockets.SUPPORTED, make.agree = ledger, agree  # type: ignore[misc]
+
+
+def _measure(rank: int, world: int, progress: Any, repetition: int,
+             warm: bool) -> dict[str, list[float]]:
     import torch
     import torch.distributed as dist
 
     from commgroups.bench import creation
-    from commgroups.registry import GroupRegistry
 
     spent: dict[str, float] = {}
     _timing(spent)
     layout = creation.bench_layout(world)
-    quiet = layout.model_copy(update={"flight_recorder": False})
     warm_up = dist.new_group(group_desc="warm-up")
     dist.barrier(group=warm_up)  # type: ignore[arg-type]  # every rank is a member
+    kept: list[Any] = []
+    if warm:
+        kept += [_create("registry", layout), _create("devicemesh", layout)]
     order = VARIANTS[repetition % len(VARIANTS):] + VARIANTS[:repetition % len(VARIANTS)]
     out: dict[str, list[float]] = {}
-    kept: list[Any] = []
     for variant in order:
         dist.barrier()
         spent.clear()
         start = time.perf_counter()
-        if variant == "registry":
-            kept.append(GroupRegistry(layout).create())
-        elif variant == "registry, no heartbeat or flight":
-            kept.append(GroupRegistry(quiet, heartbeat_s=None).create())
-        else:
-            kept.append(creation._timed(variant, layout)[2])
+        kept.append(_create(variant, layout))
         values = [time.perf_counter() - start] + [spent.get(name, 0.0) for _, name in PHASES]
         slowest = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -99,23 +134,30 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=8, help="gloo ranks (default 8)")
     parser.add_argument("--worlds", type=int, default=10, help="fresh worlds (default 10)")
+    parser.add_argument("--warm", action="store_true",
+                        help="every variant on warm code (a registry and a DeviceMesh first)")
     args = parser.parse_args(argv)
     runs: dict[str, list[list[float]]] = {variant: [] for variant in VARIANTS}
     for repetition in range(args.worlds):
-        for variant, values in run_world(_measure, args.world, repetition)[0].items():
+        for variant, values in run_world(_measure, args.world, repetition,
+                                         args.warm)[0].items():
             runs[variant].append(values)
-    print(f"create() on {args.world} gloo ranks, {args.worlds} worlds: slowest rank, median ms")
+    print(f"create() on {args.world} gloo ranks, {args.worlds} worlds"
+          f"{', warm' if args.warm else ''}: slowest rank, median ms, by phase")
     for variant in ("registry", "registry, no heartbeat or flight"):
         columns = [statistics.median(column) * 1e3 for column in zip(*runs[variant])]
         phases = ", ".join(f"{name.split('.')[-1]} {value:.1f}"
                            for (_, name), value in zip(PHASES, columns[1:]))
         print(f"  {variant}: {columns[0]:.1f} ({phases})")
-    print("paired ratios, median [min-max]:")
+    print("every variant: median ms; paired ratios, median [min-max]")
     for variant in VARIANTS:
-        for base in ("devicemesh", "devicemesh + own fsdp"):
-            ratios = sorted(a[0] / b[0] for a, b in zip(runs[variant], runs[base]))
-            print(f"  {variant} / {base}: {statistics.median(ratios):.2f} "
-                  f"[{ratios[0]:.2f}-{ratios[-1]:.2f}]")
+        ratios = []
+        for base in ("devicemesh", "new_group loop"):
+            paired = sorted(a[0] / b[0] for a, b in zip(runs[variant], runs[base]))
+            ratios.append(f"/ {base} {statistics.median(paired):.2f} "
+                          f"[{paired[0]:.2f}-{paired[-1]:.2f}]")
+        median = statistics.median(values[0] for values in runs[variant]) * 1e3
+        print(f"  {variant:40s} {median:6.1f}  {'  '.join(ratios)}")
     return 0
 
 
