@@ -171,9 +171,9 @@ class Liveness:
         self._next = 1
         self._stop = threading.Event()
         self._beating = threading.Lock()  # held by a beat under way: close() waits it out
-        # Made by start(): a Liveness that never starts (the benchmark's virtual ranks, which
-        # share one listener) costs no thread objects (0.8 s per 16,384 ranks).
-        self._threads: list[threading.Thread] = []
+        # Made by start_listener(): a Liveness that never starts (the benchmark's virtual ranks,
+        # which share one listener) costs no thread objects (0.8 s per 16,384 ranks).
+        self._listener: threading.Thread | None = None
         self._announced = threading.Event()  # the beat thread's first beat was sent
         self._listened = threading.Event()  # the listener's thread ended
         # Periodic tasks the beat's thread runs besides the beat (every()): name -> period,
@@ -206,9 +206,9 @@ class Liveness:
         """Start the listener's thread (its own connection first), after :meth:`anchor`; the
         beat is left to the caller (:meth:`run_beats`, on a thread of its own)."""
         atexit.register(self._settle)  # unregistered when the listener ends
-        self._threads = [threading.Thread(target=self._connect_and_listen,
-                                          name=f"commgroups-listen-{self.rank}", daemon=True)]
-        self._threads[0].start()
+        self._listener = threading.Thread(target=self._connect_and_listen,
+                                          name=f"commgroups-listen-{self.rank}", daemon=True)
+        self._listener.start()
 
     def announced(self, timeout_s: float | None = None) -> bool:
         """Wait until the first beat was sent (or tried), by :meth:`run_beats`; True once it
@@ -224,7 +224,9 @@ class Liveness:
         that finished marked failed (seen under torchrun, torch 2.13). Usually the close event
         has come and this returns at once; else it waits up to 2 s for it, then wakes the
         listeners itself (one read each)."""
-        listener = self._threads[0]
+        listener = self._listener
+        if listener is None:  # registered by start_listener() just before it makes the thread
+            return
         self._halt()
         listener.join(timeout=2.0)
         if listener.is_alive():
@@ -398,7 +400,8 @@ class Liveness:
     def listening(self) -> bool:
         """Whether the listener runs (events reach :meth:`subscribe`'s and :meth:`expect`'s
         handlers)."""
-        return bool(self._threads) and self._threads[0].is_alive() and not self._stop.is_set()
+        listener = self._listener
+        return listener is not None and listener.is_alive() and not self._stop.is_set()
 
     def close(self, members: int = 0) -> None:
         """Stop the threads and delete this rank's beat; the last of ``members`` ranks to close

@@ -132,13 +132,12 @@ class Recovery:
         _thread.start_new_thread(self._start_in_background,
                                  (current, self.liveness, tuple(members), self.starter))
 
-    @staticmethod
-    def _start_without_heartbeat(current: Generation) -> None:
+    def _start_without_heartbeat(self, current: Generation) -> None:
         """What :meth:`start_threads` does where no heartbeat runs: the note, then the flight
-        publisher, here (there is no starter thread)."""
+        publisher on a thread of its own (:meth:`_attach_flight`), here (there is no starter
+        thread)."""
         current.announce_created()
-        if current.flight is not None:
-            current.flight.start()
+        self._attach_flight(current)
 
     def _start_in_background(self, current: Generation, liveness: Liveness,
                              members: tuple[int, ...], done: threading.Event) -> None:
