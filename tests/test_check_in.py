@@ -1,14 +1,20 @@
-"""commgroups.rank_loss.check_in, pure: the check-in window's default (the world's check-ins are in
+"""commgroups.rank_loss.check_in: the check-in window's default, and the check-in's and the loss
+answers' store protocol on a real TCPStore in this process (the world's check-ins are in
 tests/test_check_in_world.py)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]  # re-exported
 
+from commgroups.bench.control_plane import CountingStore
+from commgroups.errors import LeftOutError
 from commgroups.layout.specs import Layout, RoleSpec
-from commgroups.rank_loss.check_in import check_in_window, window_slack_s
+from commgroups.rank_loss.check_in import CheckIn, check_in_window, window_slack_s
+from commgroups.rank_loss.liveness import Liveness, answer
 from tests.test_rebuild import hsdp_layout
 
 
@@ -40,3 +46,58 @@ def test_an_explicit_window_is_taken_as_given_and_validated() -> None:
     assert check_in_window(timedelta(seconds=7), _layout(3.0), {}, 60) == timedelta(seconds=7)
     with pytest.raises(ValueError, match="timeout"):
         check_in_window(-1, _layout(3.0), {}, 60)
+
+
+# ------------------------------------------------------------------ the protocol on a real store
+def _store() -> Any:
+    """A real TCPStore served in this process (port chosen by the OS)."""
+    return TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False, timeout=timedelta(seconds=10))
+
+
+def _liveness(store: Any, rank: int) -> Liveness:
+    return Liveness(store, store, "ns/", rank, interval_s=10.0, dead_after_s=1.0,
+                    on_loss=lambda generation, suspects: None)
+
+
+def test_an_answer_is_listed_and_counted_in_two_requests() -> None:
+    server = _store()
+    reporter = _liveness(server, 0)
+    assert reporter.report(0, "rank 3 stopped", {3})
+    counted = CountingStore(PrefixStore("ns/", server))
+    assert answer(counted, 0, 1)
+    assert counted.requests == 2  # the append, the add: nothing read
+    assert reporter.answers(0) == 1
+    assert reporter.answered(0, [1, 2, 3]) == {1}
+    # A second report (other suspects) after an answer is not the first.
+    assert not _liveness(server, 2).report(0, "rank 4 stopped", {4})
+    assert reporter.answers(0) == 1
+
+
+def test_answers_that_come_after_the_release_leave_no_key() -> None:
+    server = _store()
+    reporter = _liveness(server, 0)
+    reporter.report(0, "rank 3 stopped", {3})
+    assert answer(PrefixStore("ns/", server), 0, 1)
+    reporter.release(0, survivors=[0, 1])
+    # Two listeners that lagged hear the report only now.
+    late = PrefixStore("ns/", server)
+    assert not answer(late, 0, 2)
+    assert not answer(late, 0, 4)
+    assert not late.check(["lost/0"]) and not late.check(["lost/0/here"])
+
+
+def test_a_rank_that_checks_in_after_the_decision_learns_it_from_its_own_add() -> None:
+    server = _store()
+    members, window = [0, 1, 2], timedelta(seconds=10)
+    decider = CheckIn(server, "check/", 0, members, window, expected=[0, 1])
+    assert decider.join()
+    early = CountingStore(server)
+    follower = CheckIn(early, "check/", 1, members, window, expected=[0, 1])
+    assert not follower.join()
+    assert early.requests == 2  # the append, the add: no read of the decision yet
+    assert decider.look() == frozenset({2})
+    late = CheckIn(server, "check/", 2, members, window, expected=[0, 1])
+    assert not late.join()
+    with pytest.raises(LeftOutError, match="rank 2: checked in to rebuild"):
+        late.outcome(late.await_decision())  # read at once, at its join: no wait for a window
+    assert follower.outcome(follower.await_decision()) == (0, 1)

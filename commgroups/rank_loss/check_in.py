@@ -29,9 +29,11 @@ after the decision is out and raises :class:`~commgroups.errors.LeftOutError` (t
 rebuilt without it); it never forms a world of its own. Only the store is used (no process
 group: the old groups hold a dead rank).
 
-Cost per follower, whatever the job's size: four requests of constant size (the made-generation
-read, the append, the add, one read of ``decided``), plus its listener's three for the decision
-event (the wait, the read). The decider's reads of the two lists (O(N) bytes, one rank) happen
+Cost per follower, whatever the job's size: three requests of constant size (the made-generation
+read, the append, the add), plus its listener's two for the decision event (the wait, the read).
+The decider adds :data:`DECIDED_MARK` to the counter as it decides, so a follower's own add says
+whether it came after the decision (then it reads ``decided``: it is out) or before (then the
+pushed event reaches it). The decider's reads of the two lists (O(N) bytes, one rank) happen
 only when the counter moved.
 """
 
@@ -62,6 +64,9 @@ _DECIDED = "decided"
 _EVENT = "event"  # the number of the listener event that pushed the decision
 _POLL_S = 0.02  # between the decider's looks: the decision waits at most this much longer
 _POLL_FOLLOWER_S = 0.05  # between a follower's reads of the decision, without a listener
+DECIDED_MARK = 1 << 32
+"""What the decider adds to the check-in's counter once its decision holds: a rank whose own
+add returns at least this checked in after the decision (check-ins stay below it)."""
 
 
 class Answers(Protocol):
@@ -128,7 +133,8 @@ class CheckIn:
         self._early: frozenset[int] | None = None
 
     def join(self) -> bool:
-        """Check in (three requests); True where this rank is the first in (the decider).
+        """Check in (two requests, a third where a generation was made since: the
+        made-generation read); True where this rank is the first in (the decider).
 
         Raises LeftOutError at once where a generation newer than ours was made already."""
         self.started = self._answers_at = time.monotonic()
@@ -139,10 +145,12 @@ class CheckIn:
             self.liveness.expect(self.prefix, self._heard)  # before joining: nothing is missed
         # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
         self.store.append(_JOINED, f"{self.rank},")  # type: ignore[attr-defined,unused-ignore]
-        first = int(self.store.add(_COUNT, 1)) == 1
-        if not first:  # a decision made before this rank listened is read, never pushed
+        count = int(self.store.add(_COUNT, 1))
+        if count >= DECIDED_MARK:  # decided before this rank listened: read, never pushed
             self._early = self._decided()
-        return first
+        # Otherwise the decider's add of DECIDED_MARK comes after this rank's, and its event after
+        # that: the listener, expecting since before the add, hears it.
+        return count == 1
 
     def look(self, final: bool = False) -> frozenset[int] | None:
         """The decider's look: the ranks out if decided now (by this look or before), else None.
@@ -171,7 +179,7 @@ class CheckIn:
                 self._answers, self._answers_at = answers, now
             judge_deaths = final or (now - self.started >= liveness.dead_after_s
                                      and now - self._answers_at >= liveness.dead_after_s / 10)
-        count = int(self.store.add(_COUNT, 0))
+        count = int(self.store.add(_COUNT, 0)) % DECIDED_MARK
         moved, self._count = count != self._count, count
         # The lists are read only when they can decide something: a count below what is wanted
         # decides nothing until deaths are judged (at 65,536 ranks a list is 400 kB).
@@ -256,11 +264,15 @@ class CheckIn:
         out = sorted(self.members - joined)
         proposal = json.dumps({"out": out})
         held = bytes(self.store.compare_set(_DECIDED, "", proposal)).decode()
-        if held == proposal and self.liveness is not None:
-            # Ours holds: push it to every follower (one event: two requests), and say which
-            # event it was (forget_check_ins deletes it a generation later).
-            number = self.liveness.emit({"k": "decided", "p": self.prefix, "out": out})
-            self.store.set(_EVENT, str(number))
+        if held == proposal:
+            # Ours holds: a rank that checks in from now on learns it from its own add (join),
+            # before the event, so every follower either hears the event or reads the decision.
+            self.store.add(_COUNT, DECIDED_MARK)
+            if self.liveness is not None:
+                # Push it to every follower (one event: two requests), and say which event it
+                # was (forget_check_ins deletes it a generation later).
+                number = self.liveness.emit({"k": "decided", "p": self.prefix, "out": out})
+                self.store.set(_EVENT, str(number))
         return frozenset(json.loads(held)["out"])
 
     def _decided(self) -> frozenset[int] | None:

@@ -10,11 +10,12 @@ Two daemon threads per registry (:class:`Liveness`):
 
    - ``loss``: a rank reported a loss in generation ``g`` (:meth:`Liveness.report`), naming the
      ranks that will take no further part in ``g`` (the reporter and the ranks it knows lost), or
-     nobody in particular. The thread first answers that it is alive (``lost/<g>/here/<rank>``:
-     the survivors' check-in waits for a rank that answered and counts one that did not within
-     ``dead_after_s`` as dead), then ``on_loss(g, suspects)`` interrupts ``g``'s groups that hold
-     a suspect (all of them when the report named nobody), so no rank waits out a collective
-     timeout on a peer that left it, and a collective whose members are all still at it goes on;
+     nobody in particular. The thread first answers that it is alive (:func:`answer`, two
+     requests: the survivors' check-in waits for a rank that answered and counts one that did
+     not within ``dead_after_s`` as dead), then ``on_loss(g, suspects)`` interrupts ``g``'s
+     groups that hold a suspect (all of them when the report named nobody), so no rank waits
+     out a collective timeout on a peer that left it, and a collective whose members are all
+     still at it goes on;
    - ``ask``: a flight recorder asks for statuses (the subscriber of that prefix handles it: the
      event names the role, the asker and the ask's number, and only the asker's group answers);
    - ``decided``: a rebuild's check-in decided who is out (the check-in waiting on that prefix
@@ -62,6 +63,11 @@ OnLoss = Callable[[int, frozenset[int] | None], None]
 
 _FOREVER = timedelta(days=365)  # the listener's wait: an event (a close included) ends it
 
+REPORT = 1 << 32
+"""What each loss report adds to its generation's counter (``lost/<g>``); each answer adds 1.
+The first report is the one whose add returns less than twice this; an answer whose add returns
+less than this found the report released (:func:`answer`)."""
+
 
 def own_connection(store: Store, timeout: timedelta) -> Store | None:
     """A new client connection to the TCPStore under ``store``, with the same key prefixes
@@ -82,15 +88,20 @@ def own_connection(store: Store, timeout: timedelta) -> Store | None:
 def answer(store: Store, generation: int, rank: int) -> bool:
     """Say that ``rank`` heard generation ``generation``'s loss report and is alive: one append
     to the answers' list (``store``: the registry's namespace), which only a deciding rank reads,
-    and one add to their count, after one read that the report still exists. Returns whether it
-    answered (False: the report was released already)."""
-    # A listener that lagged on loaded cores may hear the report after one rank released it
-    # (every survivor had checked in): an answer then would re-create its keys, a leak.
-    if read_if_present(store, f"lost/{generation}") is None:
-        return False
+    then one add to the report's counter. Returns whether it answered (False: the report was
+    released already)."""
     # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
     store.append(f"lost/{generation}/here", f"{rank},")  # type: ignore[attr-defined,unused-ignore]
-    store.add(f"lost/{generation}/answers", 1)  # the decider watches answers arrive, in O(1)
+    # The add after the append: a decider that sees the counter move finds the answer listed.
+    # It also tells whether the report still exists: every report adds REPORT, so an add that
+    # returns less found it released (once every survivor checked in; a listener that lagged on
+    # loaded cores hears it late). Both keys were re-created then: they go again (a leak
+    # otherwise), by every such late answer after its own append.
+    if int(store.add(f"lost/{generation}", 1)) < REPORT:
+        with contextlib.suppress(RuntimeError):
+            store.delete_key(f"lost/{generation}")
+            store.delete_key(f"lost/{generation}/here")
+        return False
     return True
 
 
@@ -318,7 +329,8 @@ class Liveness:
         if new and not claimed:
             # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
             store.append(f"lost/{generation}/who", mine)  # type: ignore[attr-defined,unused-ignore]
-        first = int(store.add(f"lost/{generation}", 1)) == 1
+        # Answers may come in between the reports: the first is the one that finds no report.
+        first = int(store.add(f"lost/{generation}", REPORT)) < 2 * REPORT
         if new:  # the event carries the suspects: no listener reads ``who`` for them
             number = self._emit(store, {"k": "loss", "g": generation, "s": token})
             if claimed:
@@ -360,7 +372,7 @@ class Liveness:
 
     def answers(self, generation: int) -> int:
         """How many answers generation ``generation``'s loss report got so far (one request)."""
-        return int(self._shared.add(f"lost/{generation}/answers", 0))
+        return int(self._shared.add(f"lost/{generation}", 0)) % REPORT
 
     def every(self, name: str, period_s: float, task: Callable[[], object] | None) -> None:
         """Run ``task()`` every ``period_s`` from the beat's thread (:meth:`run_beats`), the first
@@ -447,7 +459,7 @@ class Liveness:
             first = read_if_present(self._shared, f"lost/{generation}/events")
             passed = survivors is not None and len(self.answered(generation, survivors)) == len(
                 survivors)
-            for key in ("", "/who", "/events", "/here", "/answers", "/dead"):
+            for key in ("", "/who", "/events", "/here", "/dead"):
                 self._shared.delete_key(f"lost/{generation}{key}")
             if first is not None and passed:
                 self._shared.delete_key(f"event/{first}")
