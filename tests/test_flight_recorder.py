@@ -24,6 +24,7 @@ from commgroups import torch_internals
 from commgroups.collectives.role_collectives import RoleCollectives
 from commgroups.flight_recorder import entries as flight_entries
 from commgroups.flight_recorder import index as flight_index
+from commgroups.flight_recorder import publisher as publisher_module
 from commgroups.flight_recorder import recorder as flight_recorder_module
 from commgroups.flight_recorder.diagnosis import diagnose
 from commgroups.flight_recorder.merge import FlightDumpError, merge, merge_dir
@@ -169,6 +170,32 @@ def test_the_publisher_writes_on_change_and_answers_requests() -> None:
     assert not any(store.check([f"t/{key}"]) for key in ("request", "requests", "closed"))
 
 
+def test_a_status_that_keeps_changing_is_published_once_it_settles_or_grows_old(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training rank's status changes at every look: publishing each change was one store
+    request per rank per second. Published: the first look's, a change that stayed the same for
+    a look, and a changing one once REFRESH_S passed since the last publication."""
+    store = dist.HashStore()
+    status = {"cp": {"seq": 1}}
+    publisher = StatusPublisher(store, "t/", 3, lambda: copy.deepcopy(status))
+
+    def published() -> Any:
+        return (read_status(store, "t/", 3) or {}).get("status")
+
+    publisher.publish_settled()
+    assert published() == {"cp": {"seq": 1}}  # the first look
+    for seq in (2, 3):  # moving: nothing written
+        status["cp"] = {"seq": seq}
+        publisher.publish_settled()
+        assert published() == {"cp": {"seq": 1}}
+    publisher.publish_settled()  # the same as at the look before: settled
+    assert published() == {"cp": {"seq": 3}}
+    monkeypatch.setattr(publisher_module, "REFRESH_S", 0.0)
+    status["cp"] = {"seq": 4}
+    publisher.publish_settled()  # still moving, but the last publication is old
+    assert published() == {"cp": {"seq": 4}}
+
+
 def _until(condition: Any, deadline_s: float = 10.0) -> bool:
     end = time.monotonic() + deadline_s
     while not condition():
@@ -197,7 +224,8 @@ def test_a_publisher_heard_through_the_listener_looks_from_the_beats_thread() ->
     first = read_status(store, "t/", 3)  # published by the call itself
     assert first is not None and first["status"] == status and registered == [("t/", True)]
     assert not [t for t in threading.enumerate() if t.name.startswith("commgroups-flight")]
-    # A change is published within the publisher's interval, though the beat is a minute away.
+    # A change is published once it settles (two of the publisher's looks), though the beat is
+    # a minute away.
     status["cp"] = {"seq": 2}
     assert _until(lambda: (read_status(store, "t/", 3) or {}).get("status") == status)
     failures = []

@@ -2,8 +2,13 @@
 even while this rank is stuck (in Python, or in a collective that holds no GIL).
 
 Self-contained on purpose: a store, a key prefix, a rank and a ``snapshot`` callable. The
-collective's path never touches the store: a daemon thread publishes at ``interval_s``, only when
-the snapshot changed or another rank asked. Asks arrive as events through the registry's listener
+collective's path never touches the store: a daemon thread looks at the snapshot every
+``interval_s`` and publishes a change once it settled (the same at two looks in a row: the rank
+stopped moving, which is what a reader of a silent rank's status needs), at the latest
+:data:`REFRESH_S` after the last publication, and at once when another rank asks. A training
+rank's status changes with every collective: publishing each change at every look was one store
+request per rank per second, 65,536 a second at 65,536 ranks, the whole of this machine's
+store. Asks arrive as events through the registry's listener
 (:meth:`StatusPublisher.listen_through`: no store request while nobody asks), and the periodic
 look then runs on the heartbeat's thread (no thread of its own); without a listener (no TCPStore,
 heartbeats off) the publisher's own thread reads the request counter a few times an interval.
@@ -31,13 +36,18 @@ from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported
 
 from commgroups.util.store_reads import read_bytes_if_present, read_if_present
 
-__all__ = ["ANSWER_LOOK_S", "ANSWER_QUIET_S", "DEFAULT_INTERVAL_S", "REQUEST_POLLS_PER_INTERVAL",
-           "StatusPublisher", "collect", "parse_answers", "read_status"]
+__all__ = ["ANSWER_LOOK_S", "ANSWER_QUIET_S", "DEFAULT_INTERVAL_S", "REFRESH_S",
+           "REQUEST_POLLS_PER_INTERVAL", "StatusPublisher", "collect", "parse_answers",
+           "read_status"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 1.0
 """Seconds between two looks at the snapshot."""
+
+REFRESH_S = 30.0
+"""The longest a changing status goes unpublished: a rank killed while it trains leaves a status
+at most this old (a rank that stops moving publishes within two looks)."""
 
 REQUEST_POLLS_PER_INTERVAL = 4
 """Looks at the request counter per interval: a rank asked after a peer's connection closed waits
@@ -93,6 +103,8 @@ class StatusPublisher:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # publish_now from a failing call races the thread
         self._last: Any = None
+        self._seen: Any = None  # the snapshot at the last look (publish_settled)
+        self._published_at = float("-inf")  # monotonic time of the last publication
         self._released = False  # release() ran: nothing is written under the prefix again
         self._answered = 0
         self._thread: threading.Thread | None = None  # made by start(): 25 us a thread object
@@ -132,9 +144,27 @@ class StatusPublisher:
             status = self._snapshot()
             if not force and status == self._last:
                 return
-            self._last = status
-            value = {"t": time.time(), "answered": self._answered, "status": status}
-            self.store.set(self.key, json.dumps(value, default=str))
+            self._write(status)
+
+    def publish_settled(self) -> None:
+        """The periodic look: publish the snapshot if it changed since the last publication and
+        either stayed the same since the previous look or was last published :data:`REFRESH_S`
+        ago; the first look publishes. Safe from any thread."""
+        with self._lock:
+            if self._released:
+                return
+            status = self._snapshot()
+            moving, self._seen = status != self._seen, status
+            if status == self._last or (
+                    moving and time.monotonic() - self._published_at < REFRESH_S):
+                return
+            self._write(status)
+
+    def _write(self, status: Any) -> None:
+        """Publish ``status`` (under the lock)."""
+        self._last, self._published_at = status, time.monotonic()
+        value = {"t": time.time(), "answered": self._answered, "status": status}
+        self.store.set(self.key, json.dumps(value, default=str))
 
     @property
     def pushed(self) -> bool:
@@ -274,10 +304,10 @@ class StatusPublisher:
         self.publish_now(force=True)
 
     def _look(self) -> bool:
-        """Publish the status if it changed; on a store failure (its host died) say so and stop
-        looking. Returns whether it goes on."""
+        """Publish the status if it changed and settled (:meth:`publish_settled`); on a store
+        failure (its host died) say so and stop looking. Returns whether it goes on."""
         try:
-            self.publish_now()
+            self.publish_settled()
         except Exception as error:  # the store went away (its host died): stop quietly
             logger.warning("flight recorder publisher stops: %r", error)
             if self._every is not None:
@@ -292,12 +322,12 @@ class StatusPublisher:
         while not self._stop.wait(self.interval_s if self._emit is not None else self.poll_s):
             try:
                 if self._emit is not None:  # asks come as events: only publish a change
-                    self.publish_now()
+                    self.publish_settled()
                     continue
                 self._poll()
                 polls += 1
                 if polls % REQUEST_POLLS_PER_INTERVAL == 0:
-                    self.publish_now()
+                    self.publish_settled()
             except Exception as error:  # the store went away (its host died): stop quietly
                 logger.warning("flight recorder publisher stops: %r", error)
                 return
