@@ -268,6 +268,20 @@ def test_diagnosis_sorts_ranks_behind_ahead_mismatched_and_silent() -> None:
     assert error.flight is not None and error.flight["behind"] == [1]
 
 
+def test_a_silent_ranks_old_status_says_its_age() -> None:
+    """A rank publishes once its status settles (a moving one at most every REFRESH_S): one
+    killed while training may have left an old status, and the text says how old."""
+    failed = {"op": "all_reduce", "seq": 5, "group_seq": 5, "caller": "/x/train.py:9 in step"}
+    found = diagnose("cp", 0, failed, {
+        1: {**_published(2, answered=0), "t": 1000.0},
+        2: {**_published(4, answered=0), "t": 1026.0}, 3: _published(5)}, asked=1, now=1027.0)
+    text = found.text()
+    assert "rank 1 (no fresh status: dead or frozen; its status 27 s old; last all_reduce #2" \
+        in text, text
+    assert "rank 2 (no fresh status: dead or frozen; last all_reduce #4" in text, text
+    assert [state.age_s for state in found.ranks] == [27.0, 1.0, None]
+
+
 def test_a_value_shared_by_many_ranks_is_judged_like_its_copies() -> None:
     """collect() hands every member that answered alike one shared value: diagnose judges each
     distinct value once, and the result is the one per-rank copies give."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,11 @@ __all__ = ["Diagnosis", "RankState", "diagnose", "short_site"]
 
 # Ranks listed by name in the error's text (the details list all of them).
 _LISTED = 3
+
+STALE_AFTER_S = 5.0
+"""A silent rank's status older than this says its age in the text: a rank publishes a status
+once it settles, a moving one at most every 30 s, so a rank killed while training may have left
+an old one (the publisher's REFRESH_S)."""
 
 
 def short_site(caller: str) -> str:
@@ -37,6 +43,8 @@ class RankState:
         count: its count on the role (group count, else recorded calls); None when silent.
         last: its last recorded call on the role (op, seq, group_seq, caller, state), if any.
         now: a call of another role it is in right now (role, op, seq, caller), if any.
+        age_s: for a silent rank, how old its status was when diagnosed (by the diagnosing
+            rank's clock against the publisher's), if it has one.
     """
 
     rank: int
@@ -44,12 +52,15 @@ class RankState:
     count: int | None
     last: dict[str, Any] | None = None
     now: dict[str, Any] | None = None
+    age_s: float | None = None
 
     def text(self) -> str:
         """``rank 2 (last all_reduce #4 at train.py:12; now in fsdp all_gather #3 at m.py:40)``."""
         parts = []
         if self.position == "silent":
             parts.append("no fresh status: dead or frozen")
+            if self.age_s is not None and self.age_s >= STALE_AFTER_S:
+                parts.append(f"its status {self.age_s:.0f} s old")
         if self.position == "left":
             parts.append("closed its registry")
         if self.last is not None:
@@ -123,7 +134,8 @@ def _count(status: Mapping[str, Any]) -> int | None:
 
 
 def diagnose(role: str, rank: int, failed: Mapping[str, Any],
-             published: Mapping[int, Mapping[str, Any] | None], asked: int) -> Diagnosis:
+             published: Mapping[int, Mapping[str, Any] | None], asked: int,
+             now: float | None = None) -> Diagnosis:
     """Compare this rank's failed call on ``role`` with every other rank's published status.
 
     Args:
@@ -132,6 +144,8 @@ def diagnose(role: str, rank: int, failed: Mapping[str, Any],
         failed: the failed entry (``op``, ``seq``, ``group_seq``, ``caller``).
         published: rank -> its published value (``{"t", "answered", "status"}``) or None.
         asked: the request number a live rank's ``answered`` has reached.
+        now: the wall-clock time (``time.time()``, the default) a silent rank's status age is
+            counted to.
 
     Example::
 
@@ -142,6 +156,7 @@ def diagnose(role: str, rank: int, failed: Mapping[str, Any],
     """
     by_group = failed.get("group_seq") is not None
     mine = int(failed["group_seq"] if by_group else failed["seq"])
+    wall = time.time() if now is None else now
     states = []
     # Most members answer alike (at 65,536, every one that reached the call shares one value
     # object: see collect): judge each distinct value once (0.21 s -> 0.03 s at 65,536).
@@ -157,8 +172,10 @@ def diagnose(role: str, rank: int, failed: Mapping[str, Any],
         if seen is None or seen[0] is not value:
             seen = judged[id(value)] = (value, *_judge(value, role, mine, by_group, failed,
                                                        asked))
-        _, position, count, last, now = seen
-        states.append(RankState(other, position, count, last, now))
+        _, position, count, last, current = seen
+        age = (max(0.0, wall - float(value["t"]))
+               if position == "silent" and value.get("t") is not None else None)
+        states.append(RankState(other, position, count, last, current, age))
     return Diagnosis(role=role, rank=rank, op=str(failed["op"]), seq=int(failed["seq"]),
                      count=mine, caller=str(failed.get("caller", "")), ranks=tuple(states))
 
