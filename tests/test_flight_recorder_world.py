@@ -167,8 +167,12 @@ def test_a_different_op_at_the_same_sequence_number_is_a_mismatch_with_both_site
         got = results[rank]["mismatch"]
         assert got["flight"] is not None, got
         assert got["flight"]["mismatch"] == [ODD_OP]
-        assert "different op at this seq: rank 3 (last broadcast #2 at test_flight_recorder_world.py:" \
-            in got["text"]
+        # Under load a peer may answer after the asker stopped waiting (the 2.15 leg: rank 1,
+        # for a failure that was not a timeout). The text lists silent ranks before mismatched
+        # ones, and its 300 characters then cut this one; the details above still name it.
+        if not got["flight"]["silent"]:
+            assert "different op at this seq: rank 3 (last broadcast #2 at " \
+                "test_flight_recorder_world.py:" in got["text"]
         assert got["text"].startswith("role 'mismatch': all_reduce #2 at test_flight_recorder_world.py:")
     odd = results[ODD_OP]["mismatch"]
     if odd["cls"] == "RoleHangError":  # its own timeout: the whole wait, every peer answered
