@@ -38,8 +38,15 @@ def test_hang_diagnosis_requests_per_member_do_not_grow_and_the_hung_rank_is_nam
     (table,) = tables
     per_member = [float(row[table.columns.index("hang req/member")]) for row in table.rows]
     assert per_member[1] <= per_member[0] + 0.1, per_member  # O(1) requests per member
-    assert per_member[1] <= 3.5, per_member  # the event's wait and read, one append
-    # rank N/2 hung: named silent, and nobody else (the run raises otherwise)
+    # Every member's own diagnosis counted (each timed out): its join (one add, or an add and
+    # an append where its listener answered first: two), the ask's wake and read, the shared
+    # diagnosis's wake and read. When each member collected the answers itself, it read them
+    # (O(N) bytes) every 50 ms.
+    assert per_member[1] <= 6.0, per_member
+    # rank N/2 hung: named silent by the asker and by every member's shared diagnosis, and
+    # nobody else (the run raises otherwise)
     assert summary["control_plane_hang_silent"] == {"128": [64], "1024": [512]}
     named = summary["control_plane_hang_named_s"]
     assert all(0 < seconds <= 2.0 for seconds in named.values()), named
+    told = summary["control_plane_hang_told_s"]
+    assert all(named[size] < told[size] < 30 for size in told), (named, told)

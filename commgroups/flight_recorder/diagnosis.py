@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
-__all__ = ["Diagnosis", "RankState", "diagnose", "short_site"]
+__all__ = ["SHARED_STATES", "Diagnosis", "RankState", "diagnose", "short_site"]
 
 # Ranks listed by name in the error's text (the details list all of them).
 _LISTED = 3
@@ -24,6 +24,12 @@ STALE_AFTER_S = 5.0
 """A silent rank's status older than this says its age in the text: a rank publishes a status
 once it settles, a moving one at most every 30 s, so a rank killed while training may have left
 an old one (the publisher's REFRESH_S)."""
+
+
+SHARED_STATES = 64
+"""The most ranks apart (not at the failed call) an asker's shared diagnosis lists one by one
+(:meth:`Diagnosis.share`); the rest are counted. The share goes to every member of the group:
+at 65,536 members, 64 states are about 10 kB, the whole list could be megabytes."""
 
 
 def short_site(caller: str) -> str:
@@ -85,6 +91,9 @@ class Diagnosis:
         caller: where this rank issued it.
         ranks: the other ranks' states.
         dump: where this rank's recorder was written, if it was.
+        more: ranks apart in each position beyond those in ``ranks`` (a diagnosis shared by
+            the asker lists :data:`SHARED_STATES` of them; the text counts the rest).
+        asker: the rank whose diagnosis this is, where another rank of the group made it.
     """
 
     role: str
@@ -95,6 +104,8 @@ class Diagnosis:
     caller: str
     ranks: tuple[RankState, ...]
     dump: str = ""
+    more: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    asker: int | None = None
 
     def where(self, position: str) -> list[RankState]:
         """The ranks in ``position``."""
@@ -111,7 +122,8 @@ class Diagnosis:
                 continue
             shown = [state.text() if position not in ("ahead", "left") else f"rank {state.rank}"
                      for state in states[:_LISTED]]
-            more = f" +{len(states) - _LISTED} more" if len(states) > _LISTED else ""
+            total = len(states) + self.more.get(position, 0)
+            more = f" +{total - _LISTED} more" if total > _LISTED else ""
             out.append(f"{label}: {', '.join(shown)}{more}")
         if not out:
             out.append("every rank reached it")
@@ -125,7 +137,47 @@ class Diagnosis:
             "ranks": [dataclasses.asdict(state) for state in self.ranks],
             **{position: [state.rank for state in self.where(position)]
                for position in ("behind", "ahead", "mismatch", "silent", "left", "reached")},
+            **({"more": dict(self.more)} if self.more else {}),
+            **({"asker": self.asker} if self.asker is not None else {}),
         }
+
+    def share(self) -> dict[str, Any]:
+        """What the asker sends the other members of its group (:meth:`from_share`): the ranks
+        apart (up to :data:`SHARED_STATES`, the rest counted); every other rank reached it."""
+        apart = [state for state in self.ranks if state.position != "reached"]
+        more = dict(self.more)
+        for state in apart[SHARED_STATES:]:
+            more[state.position] = more.get(state.position, 0) + 1
+        return {"asker": self.rank, "more": more,
+                "ranks": [dataclasses.asdict(state) for state in apart[:SHARED_STATES]]}
+
+    @classmethod
+    def from_share(cls, shared: Mapping[str, Any], role: str, rank: int,
+                   failed: Mapping[str, Any], members: Collection[int]) -> Diagnosis:
+        """This rank's diagnosis of the same failed call from the asker's :meth:`share`: the
+        same ranks apart, every other member of the group (``members``, the asker too) at the
+        call; this rank's own call and site. Where the share counted ranks apart without
+        listing them, no rank is listed as having reached it (which did is not known here).
+
+        Example::
+
+            Diagnosis.from_share({"asker": 0, "more": {}, "ranks": [{"rank": 2, "position":
+                "silent", "count": None}]}, "cp", 1, failed, [0, 1, 2]).text()
+            # 'silent: rank 2 (no fresh status: dead or frozen)'
+        """
+        by_group = failed.get("group_seq") is not None
+        mine = int(failed["group_seq"] if by_group else failed["seq"])
+        listed = [RankState(**state) for state in shared.get("ranks", ())
+                  if int(state["rank"]) != rank]
+        more = {str(position): int(count)
+                for position, count in (shared.get("more") or {}).items()}
+        known = {state.rank for state in listed} | {rank}
+        reached = [] if more else [RankState(other, "reached", mine)
+                                   for other in members if other not in known]
+        return cls(role=role, rank=rank, op=str(failed["op"]), seq=int(failed["seq"]),
+                   count=mine, caller=str(failed.get("caller", "")),
+                   ranks=tuple(sorted(listed + reached, key=lambda state: state.rank)),
+                   more=more, asker=int(shared["asker"]))
 
 
 def _count(status: Mapping[str, Any]) -> int | None:

@@ -17,28 +17,32 @@ A failed call's diagnosis asks only its group (:meth:`StatusPublisher.ask_group`
 role, group and failed call however many of its members diagnose it, answered by that group's
 members alone, each with one compact answer pushed to the ask's answers key: one append of O(1)
 size (a member that reached exactly the asker's call writes its rank alone, about 6 bytes; any
-other its compact status). The asker watches that key, one request per look, until every member
-answered (:func:`collect`). No rank polls another's status. (An add to a counter beside the
-append made 3 requests per member with the ask's read: 2.6 s for 65,536 members on one store
-serving about 100,000 requests a second; with one, 1.5 s.)
+other its compact status). Only the first member to ask (the asker) watches that key, one
+request per look, until every member answered (:func:`collect`), diagnoses, and pushes the
+diagnosis to the others (:meth:`StatusPublisher.share`: one event); a member that timed out too
+answers as it joins and waits for that (:meth:`StatusPublisher.shared`). No rank polls another's
+status, and no key that every member reads grows with the group: when every member of a group
+of 65,536 diagnosed on its own, each read the answers (400 kB) every 50 ms.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
 from commgroups.util.store_reads import read_bytes_if_present, read_if_present
 
-__all__ = ["ANSWER_LOOK_S", "ANSWER_QUIET_S", "DEFAULT_INTERVAL_S", "REFRESH_S",
-           "REQUEST_POLLS_PER_INTERVAL", "StatusPublisher", "collect", "parse_answers",
-           "read_status"]
+__all__ = ["ANSWER_LOOK_S", "ANSWER_QUIET_S", "ANSWER_WAIT_PER_MEMBER_S", "BLOCK_MEMBERS",
+           "DEFAULT_INTERVAL_S", "LOSS_SHORTEST_S", "answer_waits", "REFRESH_S",
+           "REQUEST_POLLS_PER_INTERVAL", "SHARE_GRACE_S", "GroupAsk", "StatusPublisher",
+           "collect", "parse_answers", "read_status"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +67,59 @@ member), it stops when no answer came for this long between two of its looks: a 
 answers in about 1.5-1.9 s on one store (a steady stream), and the asker names its silent
 members 0.1 s after the last answer, not at the longest wait (2.8 s)."""
 
+BLOCK_MEMBERS = 31
+"""Members per join counter of a group ask (:meth:`StatusPublisher.ask_group`): each adds its
+own bit (0-30); the bits from :data:`_EVENT_SHIFT` up carry the ask's event number. 2,115
+counters for a group of 65,536, read in one request."""
+
+_EVENT_SHIFT = 32
+_BLOCK_MASK = (1 << BLOCK_MEMBERS) - 1
+
+SHARE_GRACE_S = 0.2
+"""How long a member that joined an ask still waits for the asker's diagnosis once its
+generation was interrupted (a loss reported: the asker stops collecting at once and shares what
+it has; a rebuild waits for this member)."""
+
+ANSWER_WAIT_PER_MEMBER_S = 50e-6
+"""The asker's longest wait grows by this per member of the group: a member's answer costs the
+store one or two requests, and one store serves 60,000-100,000 a second (65,536 members: 3.3 s
+more). It ends early once every member answered, or answers stopped for
+:data:`ANSWER_QUIET_S`: a slow stream of answers must not read as silent members."""
+
+
+def answer_waits(interval_s: float, poll_s: float, members: int, timed_out: bool,
+                 pushed: bool) -> tuple[float, float]:
+    """The asker's (longest, shortest) wait for the answers of a group of ``members`` (see
+    :func:`collect`): after a timeout up to 2.5 intervals (a loaded machine delays threads),
+    else 1.5 request polls, each plus :data:`ANSWER_WAIT_PER_MEMBER_S` per member; the
+    shortest half an interval, or :data:`LOSS_SHORTEST_S` after a failure that is not a
+    timeout where answers are pushed (a peer's closed connection: most likely it died, and a
+    rebuild waits for this diagnosis)."""
+    longest = (0.3 + (2.5 * interval_s if timed_out else 1.5 * poll_s)
+               + members * ANSWER_WAIT_PER_MEMBER_S)
+    shortest = min(longest, 0.3 + 0.5 * interval_s)
+    if not timed_out and pushed:
+        shortest = LOSS_SHORTEST_S
+    return longest, shortest
+
+
+LOSS_SHORTEST_S = 0.15
+"""After a failure that is not a timeout, with answers pushed: the shortest wait for answers
+before a quiet ``ANSWER_QUIET_S`` ends it (a loaded machine delays a listener by tens of ms)."""
+
 _ASKS_READ = 64  # a polling publisher reads at most the newest this many asks it missed
 _STALE_READ = 8  # the stale statuses read for members that never answered (the text names 3)
+
+
+class GroupAsk(NamedTuple):
+    """A member's part in a group ask (:meth:`StatusPublisher.ask_group`)."""
+
+    key: str
+    """The ask's store key (for :func:`collect`, :meth:`StatusPublisher.share` and
+    :meth:`StatusPublisher.shared`)."""
+    first: bool
+    """Whether this member asked first: it collects the answers, diagnoses and shares the
+    diagnosis; every other member waits for that."""
 
 
 class StatusPublisher:
@@ -99,6 +154,9 @@ class StatusPublisher:
         self.on_request = on_request
         self.answer = answer
         self._handled: set[int] = set()  # group asks answered (or not ours), by number
+        self._answered_keys: set[str] = set()  # group asks this rank answered, by key
+        self._shares: dict[str, dict[str, Any]] = {}  # ask key -> the asker's diagnosis
+        self._shared = threading.Condition()
         self._handling = threading.Lock()  # the listener's thread and a polling one
         self._stop = threading.Event()
         self._lock = threading.Lock()  # publish_now from a failing call races the thread
@@ -108,9 +166,10 @@ class StatusPublisher:
         self._released = False  # release() ran: nothing is written under the prefix again
         self._answered = 0
         self._thread: threading.Thread | None = None  # made by start(): 25 us a thread object
-        self._emit: Callable[[dict[str, Any]], object] | None = None
+        self._emit: Callable[[dict[str, Any]], int] | None = None
         self._subscribe: Callable[[str, Callable[[dict[str, Any]], None] | None], None] | None = None
         self._every: Callable[[str, float, Callable[[], object] | None], None] | None = None
+        self._known: Callable[[int], None] | None = None
 
     @property
     def poll_s(self) -> float:
@@ -172,10 +231,10 @@ class StatusPublisher:
         by a live rank) rather than through this thread's request polls."""
         return self._emit is not None
 
-    def listen_through(self, emit: Callable[[dict[str, Any]], object],
+    def listen_through(self, emit: Callable[[dict[str, Any]], int],
                        subscribe: Callable[[str, Callable[[dict[str, Any]], None] | None], None],
                        every: Callable[[str, float, Callable[[], object] | None], None] | None
-                       = None) -> None:
+                       = None, known: Callable[[int], None] | None = None) -> None:
         """Hear asks as events (``subscribe(prefix, handler)``, called back from the listener's
         thread) and send them with ``emit``, instead of polling the request counter: every
         publisher of the prefix must do it alike (they do: the registry attaches each).
@@ -183,8 +242,11 @@ class StatusPublisher:
         ``every(prefix, interval_s, look)``: run the periodic look at the status from a thread
         the caller owns (the heartbeat's, :meth:`~commgroups.rank_loss.liveness.Liveness.every`;
         None stops it) instead of :meth:`start`'s thread: the first publication is made here,
-        on the calling thread. Ignored where :meth:`start` ran already."""
-        self._emit, self._subscribe = emit, subscribe
+        on the calling thread. Ignored where :meth:`start` ran already.
+
+        ``known(number)``: tell the listener that event ``number`` is a group ask this rank
+        joined and answered already (it need not read it: :meth:`ask_group`)."""
+        self._emit, self._subscribe, self._known = emit, subscribe, known
         subscribe(self.prefix, self._heard)
         self._heard()  # an ask made before this publisher listened
         if every is not None and self._thread is None and not self._stop.is_set():
@@ -194,7 +256,9 @@ class StatusPublisher:
 
     def _heard(self, event: dict[str, Any] | None = None) -> None:
         try:
-            if event is not None and "r" in event:  # a group ask: its fields are in the event
+            if event is not None and "d" in event:  # an asker's diagnosis, for its group
+                self._take_share(str(event["q"]), event["d"])
+            elif event is not None and "r" in event:  # a group ask: its fields are in the event
                 self._answer_ask(event)
             else:
                 self._poll()
@@ -212,39 +276,78 @@ class StatusPublisher:
 
     def ask_group(self, role: str, group: int, call: str,
                   payload: dict[str, Any] | None = None,
-                  failed: Mapping[str, Any] | None = None) -> str:
-        """Ask the members of this rank's group of ``role`` (``group``: its lowest rank) for
-        their compact answers about ``role``, for the failed call ``call``; returns the ask's
-        key (for :func:`collect`).
+                  failed: Mapping[str, Any] | None = None,
+                  members: Sequence[int] = ()) -> GroupAsk:
+        """Ask the members of this rank's group of ``role`` (``group``: its lowest rank;
+        ``members``: all of them, sorted) for their compact answers about ``role``, for the
+        failed call ``call``, and give this rank's own; returns the ask (its key, and whether
+        this rank asked first).
 
         One ask per role, group and call: the first of its members to ask emits it (``ask``
         event: prefix, role, asker, number, key, payload; kept under ``asked/<number>`` for a
-        polling publisher or one that listened late) and answers it itself; the others join it
-        (one add). Every member of the group answers once (:meth:`_answer_ask`), and handles
-        ``payload`` (e.g. a dump). ``failed``: the failed call (``op``, ``seq``, ``group_seq``),
-        carried by the event: a member that reached exactly it answers with its rank alone.
-        One request for a joiner, five for the first asker."""
+        polling publisher or one that listened late), then collects the answers
+        (:func:`collect`), diagnoses and shares the diagnosis (:meth:`share`); the others join
+        it and wait for that (:meth:`shared`). Every member answers once, as it joins or when
+        its listener hears the ask (:meth:`_answer_ask`, which also handles ``payload``, e.g. a
+        dump), whichever comes first. ``failed``: the failed call (``op``, ``seq``,
+        ``group_seq``), carried by the event.
+
+        A member that reached exactly ``failed`` joins with one request that is also its
+        answer: it adds its bit to its block's counter (:data:`BLOCK_MEMBERS` members each).
+        The asker, once it emitted the ask, adds the event's number to every block's counter
+        (one request per block), so a member that joins later learns it from its own add and
+        its listener takes that event without reading it. Requests per member: one (two for
+        the first in its block, before the asker marked it); for the asker, five and one per
+        block. A member elsewhere (another role's call in flight) or a ``members`` left empty:
+        an add and its answer appended."""
         key = f"ask/{role}/{group}/{call}"
-        if int(self.store.add(f"{self.prefix}{key}/asks", 1)) == 1:
+        full = f"{self.prefix}{key}"
+        wanted = {name: (failed or {}).get(name) for name in ("op", "seq", "group_seq")}
+        with self._handling:
+            if key in self._answered_keys:  # its listener heard the ask: not first, answered
+                return GroupAsk(full, False)
+        mine = self.answer(role, self.rank) if self.answer is not None else None
+        index = bisect.bisect_left(members, self.rank)
+        if (mine is not None and index < len(members) and members[index] == self.rank
+                and _reached(mine, role, wanted) and self._claim(key)):
+            block, bit = divmod(index, BLOCK_MEMBERS)
+            value = int(self.store.add(f"{full}/joined/{block}", 1 << bit))
+            if value >> _EVENT_SHIFT:  # the asker marked the block: the ask's event number
+                if self._known is not None:
+                    self._known(value >> _EVENT_SHIFT)
+                return GroupAsk(full, False)
+            if value != 1 << bit:  # another member of the block joined first: not the asker
+                return GroupAsk(full, False)
+            mine = None  # answered
+        first = int(self.store.add(f"{full}/asks", 1)) == 1
+        if first:
             number = int(self.store.add(f"{self.prefix}requests", 1))
-            wanted = {name: (failed or {}).get(name) for name in ("op", "seq", "group_seq")}
             event = {"k": "ask", "p": self.prefix, "r": role, "a": self.rank, "n": number,
-                     "q": key, "x": payload or {}, "c": wanted}
+                     "q": key, "x": payload or {}, "c": wanted, "m": len(members)}
             self.store.set(f"{self.prefix}asked/{number}", json.dumps(event))
-            if self._emit is not None:
-                self._emit(event)
-            # The asker's own answer (its handler skips the ask): every member counts the same.
-            with self._handling:
+            with self._handling:  # its own listener skips it: it answers below, or did
                 self._handled.add(number)
-            mine = self.answer(role, self.rank) if self.answer is not None else None
-            if mine is not None:
-                self._write_answer(key, mine, role, wanted)
-        return f"{self.prefix}{key}"
+            emitted = self._emit(event) if self._emit is not None else 0
+            # Every block's counter, once: a later joiner learns the event's number (and the
+            # asker's collect reads the counters in one request, which needs them to exist).
+            for block in range(-(-len(members) // BLOCK_MEMBERS)):
+                self.store.add(f"{full}/joined/{block}", emitted << _EVENT_SHIFT)
+        if mine is not None and self._claim(key):
+            self._write_answer(key, mine, role, wanted)
+        return GroupAsk(full, first)
+
+    def _claim(self, key: str) -> bool:
+        """Whether this rank is still to answer the ask ``key`` (it is from now on)."""
+        with self._handling:
+            if key in self._answered_keys:
+                return False
+            self._answered_keys.add(key)
+            return True
 
     def _answer_ask(self, event: dict[str, Any]) -> None:
         """Answer a group ask where this rank is in the asker's group of its role: one append
         of the compact answer to the ask's answers; then handle the payload. Nothing (no
-        request) where it is not in that group."""
+        request) where it is not in that group, or answered it already as it joined."""
         number = int(event["n"])
         with self._handling:
             if number in self._handled:
@@ -253,8 +356,8 @@ class StatusPublisher:
         if int(event["a"]) == self.rank or self.answer is None:
             return  # the asker answered its own ask
         mine = self.answer(str(event["r"]), int(event["a"]))
-        if mine is None:
-            return  # not in the asker's group of the role
+        if mine is None or not self._claim(str(event["q"])):
+            return  # not in the asker's group of the role, or answered as it joined
         self._write_answer(str(event["q"]), mine, str(event["r"]), event.get("c") or {})
         payload = event.get("x") or {}
         if payload and self.on_request is not None:
@@ -272,6 +375,57 @@ class StatusPublisher:
                 return  # the ask's keys may be deleted: an answer now would leak one
             # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
             self.store.append(f"{self.prefix}{key}/answers", line + "\n")  # type: ignore[attr-defined,unused-ignore]
+
+    def share(self, key: str, diagnosis: dict[str, Any]) -> None:
+        """The asker's diagnosis of the ask ``key`` (:meth:`Diagnosis.share
+        <commgroups.flight_recorder.diagnosis.Diagnosis.share>`), for the members that wait
+        for it (:meth:`shared`): kept under ``<key>/diagnosis`` and pushed as an event (two
+        requests each, one more for every listener)."""
+        value = json.dumps(diagnosis, separators=(",", ":"), default=str)
+        with self._lock:
+            if self._released:
+                return
+            self.store.set(f"{key}/diagnosis", value)
+        if self._emit is not None:
+            self._emit({"k": "ask", "p": self.prefix, "q": key, "d": diagnosis})
+
+    def _take_share(self, key: str, diagnosis: dict[str, Any]) -> None:
+        """Keep the asker's diagnosis of ``key`` where this rank answered that ask (a member
+        of its group: it waits, or will, in :meth:`shared`)."""
+        with self._handling:
+            if key.removeprefix(self.prefix) not in self._answered_keys:
+                return
+        with self._shared:
+            self._shares[key] = diagnosis
+            self._shared.notify_all()
+
+    def shared(self, key: str, wait_s: float, stop: Callable[[], bool] = lambda: False
+               ) -> dict[str, Any] | None:
+        """The asker's diagnosis of the ask ``key`` (:meth:`share`), waited for up to
+        ``wait_s``, and :data:`SHARE_GRACE_S` more once ``stop()``; None where none came (the
+        asker died while it diagnosed). Pushed: no request until then, one read at the end
+        where the event did not come; polling (no listener): one read every
+        :data:`ANSWER_LOOK_S`."""
+        deadline = time.monotonic() + wait_s
+        look = ANSWER_LOOK_S if self._emit is None else 0.05
+        while True:
+            with self._shared:
+                found = self._shares.pop(key, None)
+                if found is None:
+                    self._shared.wait(look)
+                    found = self._shares.pop(key, None)
+            if found is not None:
+                return found
+            now = time.monotonic()
+            if self._emit is None or now >= deadline:
+                value = read_if_present(self.store, f"{key}/diagnosis")
+                if value is not None:
+                    parsed: dict[str, Any] = json.loads(value)
+                    return parsed
+                if now >= deadline:
+                    return None
+            if stop():
+                deadline = min(deadline, now + SHARE_GRACE_S)
 
     def _poll(self) -> None:
         # The counter, not the request key, says how many asks there were: two ranks asking at
@@ -355,8 +509,8 @@ class StatusPublisher:
             self.store.delete_key(self.key)
             if members and int(self.store.add(f"{self.prefix}closed", 1)) >= members:
                 self._release_asks()
-                # diagnosing, spoken: which ranks diagnosed a failed call, which printed it
-                for name in ("request", "requests", "closed", "diagnosing", "spoken",
+                # spoken: the failed calls whose diagnosis one rank printed
+                for name in ("request", "requests", "closed", "spoken",
                              *map(str, lost)):
                     self.store.delete_key(f"{self.prefix}{name}")
         except Exception as error:  # the store may be gone with the job
@@ -372,8 +526,11 @@ class StatusPublisher:
             record = read_if_present(self.store, f"{self.prefix}asked/{asked}")
             if record is None:
                 continue
-            key = f"{self.prefix}{json.loads(record)['q']}"
-            for name in (f"{self.prefix}asked/{asked}", f"{key}/asks", f"{key}/answers"):
+            ask = json.loads(record)
+            key = f"{self.prefix}{ask['q']}"
+            blocks = -(-int(ask.get("m", 0)) // BLOCK_MEMBERS)
+            for name in (f"{self.prefix}asked/{asked}", f"{key}/asks", f"{key}/answers",
+                         f"{key}/diagnosis", *(f"{key}/joined/{block}" for block in range(blocks))):
                 self.store.delete_key(name)
 
     def answers(self, key: str) -> bytes:
@@ -381,6 +538,20 @@ class StatusPublisher:
         :func:`parse_answers`)."""
         value = read_bytes_if_present(self.store, f"{key}/answers")
         return b"" if value is None else value
+
+    def joined(self, key: str, members: int) -> list[int]:
+        """The join counters of the group ask ``key`` of ``members`` members, each masked to
+        its members' bits (:meth:`ask_group`): three requests (a check, torch's ``multi_get``
+        waits then reads), one per counter where the asker has not created them all (it died
+        first)."""
+        keys = [f"{key}/joined/{block}" for block in range(-(-members // BLOCK_MEMBERS))]
+        if not keys:
+            return []
+        if self.store.check(keys):
+            values = [bytes(value) for value in self.store.multi_get(keys)]
+        else:
+            values = [read_bytes_if_present(self.store, name) or b"0" for name in keys]
+        return [int(value) & _BLOCK_MASK for value in values]
 
 
 def _reached(answer: Mapping[str, Any], role: str, failed: Mapping[str, Any]) -> bool:
@@ -396,12 +567,13 @@ def _reached(answer: Mapping[str, Any], role: str, failed: Mapping[str, Any]) ->
             and last.get("group_seq") == failed.get("group_seq"))
 
 
-def parse_answers(value: bytes, role: str, failed: Mapping[str, Any]
-                  ) -> dict[int, dict[str, Any]]:
+def parse_answers(value: bytes, role: str, failed: Mapping[str, Any],
+                  joined: Iterable[int] = ()) -> dict[int, dict[str, Any]]:
     """rank -> compact answer, from :meth:`StatusPublisher.answers` (a rank alone: it reached
-    ``failed`` on ``role``, its last call that one; where it was issued is not sent)."""
-    out: dict[int, dict[str, Any]] = {}
+    ``failed`` on ``role``, its last call that one; where it was issued is not sent) and the
+    ranks that ``joined`` the ask (:meth:`StatusPublisher.joined`: they reached it too)."""
     reached = {"status": {role: {"seq": failed.get("seq"), "group_seq": failed.get("group_seq")}}}
+    out: dict[int, dict[str, Any]] = dict.fromkeys(joined, reached)
     for line in value.decode().splitlines():
         if line.isdigit():
             out[int(line)] = reached
@@ -421,15 +593,18 @@ def collect(publisher: StatusPublisher, key: str, ranks: Sequence[int], role: st
     it; ``answered`` 0 for a member that never answered, with its last published status where it
     has one; None for one that has none: it closed its registry).
 
-    Reads the answers, one request per look every :data:`ANSWER_LOOK_S` (or as long as the last
-    look took, where answers are many), until every member answered, ``stop()``, ``wait_s``
-    passed, or ``shortest_s`` passed and no answer came for :data:`ANSWER_QUIET_S`."""
+    ``ranks``: sorted, as :meth:`StatusPublisher.ask_group` was given them. Reads the answers
+    and the join counters (:meth:`StatusPublisher.joined`), four requests per look every
+    :data:`ANSWER_LOOK_S` (or as long as the last look took, where answers are many), until
+    every member answered, ``stop()``, ``wait_s`` passed, or ``shortest_s`` passed and no
+    answer came for :data:`ANSWER_QUIET_S`."""
     start = moved = time.monotonic()
     seen = -1
     while True:
         looked = time.monotonic()
         value = publisher.answers(key)
-        count = value.count(b"\n")
+        blocks = publisher.joined(key, len(ranks))
+        count = value.count(b"\n") + sum(block.bit_count() for block in blocks)
         now = time.monotonic()
         if count != seen:
             seen, moved = count, now
@@ -437,7 +612,9 @@ def collect(publisher: StatusPublisher, key: str, ranks: Sequence[int], role: st
                 now - start > shortest_s and now - moved > ANSWER_QUIET_S):
             break
         time.sleep(max(ANSWER_LOOK_S, now - looked))
-    answers = parse_answers(value, role, failed)
+    joined = (ranks[block * BLOCK_MEMBERS + bit] for block, bits in enumerate(blocks)
+              for bit in range(BLOCK_MEMBERS) if bits >> bit & 1)
+    answers = parse_answers(value, role, failed, joined)
     published: dict[int, Mapping[str, Any] | None] = {}
     # One value per distinct answer, shared by the ranks that gave it (parse_answers shares
     # "reached at the failed call"): 65,536 members, one dict instead of 65,535.

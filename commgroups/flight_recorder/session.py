@@ -29,11 +29,17 @@ from commgroups.errors import RoleCollectiveError, RoleHangError, RoleTimeoutErr
 from commgroups.flight_recorder import index
 from commgroups.flight_recorder.diagnosis import Diagnosis, diagnose, short_site
 from commgroups.flight_recorder.entries import FlightEntry
-from commgroups.flight_recorder.publisher import DEFAULT_INTERVAL_S, StatusPublisher, collect
+from commgroups.flight_recorder.publisher import (
+    DEFAULT_INTERVAL_S,
+    LOSS_SHORTEST_S,
+    StatusPublisher,
+    answer_waits,
+    collect,
+)
 from commgroups.flight_recorder.recorder import FlightRecorder
 
-__all__ = ["DIAGNOSIS", "DIR_ENV_VAR", "LOSS_SHORTEST_S", "FlightSession", "dump_file_name",
-           "open_flight"]
+__all__ = ["DIAGNOSIS", "DIR_ENV_VAR", "LOSS_SHORTEST_S", "SHARE_SLACK_S", "FlightSession",
+           "dump_file_name", "open_flight"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,12 +54,12 @@ DIAGNOSIS = "commgroups_diagnosis"
 """Set (True) on the log record of a diagnosis, for a filter that wants it at another level (the
 bench's worlds keep their planned rank losses' diagnoses at debug)."""
 
-LOSS_SHORTEST_S = 0.15
-"""After a failure that is not a timeout, with answers pushed: the shortest wait for answers
-before a quiet ``ANSWER_QUIET_S`` ends it (a loaded machine delays a listener by tens of ms)."""
-
-_DIAGNOSING = "diagnosing"  # ``role#count@rank;`` per rank that diagnoses a failed call
 _SPOKEN = "spoken"  # ``role#count@rank;`` per call whose diagnosis one rank printed
+
+SHARE_SLACK_S = 3.0
+"""How much longer than the asker's own wait a member waits for the asker's diagnosis: the
+asker diagnoses in milliseconds, the event that carries it reaches 65,536 members in about 2 s
+on one store. Past it (the asker died meanwhile) the member diagnoses from one read."""
 
 
 def dump_file_name(generation: int, rank: int) -> str:
@@ -191,8 +197,9 @@ class FlightSession:
     def _compare(self, role: str, entry: FlightEntry, publisher: StatusPublisher,
                  wait: bool) -> Diagnosis:
         """Ask this rank's group of ``role`` to answer and dump, and wait for their answers (a
-        rank that gives none is silent): a live rank's listener answers at once, its thread
-        runs whatever its main thread does (a polling publisher: within one request poll).
+        rank that gives none is silent), or, where another member asked first, for that
+        asker's diagnosis: a live rank's listener answers at once, its thread runs whatever its
+        main thread does (a polling publisher: within one request poll).
         After a timeout up to 2.5 intervals (a loaded machine delays threads), ending early
         once every member answered, or after half an interval when no answer came for
         ``ANSWER_QUIET_S``; after another failure (a peer's connection closed: rank-loss
@@ -208,38 +215,47 @@ class FlightSession:
                   "group_seq": count if count is not None else entry.group_seq,
                   "caller": entry.caller}
         token = f"{role}#{failed['group_seq']}"
-        # Say this rank diagnoses this call, before the wait: the ranks that do it at once
-        # (every rank of the role, on a hang) pick one of them to print it (_speaker).
-        publisher.store.append(  # type: ignore[attr-defined,unused-ignore]  # not in some stubs
-            f"{publisher.prefix}{_DIAGNOSING}", f"{token}@{self.recorder.rank};")
-        publisher.publish_now(force=True)
-        ranks = self.recorder.ranks(role)
+        ranks = sorted(self.recorder.ranks(role))
         # Only this rank's group of the role is asked, once per failed call however many of
         # its members diagnose it; its members push their answers (see publisher.collect).
         # One ask per exact call: a member answers "reached" with its rank alone, which reads
         # right only for the call asked about (a rank at another op at this count asks its own).
         call = f"{failed['group_seq']}-{failed['seq']}-{failed['op']}"
-        key = publisher.ask_group(role, min(ranks, default=self.recorder.rank), call,
-                                  {"dump": directory}, failed)
-        wait_s = 0.3 + (2.5 * publisher.interval_s if wait else 1.5 * publisher.poll_s)
-        shortest_s = min(wait_s, 0.3 + 0.5 * publisher.interval_s)
-        if not wait and publisher.pushed:
-            # A peer's connection closed: most likely it died, and this rank's rebuild() (which
-            # reports the loss to everyone) waits for this diagnosis. Live members' listeners
-            # answer within milliseconds, the dead one never: stop once answers stopped for
-            # ANSWER_QUIET_S (0.73 s -> about 0.2 s of kill -> rebuilt, 4 and 8 gloo ranks).
-            shortest_s = LOSS_SHORTEST_S
-        # A loss reported meanwhile (the liveness thread interrupted this generation): the
-        # rank-loss handling is waiting for this rank's rebuild(), and the dead rank would
-        # never answer; what answered so far is all the diagnosis gets.
-        published = collect(publisher, key, ranks, role, failed, wait_s=wait_s,
-                            shortest_s=shortest_s, stop=lambda: self.interrupted)
-        asked = 1
+        ask = publisher.ask_group(role, min(ranks, default=self.recorder.rank), call,
+                                  {"dump": directory}, failed, ranks)
+        # After a failure that is not a timeout (a peer's connection closed: most likely it
+        # died, and this rank's rebuild() waits for this diagnosis) live members' listeners
+        # answer within milliseconds, the dead one never: the wait stops once answers stopped
+        # for ANSWER_QUIET_S (0.73 s -> about 0.2 s of kill -> rebuilt, 4 and 8 gloo ranks).
+        wait_s, shortest_s = answer_waits(publisher.interval_s, publisher.poll_s, len(ranks),
+                                          timed_out=wait, pushed=publisher.pushed)
+        shared = None
+        if not ask.first:
+            # The asker diagnoses for the group and pushes it: one event read here, where every
+            # member reading the answers was O(N) each (O(N^2) for a hang of the whole group).
+            # A loss reported meanwhile ends the asker's wait at once, and it shares what it has.
+            shared = publisher.shared(ask.key, wait_s + SHARE_SLACK_S,
+                                      stop=lambda: self.interrupted)
+        if shared is not None:
+            found = Diagnosis.from_share(shared, role, self.recorder.rank, failed, ranks)
+            speaks = False  # the asker speaks for the group
+        else:
+            # The asker, or a member whose asker gave no diagnosis (it died meanwhile): a loss
+            # reported meanwhile (the liveness thread interrupted this generation) means the
+            # rank-loss handling is waiting for this rank's rebuild(), and the dead rank would
+            # never answer; what answered so far is all the diagnosis gets.
+            published = collect(publisher, ask.key, ranks, role, failed,
+                                wait_s=wait_s if ask.first else 0.0,
+                                shortest_s=shortest_s if ask.first else 0.0,
+                                stop=lambda: self.interrupted)
+            found = diagnose(role, self.recorder.rank, failed, published, 1)
+            if ask.first:
+                publisher.share(ask.key, found.share())
+            speaks = _speaker(publisher, token, self.recorder.rank)
         path = self.dump_soon(directory)
-        found = diagnose(role, self.recorder.rank, failed, published, asked)
         found = dataclasses.replace(found, dump=path)
-        level = logging.WARNING if _speaker(publisher, token, self.recorder.rank) else logging.DEBUG
-        logger.log(level, "flight recorder, role %s: %s (recorders in %s)", role, found.text(),
+        logger.log(logging.WARNING if speaks else logging.DEBUG,
+                   "flight recorder, role %s: %s (recorders in %s)", role, found.text(),
                    directory, extra={DIAGNOSIS: True})
         return found
 
@@ -270,21 +286,16 @@ def _speaker(publisher: StatusPublisher, token: str, rank: int) -> bool:
     """Whether this rank prints the diagnosis of ``token`` (``role#count``): the job's console
     gets it once per role and failed call, the other diagnosing ranks log it at debug.
 
-    The speaker is the lowest rank that said it diagnoses ``token`` (a dead rank never says so:
-    the lowest live one speaks), and it claims the call once more in the store: a rank that
-    came to its diagnosis after the others had decided (lower, yet too late to be seen) finds
-    the call claimed and stays at debug. Two requests; three or more only for the lowest rank.
+    Only a group's asker comes here (every other member takes the asker's diagnosis), so one or
+    a few ranks per failed call: the first to claim the call in the store prints it. Two asks
+    of one call (another group of the role, a member at another op) print once. One request,
+    more only where another call was claimed meanwhile.
     """
     try:
-        said = publisher.store.get(f"{publisher.prefix}{_DIAGNOSING}").decode()
-        mine = [int(part.rsplit("@", 1)[1]) for part in said.split(";")
-                if part.rsplit("@", 1)[0] == token]
-        if min(mine, default=rank) < rank:
-            return False
         # The claim names this rank: compare_set answers the key's value whether it swapped or
         # not, and another rank's claim of the same call must not read as this one's.
         key, claim, current = f"{publisher.prefix}{_SPOKEN}", f"{token}@{rank};", ""
-        for _ in range(16):  # only the ranks that found themselves lowest get here: one or two
+        for _ in range(16):
             value = bytes(publisher.store.compare_set(key, current, current + claim)).decode()
             if value == current + claim:
                 return True

@@ -179,6 +179,7 @@ class Liveness:
         self._subscribers: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._decisions: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._kept_events: list[int] = []  # loss events a release could not delete yet
+        self._known: set[int] = set()  # events this rank knows already: not read (known())
         self._next = 1
         self._stop = threading.Event()
         self._beating = threading.Lock()  # held by a beat under way: close() waits it out
@@ -408,6 +409,14 @@ class Liveness:
         else:
             self._decisions[prefix] = handler
 
+    def known(self, number: int) -> None:
+        """Event ``number`` needs nothing from this rank, which knows what it says (a group ask
+        it joined and answered): the listener takes it without reading it, one request less
+        per member of a group of any size. Ignored where the listener is past it."""
+        with self._lock:
+            if number >= self._next:
+                self._known.add(number)
+
     @property
     def listening(self) -> bool:
         """Whether the listener runs (events reach :meth:`subscribe`'s and :meth:`expect`'s
@@ -554,6 +563,10 @@ class Liveness:
 
     def take(self, number: int) -> None:
         """Read event ``number`` and handle it: the listener's step once its wait returned."""
+        with self._lock:
+            if number in self._known:
+                self._known.discard(number)
+                return
         key = f"event/{number}"
         # One request where get() is two (it waits for the key first). The key exists: the
         # wait returned. Were it missing (a wait woken early), this read would wake every

@@ -187,7 +187,7 @@ class Recovery:
             return
         if self.liveness is not None and flight.publisher is not None:
             flight.publisher.listen_through(self.liveness.emit, self.liveness.subscribe,
-                                            self.liveness.every)
+                                            self.liveness.every, self.liveness.known)
         else:
             flight.start()
 
