@@ -58,6 +58,7 @@ from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, number
 from commgroups.flight_recorder.diagnosis import Diagnosis, diagnose
 from commgroups.flight_recorder.publisher import (
+    ANSWER_QUIET_S,
     DEFAULT_INTERVAL_S,
     StatusPublisher,
     answer_waits,
@@ -529,6 +530,7 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
             raise RuntimeError(f"control plane at {size}: survivors {wrong}, not {size - 1}")
         seconds = decided[0] - reported[0]
         requests = sum(part["requests"] for part in parts)
+        check_in_bytes = sum(part["bytes"] for part in parts)
         to_decide = sum(part["to_decide"] for part in parts)
         # The decider judges the lost rank dead once it left the report unanswered for
         # dead_after_s: no store rate makes the decision sooner.
@@ -550,14 +552,18 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
         named = asker["named"] - began[0]
         hang_named_s[str(size)] = named
         # The store serves the requests naming waits for at its saturated rate: what N real
-        # ranks (each its own CPU) would see. Measured here, the workers' CPUs bound it.
-        hang_named_extrapolated_s[str(size)] = sum(part["to_name"] for part in parts) / rate
+        # ranks (each its own CPU) would see. Measured here, the workers' CPUs bound it. A
+        # member never answers, so the asker waits at least its shortest wait and the quiet.
+        _, shortest = answer_waits(DEFAULT_INTERVAL_S, DEFAULT_INTERVAL_S / 4, size,
+                                   timed_out=True, pushed=True)
+        hang_named_extrapolated_s[str(size)] = max(
+            shortest + ANSWER_QUIET_S, sum(part["to_name"] for part in parts) / rate)
         hang_told_s[str(size)] = max(part["told"] for part in parts) - began[0]
         hang_silent[str(size)] = asker["silent"]
         hang_requests[str(size)] = sum(part["requests"] for part in parts) / size
         table.add(f"{size:,}", number(idle.get(str(size), float("nan"))) +
                   (" (extrapolated)" if size in idle_extrapolated else ""),
-                  number(requests / (size - 1)), number(sum(p["bytes"] for p in parts) / (size - 1)),
+                  number(requests / (size - 1)), number(check_in_bytes / (size - 1)),
                   number(seconds), number(extrapolated), number(hang_requests[str(size)]),
                   number(named), number(hang_named_extrapolated_s[str(size)]),
                   number(hang_told_s[str(size)]),
