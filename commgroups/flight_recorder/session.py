@@ -236,6 +236,17 @@ class FlightSession:
             # A loss reported meanwhile ends the asker's wait at once, and it shares what it has.
             shared = publisher.shared(ask.key, wait_s + SHARE_SLACK_S,
                                       stop=lambda: self.interrupted)
+        if shared is not None and wait and not shared.get("timed_out", True) and any(
+                state.get("position") == "silent" for state in shared.get("ranks", ())):
+            # The asker failed on a closed connection (torch 2.15's gloo closes a timed-out
+            # rank's connections) and waited only as for a loss: a live but slow member may
+            # read silent there. This member timed out: it waits as for a timeout itself (the
+            # answers' reads are O(N) each, in this mixed case only).
+            shared = None
+            ask = ask._replace(first=True)
+            speaks_for_group = False
+        else:
+            speaks_for_group = True
         if shared is not None:
             found = Diagnosis.from_share(shared, role, self.recorder.rank, failed, ranks)
             speaks = False  # the asker speaks for the group
@@ -249,8 +260,8 @@ class FlightSession:
                                 shortest_s=shortest_s if ask.first else 0.0,
                                 stop=lambda: self.interrupted)
             found = diagnose(role, self.recorder.rank, failed, published, 1)
-            if ask.first:
-                publisher.share(ask.key, found.share())
+            if ask.first and speaks_for_group:
+                publisher.share(ask.key, {**found.share(), "timed_out": wait})
             speaks = _speaker(publisher, token, self.recorder.rank)
         path = self.dump_soon(directory)
         found = dataclasses.replace(found, dump=path)
