@@ -32,6 +32,7 @@ from commgroups.flight_recorder.entries import FlightEntry
 from commgroups.flight_recorder.publisher import (
     DEFAULT_INTERVAL_S,
     LOSS_SHORTEST_S,
+    GroupAsk,
     StatusPublisher,
     answer_waits,
     collect,
@@ -243,7 +244,7 @@ class FlightSession:
             # read silent there. This member timed out: it waits as for a timeout itself (the
             # answers' reads are O(N) each, in this mixed case only).
             shared = None
-            ask = ask._replace(first=True)
+            ask = GroupAsk(ask.key, first=True)
             speaks_for_group = False
         else:
             speaks_for_group = True
