@@ -40,9 +40,9 @@ from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported
 from commgroups.util.store_reads import read_bytes_if_present, read_if_present
 
 __all__ = ["ANSWER_LOOK_S", "ANSWER_QUIET_S", "ANSWER_WAIT_PER_MEMBER_S", "BLOCK_MEMBERS",
-           "DEFAULT_INTERVAL_S", "LOSS_SHORTEST_S", "answer_waits", "REFRESH_S",
-           "REQUEST_POLLS_PER_INTERVAL", "SHARE_GRACE_S", "GroupAsk", "StatusPublisher",
-           "collect", "parse_answers", "read_status"]
+           "DEFAULT_INTERVAL_S", "LOSS_SHORTEST_S", "REFRESH_S", "REQUEST_POLLS_PER_INTERVAL",
+           "SHARE_GRACE_S", "GroupAsk", "StatusPublisher", "answer_waits", "collect",
+           "parse_answers", "read_status"]
 
 logger = logging.getLogger(__name__)
 
@@ -407,12 +407,11 @@ class StatusPublisher:
         where the event did not come; polling (no listener): one read every
         :data:`ANSWER_LOOK_S`."""
         deadline = time.monotonic() + wait_s
-        look = ANSWER_LOOK_S if self._emit is None else 0.05
         while True:
             with self._shared:
                 found = self._shares.pop(key, None)
                 if found is None:
-                    self._shared.wait(look)
+                    self._shared.wait(ANSWER_LOOK_S)
                     found = self._shares.pop(key, None)
             if found is not None:
                 return found

@@ -32,7 +32,6 @@ from commgroups.flight_recorder.entries import FlightEntry
 from commgroups.flight_recorder.publisher import (
     DEFAULT_INTERVAL_S,
     LOSS_SHORTEST_S,
-    GroupAsk,
     StatusPublisher,
     answer_waits,
     collect,
@@ -237,31 +236,28 @@ class FlightSession:
             # A loss reported meanwhile ends the asker's wait at once, and it shares what it has.
             shared = publisher.shared(ask.key, wait_s + SHARE_SLACK_S,
                                       stop=lambda: self.interrupted)
-        if shared is not None and wait and not shared.get("timed_out", True) and any(
-                state.get("position") == "silent" for state in shared.get("ranks", ())):
-            # The asker failed on a closed connection (torch 2.15's gloo closes a timed-out
-            # rank's connections) and waited only as for a loss: a live but slow member may
-            # read silent there. This member timed out: it waits as for a timeout itself (the
-            # answers' reads are O(N) each, in this mixed case only).
-            shared = None
-            ask = GroupAsk(ask.key, first=True)
-            speaks_for_group = False
-        else:
-            speaks_for_group = True
-        if shared is not None:
+        # The asker failed on a closed connection (torch 2.15's gloo closes a timed-out rank's
+        # connections) and waited only as for a loss: a live but slow member may read silent
+        # there. A member that timed out waits as for a timeout itself (the answers' reads are
+        # O(N) each, in this mixed case only).
+        recollect = shared is not None and wait and not shared.get("timed_out", True) and any(
+            state.get("position") == "silent" for state in shared.get("ranks", ()))
+        if shared is not None and not recollect:
             found = Diagnosis.from_share(shared, role, self.recorder.rank, failed, ranks)
             speaks = False  # the asker speaks for the group
         else:
-            # The asker, or a member whose asker gave no diagnosis (it died meanwhile): a loss
-            # reported meanwhile (the liveness thread interrupted this generation) means the
-            # rank-loss handling is waiting for this rank's rebuild(), and the dead rank would
-            # never answer; what answered so far is all the diagnosis gets.
+            # The asker, a member re-collecting, or a member whose asker gave no diagnosis (it
+            # died meanwhile: one read). A loss reported meanwhile (the liveness thread
+            # interrupted this generation) means the rank-loss handling is waiting for this
+            # rank's rebuild(), and the dead rank would never answer; what answered so far is
+            # all the diagnosis gets.
+            waits = ask.first or recollect
             published = collect(publisher, ask.key, ranks, role, failed,
-                                wait_s=wait_s if ask.first else 0.0,
-                                shortest_s=shortest_s if ask.first else 0.0,
+                                wait_s=wait_s if waits else 0.0,
+                                shortest_s=shortest_s if waits else 0.0,
                                 stop=lambda: self.interrupted)
             found = diagnose(role, self.recorder.rank, failed, published, 1)
-            if ask.first and speaks_for_group:
+            if ask.first:
                 publisher.share(ask.key, {**found.share(), "timed_out": wait})
             speaks = _speaker(publisher, token, self.recorder.rank)
         path = self.dump_soon(directory)
