@@ -8,7 +8,9 @@ What runs, per world size N (one fresh key namespace each):
    seconds; requests per rank per second. Only up to :data:`IDLE_THREADED_MAX` ranks (two threads
    and one socket each); above it the figure is the measured one carried over, marked
    *extrapolated*: nothing on the idle path depends on N (a listener sends nothing, a beat two
-   requests).
+   requests). They run in this process and idle while phases 2 and 3 run in the workers, for
+   every size: ten idle seconds need not be ten seconds of the bench (their requests are
+   counted on their own connections; the other phases' events are in other namespaces).
 2. **loss and check-in**: virtual rank N-1 is lost; its ring predecessor reports it
    (:meth:`Liveness.report`). Every other virtual rank runs what its listener and its main thread
    run: it reads the loss event and answers it (``Liveness._dispatch``, the listener's own
@@ -155,32 +157,60 @@ def _no_loss(generation: int, suspects: frozenset[int] | None) -> None:
     """The virtual ranks hold no groups: nothing to interrupt."""
 
 
-def _idle(port: int, namespace: str, ranks: Sequence[int], members: int, idle_s: float,
-          start: Any, ready: Any) -> dict[str, float]:
-    """Run real started Liveness objects for ``ranks``; count over ``idle_s``."""
-    shared = _client(port)
-    process = this_process()  # every virtual rank publishes it, as each real rank does its own
-    lives = []
-    # In parallel: a connection now and then stalls for 5 s on this machine (torch's client).
-    with concurrent.futures.ThreadPoolExecutor(64) as pool:
-        owns = list(pool.map(lambda _: _client(port), ranks))
-    for rank, own in zip(ranks, owns, strict=True):
-        live = Liveness(own, shared, namespace, rank, interval_s=_BEAT_S,
-                        dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss,
-                        process=process)
-        live.start()
-        live.watch(0, _ring(rank, members))
-        lives.append(live)
-    for live in lives:  # their first beats are their threads': not in the idle count
-        live.announced(60.0)
-    ready.wait()
-    start.wait()  # every worker's ranks exist: the idle window starts together
-    before = shared.requests + sum(own.requests for own in owns)
-    time.sleep(idle_s)
-    after = shared.requests + sum(own.requests for own in owns)
-    for live in lives:
-        live.close(members)  # the last closer of the world wakes every listener: they end
-    return {"requests": float(after - before)}
+class _IdleRanks:
+    """``members`` real, started :class:`Liveness` objects (a connection and two threads each)
+    in this process, their requests counted over a window of ``idle_s``.
+
+    :meth:`start` sets them up and opens the window; the loss and hang phases run in the
+    workers meanwhile (a window of idle ranks is seconds of waiting on 2 cores; their requests
+    are counted on their own connections, and their namespace's events are theirs alone);
+    :meth:`finish` waits for the window's end, counts and closes them."""
+
+    def __init__(self, port: int, members: int, idle_s: float) -> None:
+        self.members, self.idle_s = members, idle_s
+        self.shared = _client(port)
+        # In parallel: a connection now and then stalls for 5 s on this machine (torch's client).
+        with concurrent.futures.ThreadPoolExecutor(64) as pool:
+            self.owns = list(pool.map(lambda _: _client(port), range(members)))
+        process = this_process()  # every rank publishes it, as each real rank does its own
+        self.lives = [Liveness(own, self.shared, f"bench/idle/{members}/", rank,
+                               interval_s=_BEAT_S, dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss,
+                               process=process)
+                      for rank, own in enumerate(self.owns)]
+        self.before = self.after = 0
+        # Counts at the window's end, whatever the workers are doing then.
+        self._window = threading.Timer(idle_s, self._count_window)
+
+    def _requests(self) -> int:
+        return self.shared.requests + sum(own.requests for own in self.owns)
+
+    def _count_window(self) -> None:
+        self.after = self._requests()
+
+    def start(self) -> None:
+        """Start every rank and open the window once each sent its first beat and listens (their
+        threads' first requests are not idle ones)."""
+        for rank, live in enumerate(self.lives):
+            live.start()
+            live.watch(0, _ring(rank, self.members))
+        for live in self.lives:
+            live.announced(60.0)
+        time.sleep(0.1)  # the listeners' first waits, sent as their threads start
+        self.before = self._requests()
+        self._window.start()
+
+    def finish(self) -> float:
+        """Requests per rank per second over the window (waited out first); closes the ranks."""
+        self._window.join()
+        self.close()
+        return (self.after - self.before) / self.members / self.idle_s
+
+    def close(self) -> None:
+        """Close every rank (again: nothing)."""
+        self._window.cancel()  # where a phase failed before the window ended
+        lives, self.lives = self.lives, []
+        for live in lives:
+            live.close(self.members)  # the last closer of the world wakes every listener
 
 
 class _VirtualListener(Liveness):
@@ -383,9 +413,7 @@ def _worker(port: int, index: int, jobs: Any, start: Any, ready: Any, results: A
         share = -(-members // _WORKERS)
         ranks = range(index * share, min(members, (index + 1) * share))
         try:
-            if kind == "idle":
-                results.put(_idle(port, namespace, ranks, members, arg, start, ready))
-            elif kind == "hang":
+            if kind == "hang":
                 results.put(_hang(port, namespace, ranks, members, int(arg), start, ready))
             else:
                 results.put(_loss(port, namespace, ranks, members, int(arg), start, ready))
@@ -478,6 +506,61 @@ def run(sizes: Sequence[int], idle_s: float, progress: Progress,
         workers.close()
 
 
+def _one_size(server: Store, rate: float, workers: _Workers, size: int) -> dict[str, Any]:
+    """The loss and the hang at ``size`` virtual ranks: their figures (see :func:`_measure`)."""
+    namespace = f"bench/loss/{size}/"
+    reporter = Liveness(server, server, namespace, size - 2, interval_s=_BEAT_S,
+                        dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss)
+    reported: list[float] = []
+
+    def report(reporter: Liveness = reporter, lost: int = size - 1,
+               reported: list[float] = reported) -> None:
+        reported.append(time.monotonic())
+        reporter.report(0, f"rank {lost} stopped", {lost})
+
+    parts = workers.run("loss", namespace, size, size - 1, on_start=report)
+    decided = [part["decided"] for part in parts if part["decided"] is not None]
+    if len(decided) != 1:
+        raise RuntimeError(f"control plane at {size}: {len(decided)} deciders")
+    wrong = {part["survivors"] for part in parts} - {size - 1}
+    if wrong:  # a live rank decided out: its answer was judged late (a product bug)
+        raise RuntimeError(f"control plane at {size}: survivors {wrong}, not {size - 1}")
+    seconds = decided[0] - reported[0]
+    requests = sum(part["requests"] for part in parts)
+    check_in_bytes = sum(part["bytes"] for part in parts)
+    to_decide = sum(part["to_decide"] for part in parts)
+    # The decider judges the lost rank dead once it left the report unanswered for
+    # dead_after_s: no store rate makes the decision sooner.
+    extrapolated = max(_DEAD_AFTER_S, to_decide / rate) + 0.02
+    hung = size // 2
+    began: list[float] = []
+    parts = workers.run("hang", f"bench/hang/{size}/", size, hung,
+                        on_start=functools.partial(_note_time, began))
+    askers = [part for part in parts if part.get("asked")]
+    if len(askers) != 1:
+        raise RuntimeError(f"control plane hang at {size}: {len(askers)} askers, not 1")
+    (asker,) = askers
+    silent = [part["member_silent"] for part in parts if "member_silent" in part]
+    if asker["silent"] != [hung] or any(each != [hung] for each in silent):
+        raise RuntimeError(f"control plane hang at {size}: named {asker.get('text')!r} "
+                           f"(members: {silent}), not rank {hung} alone silent")
+    named = asker["named"] - began[0]
+    # The store serves the requests naming waits for at its saturated rate: what N real
+    # ranks (each its own CPU) would see. Measured here, the workers' CPUs bound it. A
+    # member never answers, so the asker waits at least its shortest wait and the quiet.
+    _, shortest = answer_waits(DEFAULT_INTERVAL_S, DEFAULT_INTERVAL_S / 4, size,
+                               timed_out=True, pushed=True)
+    return {"check_in_requests": requests / (size - 1),
+            "check_in_bytes": check_in_bytes / (size - 1),
+            "check_in_s": seconds, "check_in_extrapolated_s": extrapolated,
+            "hang_requests": sum(part["requests"] for part in parts) / size,
+            "hang_named_s": named,
+            "hang_named_extrapolated_s": max(shortest + ANSWER_QUIET_S,
+                                             sum(part["to_name"] for part in parts) / rate),
+            "hang_told_s": max(part["told"] for part in parts) - began[0],
+            "hang_silent": asker["silent"]}
+
+
 def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Sequence[int],
              idle_s: float, idle_max: int, progress: Progress
              ) -> tuple[list[Table], dict[str, Any]]:
@@ -489,92 +572,42 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
          "hang req/member", "hang timeout -> named s (measured)",
          "hang timeout -> named s (extrapolated)", "hang timeout -> every member told s",
          f"hang named in timeout+{_HANG_GOAL_S:g} s"])
-    hang_named_s: dict[str, float] = {}
-    hang_told_s: dict[str, float] = {}
-    hang_named_extrapolated_s: dict[str, float] = {}
-    hang_requests: dict[str, float] = {}
-    hang_silent: dict[str, list[int]] = {}
-    check_in_s: dict[str, float] = {}
-    extrapolated_check_in_s: dict[str, float] = {}
-    idle: dict[str, float] = {}
-    idle_extrapolated: list[int] = []
-    measured_idle: float | None = None
-    for size in sizes:
-        progress.describe(f"control plane: {size:,} ranks")
-        if size <= idle_max or measured_idle is None:
-            threaded = min(size, idle_max)
-            parts = workers.run("idle", f"bench/idle/{threaded}/", threaded, idle_s)
-            measured_idle = sum(part["requests"] for part in parts) / threaded / idle_s
-            idle[str(size)] = measured_idle
-            if threaded < size:
-                idle_extrapolated.append(size)
-        elif measured_idle is not None:
-            idle[str(size)] = measured_idle
-            idle_extrapolated.append(size)
-        namespace = f"bench/loss/{size}/"
-        reporter = Liveness(server, server, namespace, size - 2, interval_s=_BEAT_S,
-                            dead_after_s=_DEAD_AFTER_S, on_loss=_no_loss)
-        reported: list[float] = []
-
-        def report(reporter: Liveness = reporter, lost: int = size - 1,
-                   reported: list[float] = reported) -> None:
-            reported.append(time.monotonic())
-            reporter.report(0, f"rank {lost} stopped", {lost})
-
-        parts = workers.run("loss", namespace, size, size - 1, on_start=report)
-        decided = [part["decided"] for part in parts if part["decided"] is not None]
-        if len(decided) != 1:
-            raise RuntimeError(f"control plane at {size}: {len(decided)} deciders")
-        wrong = {part["survivors"] for part in parts} - {size - 1}
-        if wrong:  # a live rank decided out: its answer was judged late (a product bug)
-            raise RuntimeError(f"control plane at {size}: survivors {wrong}, not {size - 1}")
-        seconds = decided[0] - reported[0]
-        requests = sum(part["requests"] for part in parts)
-        check_in_bytes = sum(part["bytes"] for part in parts)
-        to_decide = sum(part["to_decide"] for part in parts)
-        # The decider judges the lost rank dead once it left the report unanswered for
-        # dead_after_s: no store rate makes the decision sooner.
-        extrapolated = max(_DEAD_AFTER_S, to_decide / rate) + 0.02
-        check_in_s[str(size)] = seconds
-        extrapolated_check_in_s[str(size)] = extrapolated
-        hung = size // 2
-        began: list[float] = []
-        parts = workers.run("hang", f"bench/hang/{size}/", size, hung,
-                            on_start=functools.partial(_note_time, began))
-        askers = [part for part in parts if part.get("asked")]
-        if len(askers) != 1:
-            raise RuntimeError(f"control plane hang at {size}: {len(askers)} askers, not 1")
-        (asker,) = askers
-        silent = [part["member_silent"] for part in parts if "member_silent" in part]
-        if asker["silent"] != [hung] or any(each != [hung] for each in silent):
-            raise RuntimeError(f"control plane hang at {size}: named {asker.get('text')!r} "
-                               f"(members: {silent}), not rank {hung} alone silent")
-        named = asker["named"] - began[0]
-        hang_named_s[str(size)] = named
-        # The store serves the requests naming waits for at its saturated rate: what N real
-        # ranks (each its own CPU) would see. Measured here, the workers' CPUs bound it. A
-        # member never answers, so the asker waits at least its shortest wait and the quiet.
-        _, shortest = answer_waits(DEFAULT_INTERVAL_S, DEFAULT_INTERVAL_S / 4, size,
-                                   timed_out=True, pushed=True)
-        hang_named_extrapolated_s[str(size)] = max(
-            shortest + ANSWER_QUIET_S, sum(part["to_name"] for part in parts) / rate)
-        hang_told_s[str(size)] = max(part["told"] for part in parts) - began[0]
-        hang_silent[str(size)] = asker["silent"]
-        hang_requests[str(size)] = sum(part["requests"] for part in parts) / size
-        table.add(f"{size:,}", number(idle.get(str(size), float("nan"))) +
+    # One idle sample per distinct size up to idle_max (larger sizes carry the largest one
+    # over), all of them idle while the loss and hang phases run (see _IdleRanks).
+    idle_sizes = {size: min(size, idle_max) for size in sizes}
+    idle_runs = {members: _IdleRanks(port, members, idle_s)
+                 for members in sorted(set(idle_sizes.values()))}
+    figures: dict[int, dict[str, Any]] = {}
+    try:
+        progress.describe("control plane: idle ranks")
+        for each in idle_runs.values():
+            each.start()
+        for size in sizes:
+            progress.describe(f"control plane: {size:,} ranks")
+            figures[size] = _one_size(server, rate, workers, size)
+            progress.advance()
+        measured_idle = {members: each.finish() for members, each in idle_runs.items()}
+    finally:
+        for each in idle_runs.values():
+            each.close()
+    idle = {str(size): measured_idle[members] for size, members in idle_sizes.items()}
+    idle_extrapolated = [size for size, members in idle_sizes.items() if members < size]
+    for size, got in figures.items():
+        named, extrapolated_named = got["hang_named_s"], got["hang_named_extrapolated_s"]
+        table.add(f"{size:,}", number(idle[str(size)]) +
                   (" (extrapolated)" if size in idle_extrapolated else ""),
-                  number(requests / (size - 1)), number(check_in_bytes / (size - 1)),
-                  number(seconds), number(extrapolated), number(hang_requests[str(size)]),
-                  number(named), number(hang_named_extrapolated_s[str(size)]),
-                  number(hang_told_s[str(size)]),
-                  f"{'yes' if min(named, hang_named_extrapolated_s[str(size)]) <= _HANG_GOAL_S else 'no'} "
-                  f"({_HANG_TIMEOUT_S + hang_named_extrapolated_s[str(size)]:.1f} s of "
+                  number(got["check_in_requests"]), number(got["check_in_bytes"]),
+                  number(got["check_in_s"]), number(got["check_in_extrapolated_s"]),
+                  number(got["hang_requests"]), number(named), number(extrapolated_named),
+                  number(got["hang_told_s"]),
+                  f"{'yes' if min(named, extrapolated_named) <= _HANG_GOAL_S else 'no'} "
+                  f"({_HANG_TIMEOUT_S + extrapolated_named:.1f} s of "
                   f"{_HANG_TIMEOUT_S:g}+{_HANG_GOAL_S:g}, extrapolated)")
-        progress.advance()
     table.notes += [
         f"idle: {idle_s:g} s with every rank's listener and beat running (beat every {_BEAT_S:g} s), "
-        f"on at most {idle_max:,} ranks (each a socket and two threads; here a new connection "
-        "stalls 5 s about every 25th); above, the figure is the measured one carried over "
+        "while the loss and hang phases ran in the workers (requests counted on the idle ranks' "
+        f"own connections), on at most {idle_max:,} ranks (each a socket and two threads; here "
+        "a new connection stalls 5 s about every 25th); above, the figure is the measured one carried over "
         "(extrapolated: no idle request depends on N)",
         f"the store served {rate:,.0f} requests/s to {_WORKERS} busy clients here; the "
         "extrapolated decision time is the requests the decision waits for divided by that rate",
@@ -588,16 +621,19 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
         "extrapolated: the requests naming waits for (joins, the ask's wakes and reads) over the "
         "store's rate",
     ]
-    summary = {"control_plane_check_in_s": check_in_s,
-               "control_plane_check_in_extrapolated_s": extrapolated_check_in_s,
+    def by_size(name: str) -> dict[str, Any]:
+        return {str(size): got[name] for size, got in figures.items()}
+
+    summary = {"control_plane_check_in_s": by_size("check_in_s"),
+               "control_plane_check_in_extrapolated_s": by_size("check_in_extrapolated_s"),
                "control_plane_requests_per_rank_s": idle,
                "control_plane_extrapolated_sizes": idle_extrapolated,
                "control_plane_store_requests_per_s": rate,
-               "control_plane_hang_named_s": hang_named_s,
-               "control_plane_hang_told_s": hang_told_s,
-               "control_plane_hang_named_extrapolated_s": hang_named_extrapolated_s,
-               "control_plane_hang_requests_per_member": hang_requests,
-               "control_plane_hang_silent": hang_silent,
+               "control_plane_hang_named_s": by_size("hang_named_s"),
+               "control_plane_hang_told_s": by_size("hang_told_s"),
+               "control_plane_hang_named_extrapolated_s": by_size("hang_named_extrapolated_s"),
+               "control_plane_hang_requests_per_member": by_size("hang_requests"),
+               "control_plane_hang_silent": by_size("hang_silent"),
                "control_plane_hang_role_timeout_s": _HANG_TIMEOUT_S}
     return [table], summary
 
