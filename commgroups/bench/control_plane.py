@@ -195,6 +195,8 @@ class _IdleRanks:
             live.watch(0, _ring(rank, self.members))
         for live in self.lives:
             live.announced(60.0)
+            # Once per rank, at its first periodic beat: not idle traffic (steady state here).
+            live.learn_host()
         time.sleep(0.1)  # the listeners' first waits, sent as their threads start
         self.before = self._requests()
         self._window.start()
@@ -234,6 +236,7 @@ def _loss(port: int, namespace: str, ranks: Sequence[int], members: int, victim:
              for rank in ranks if rank != victim}
     for rank, live in lives.items():
         live.watch(0, _ring(rank, members))
+        live.learn_host()  # as each rank's beat did, seconds after it started
     listener = _client(port)  # referenced: a PrefixStore keeps only the C++ half alive
     events = PrefixStore(namespace, listener)
     loss_event = int(events.add("event/count", 0)) + 1

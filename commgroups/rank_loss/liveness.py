@@ -32,7 +32,10 @@ Two daemon threads per registry (:class:`Liveness`):
    tasks given to :meth:`Liveness.every` (the flight publisher's look at its status).
 
 Idle cost per rank: two requests every ``interval_s`` (the beat, the read of the successor's),
-whatever the world's size; 0.2 per second at the default 10 s. Requests from other threads
+whatever the world's size; 0.2 per second at the default 10 s. Once, at its first periodic beat,
+the beat's thread also reads which ranks share this host (:meth:`Liveness.learn_host`): a loss
+whose suspects are elsewhere is then answered without reading the host's key (one request per
+rank fewer before a rebuild's decision). Requests from other threads
 (reports, answers' checks, flight asks) go through the job's shared connection: the listener's
 own is held by its wait.
 """
@@ -173,6 +176,9 @@ class Liveness:
         self._watched: tuple[int, int | None] | None = None  # generation, the member watched
         self._members: frozenset[int] = frozenset()  # the watched generation's
         self._process = process
+        # This host's processes, read once at the first periodic beat (learn_host): a loss
+        # whose suspects are on other hosts then costs no read of the host's key.
+        self._host_peers: frozenset[int] | None = None
         self._interrupted: dict[int, set[int] | None] = {}  # generation -> suspects handled
         self._answered: set[int] = set()  # generations whose loss report this rank answered
         self._seen: tuple[int, int, float] | None = None  # successor, its beat, when it moved
@@ -284,6 +290,19 @@ class Liveness:
             self._shared.append(  # type: ignore[attr-defined,unused-ignore]  # not in some stubs
                 host_key(self._process.host), self._process.entry(self.rank))
 
+    def learn_host(self) -> None:
+        """Read, once, which ranks publish under this host's key (one request; the beat's
+        thread does it at its first periodic beat, once the host's ranks published). A loss
+        report whose suspects are none of them is then answered without reading the key again
+        (at 65,536 ranks, one request per rank fewer before the decision); one naming such a
+        rank, or nobody in particular, still reads it. A rank that published after this read
+        is not known here: its death is confirmed by a peer that read later, or judged by
+        ``dead_after_s``, as without this."""
+        if self._process is None:
+            return
+        value = read_if_present(self._shared, host_key(self._process.host))
+        self._host_peers = frozenset(parse_peers(value or ""))
+
     def watch(self, generation: int | None, members: Sequence[int] = ()) -> None:
         """Listen for losses in ``generation`` and watch its next member; None: beat only.
 
@@ -297,7 +316,7 @@ class Liveness:
             self._members = frozenset(ring)
             self._seen = None
         if generation is not None and int(self._shared.add(f"lost/{generation}", 0)) > 0:
-            self._answer(generation, self._shared)
+            self._answer(generation, self._shared, None)
             self._handle_loss(generation, self._read_suspects(generation, self._shared))
 
     def report(self, generation: int, reason: str,
@@ -579,10 +598,11 @@ class Liveness:
         kind = event.get("k")
         if kind == "loss":
             generation = int(event["g"])
-            self._answer(generation, self._own)
             token = event.get("s")
+            named = None if token is None else _suspects(str(token))
+            self._answer(generation, self._own, named)
             self._handle_loss(generation, self._read_suspects(generation, self._own)
-                              if token is None else _suspects(str(token)))
+                              if token is None else named)
         elif kind == "ask":
             handler = self._subscribers.get(str(event.get("p")))
             if handler is not None:
@@ -594,16 +614,21 @@ class Liveness:
         elif kind == "close":
             self._halt()
 
-    def _answer(self, generation: int, store: Store) -> None:
+    def _answer(self, generation: int, store: Store, suspects: set[int] | None) -> None:
         """Say this rank is alive, once per generation whose loss it heard of (before the
-        interrupt, which may take a while)."""
+        interrupt, which may take a while), and confirm the deaths on this host where a
+        suspect may be on it (``suspects`` None: anyone may be)."""
         with self._lock:
             if generation in self._answered:
                 return
             self._answered.add(generation)
             members = self._members
-        if answer(store, generation, self.rank) and self._process is not None:
-            confirm_local_deaths(store, generation, self.rank, members, self._process.host)
+        if not answer(store, generation, self.rank) or self._process is None:
+            return
+        peers = self._host_peers
+        if peers is not None and suspects is not None and not (suspects & peers) - {self.rank}:
+            return  # every suspect is on another host (learn_host)
+        confirm_local_deaths(store, generation, self.rank, members, self._process.host)
 
     def _read_suspects(self, generation: int, store: Store) -> set[int] | None:
         value = read_if_present(store, f"lost/{generation}/who")
@@ -630,6 +655,9 @@ class Liveness:
 
     def _beat(self) -> None:
         self._shared.add(f"beat/{self.rank}", 1)
+        if self._host_peers is None and self._process is not None:
+            with contextlib.suppress(Exception):  # an optimisation only: a loss reads it then
+                self.learn_host()
         with self._lock:
             watched, seen = self._watched, self._seen
         if watched is None:
