@@ -93,9 +93,13 @@ LONG_DEAD_AFTER_S = 60.0  # an unanswered report alone would count as death only
 WINDOW_S = 30.0  # and the check-in's window would end it after this
 
 
-def _killed_and_confirmed_on_its_host(rank: int, world: int) -> dict[str, Any]:
-    registry = GroupRegistry(hsdp_layout(), create_timeout_s=30,
-                             dead_after_s=LONG_DEAD_AFTER_S).create()
+def _killed_and_confirmed_on_its_host(rank: int, world: int,
+                                      heartbeat_s: float | None) -> dict[str, Any]:
+    registry = GroupRegistry(hsdp_layout(), create_timeout_s=30, dead_after_s=LONG_DEAD_AFTER_S,
+                             **({} if heartbeat_s is None else {"heartbeat_s": heartbeat_s})
+                             ).create()
+    if heartbeat_s is not None:  # past the first periodic beat: each rank learned its host
+        time.sleep(3 * heartbeat_s)
     connected_barrier(registry, rank, world, victim=3)  # rank 3's process is gone after it
     report = registry.rebuild(timeout=WINDOW_S)  # no alive=: nobody says who died
     total = torch.ones(1)
@@ -106,11 +110,16 @@ def _killed_and_confirmed_on_its_host(rank: int, world: int) -> dict[str, Any]:
             "place": report.place, "check_in_s": report.seconds["check_in"]}
 
 
-def test_a_dead_process_is_confirmed_by_its_host_not_waited_for() -> None:
+@pytest.mark.parametrize("heartbeat_s", [None, 0.5], ids=["at-once", "host-learned"])
+def test_a_dead_process_is_confirmed_by_its_host_not_waited_for(
+        heartbeat_s: float | None) -> None:
     # Every rank shares this host: a survivor's listener finds rank 3's process gone from /proc
     # when it answers the loss report, so the check-in decides long before dead_after_s or its
-    # window could end it (either would take 30 s or more).
-    results = run_world(_killed_and_confirmed_on_its_host, 4, timeout=120, expect_errors=True)
+    # window could end it (either would take 30 s or more). Killed right after create(), or
+    # once every rank learned its host's ranks (Liveness.learn_host): rank 3 is among them, so
+    # the survivors still read the host's key.
+    results = run_world(_killed_and_confirmed_on_its_host, 4, heartbeat_s, timeout=120,
+                        expect_errors=True)
     assert [result["place"] for result in results[:3]] == ["member", "member", "dropped"]
     for result in results[:3]:
         assert result["lost"] == (3,) and result["members"] == (0, 1), result

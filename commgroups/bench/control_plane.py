@@ -11,12 +11,14 @@ What runs, per world size N (one fresh key namespace each):
    requests). They run in this process and idle while phases 2 and 3 run in the workers, for
    every size: ten idle seconds need not be ten seconds of the bench (their requests are
    counted on their own connections; the other phases' events are in other namespaces).
-2. **loss and check-in**: virtual rank N-1 is lost; its ring predecessor reports it
-   (:meth:`Liveness.report`). Every other virtual rank runs what its listener and its main thread
-   run: it reads the loss event and answers it (``Liveness._dispatch``, the listener's own
-   code), checks in (:meth:`CheckIn.join`) and waits for the decision
-   (:meth:`CheckIn.await_decision`); the first rank in decides (:meth:`CheckIn.look`, in its own
-   thread). Reported: requests per rank, store bytes, and report -> decided.
+2. **loss and check-in**: virtual rank N-1 is lost; its ring predecessor reports a loss
+   (:meth:`Liveness.report`) naming nobody, as a stale beat's report and ``rebuild()`` without
+   ``alive=`` do. Every other virtual rank runs what its listener and its main thread run (each
+   learned its host's processes before, as its beat's thread does once): it reads the loss
+   event and answers it (``Liveness._dispatch``, the listener's own code), checks in
+   (:meth:`CheckIn.join`) and waits for the decision (:meth:`CheckIn.await_decision`); the
+   first rank in decides (:meth:`CheckIn.look`, in its own thread). Reported: requests per
+   rank, store bytes, and report -> decided.
 3. **hang**: the N ranks are one role's group, in a collective that timed out on every member
    but one, which hung (it never answers; it published a status before). Every other member
    runs the product's diagnosis path of a timed-out call, as its timeout fires: it joins the
@@ -519,7 +521,8 @@ def _one_size(server: Store, rate: float, workers: _Workers, size: int) -> dict[
     def report(reporter: Liveness = reporter, lost: int = size - 1,
                reported: list[float] = reported) -> None:
         reported.append(time.monotonic())
-        reporter.report(0, f"rank {lost} stopped", {lost})
+        # Naming nobody, as a stale beat's report and rebuild() without alive= do.
+        reporter.report(0, f"rank {lost} stopped", None)
 
     parts = workers.run("loss", namespace, size, size - 1, on_start=report)
     decided = [part["decided"] for part in parts if part["decided"] is not None]

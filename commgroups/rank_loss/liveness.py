@@ -33,9 +33,9 @@ Two daemon threads per registry (:class:`Liveness`):
 
 Idle cost per rank: two requests every ``interval_s`` (the beat, the read of the successor's),
 whatever the world's size; 0.2 per second at the default 10 s. Once, at its first periodic beat,
-the beat's thread also reads which ranks share this host (:meth:`Liveness.learn_host`): a loss
-whose suspects are elsewhere is then answered without reading the host's key (one request per
-rank fewer before a rebuild's decision). Requests from other threads
+the beat's thread also reads which processes share this host (:meth:`Liveness.learn_host`): a
+loss is then answered with the host's deaths confirmed from ``/proc`` without reading the host's
+key (one request per rank fewer before a rebuild's decision). Requests from other threads
 (reports, answers' checks, flight asks) go through the job's shared connection: the listener's
 own is held by its wait.
 """
@@ -48,7 +48,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -109,14 +109,18 @@ def answer(store: Store, generation: int, rank: int) -> bool:
 
 
 def confirm_local_deaths(store: Store, generation: int, rank: int, members: Collection[int],
-                         host: str) -> list[int]:
+                         host: str, peers: Mapping[int, tuple[int, int]] | None = None
+                         ) -> list[int]:
     """Add the ``members`` on this host (``host``: :class:`~commgroups.rank_loss.local_peers.
     ProcessId`'s) whose process is gone to generation ``generation``'s confirmed dead (one read of
-    the host's key, and one append where one is gone); returns them."""
-    value = read_if_present(store, host_key(host))
-    if value is None:
-        return []
-    dead = sorted(peer for peer, (pid, start) in parse_peers(value).items()
+    the host's key, and one append where one is gone); returns them. ``peers``: the host's key
+    as read before (:func:`~commgroups.rank_loss.local_peers.parse_peers`), not read again."""
+    if peers is None:
+        value = read_if_present(store, host_key(host))
+        if value is None:
+            return []
+        peers = parse_peers(value)
+    dead = sorted(peer for peer, (pid, start) in peers.items()
                   if peer != rank and peer in members and gone(pid, start))
     if dead:
         store.append(  # type: ignore[attr-defined,unused-ignore]  # not in some stubs
@@ -177,8 +181,8 @@ class Liveness:
         self._members: frozenset[int] = frozenset()  # the watched generation's
         self._process = process
         # This host's processes, read once at the first periodic beat (learn_host): a loss
-        # whose suspects are on other hosts then costs no read of the host's key.
-        self._host_peers: frozenset[int] | None = None
+        # then costs no read of the host's key.
+        self._host_peers: dict[int, tuple[int, int]] | None = None
         self._interrupted: dict[int, set[int] | None] = {}  # generation -> suspects handled
         self._answered: set[int] = set()  # generations whose loss report this rank answered
         self._seen: tuple[int, int, float] | None = None  # successor, its beat, when it moved
@@ -291,17 +295,18 @@ class Liveness:
                 host_key(self._process.host), self._process.entry(self.rank))
 
     def learn_host(self) -> None:
-        """Read, once, which ranks publish under this host's key (one request; the beat's
-        thread does it at its first periodic beat, once the host's ranks published). A loss
-        report whose suspects are none of them is then answered without reading the key again
-        (at 65,536 ranks, one request per rank fewer before the decision); one naming such a
-        rank, or nobody in particular, still reads it. A rank that published after this read
-        is not known here: its death is confirmed by a peer that read later, or judged by
-        ``dead_after_s``, as without this."""
+        """Read, once, which processes publish under this host's key (one request; the beat's
+        thread does it at its first periodic beat, once the host's ranks published: each does
+        before ``create()`` returns). A loss report is then answered with the deaths on this
+        host confirmed from ``/proc`` against what was read here, without reading the key again
+        (at 65,536 ranks, one request per rank fewer before a rebuild's decision). A rank whose
+        process published after this read is not known here: its death is confirmed by a peer
+        that read later, or judged by ``dead_after_s``, as without this. A rank's process does
+        not change while its registry lives (a lost rank is never replaced within it)."""
         if self._process is None:
             return
         value = read_if_present(self._shared, host_key(self._process.host))
-        self._host_peers = frozenset(parse_peers(value or ""))
+        self._host_peers = parse_peers(value or "")
 
     def watch(self, generation: int | None, members: Sequence[int] = ()) -> None:
         """Listen for losses in ``generation`` and watch its next member; None: beat only.
@@ -316,7 +321,7 @@ class Liveness:
             self._members = frozenset(ring)
             self._seen = None
         if generation is not None and int(self._shared.add(f"lost/{generation}", 0)) > 0:
-            self._answer(generation, self._shared, None)
+            self._answer(generation, self._shared)
             self._handle_loss(generation, self._read_suspects(generation, self._shared))
 
     def report(self, generation: int, reason: str,
@@ -598,11 +603,10 @@ class Liveness:
         kind = event.get("k")
         if kind == "loss":
             generation = int(event["g"])
+            self._answer(generation, self._own)
             token = event.get("s")
-            named = None if token is None else _suspects(str(token))
-            self._answer(generation, self._own, named)
             self._handle_loss(generation, self._read_suspects(generation, self._own)
-                              if token is None else named)
+                              if token is None else _suspects(str(token)))
         elif kind == "ask":
             handler = self._subscribers.get(str(event.get("p")))
             if handler is not None:
@@ -614,21 +618,18 @@ class Liveness:
         elif kind == "close":
             self._halt()
 
-    def _answer(self, generation: int, store: Store, suspects: set[int] | None) -> None:
+    def _answer(self, generation: int, store: Store) -> None:
         """Say this rank is alive, once per generation whose loss it heard of (before the
-        interrupt, which may take a while), and confirm the deaths on this host where a
-        suspect may be on it (``suspects`` None: anyone may be)."""
+        interrupt, which may take a while), and confirm the deaths on this host (from what
+        :meth:`learn_host` read, once it did)."""
         with self._lock:
             if generation in self._answered:
                 return
             self._answered.add(generation)
             members = self._members
-        if not answer(store, generation, self.rank) or self._process is None:
-            return
-        peers = self._host_peers
-        if peers is not None and suspects is not None and not (suspects & peers) - {self.rank}:
-            return  # every suspect is on another host (learn_host)
-        confirm_local_deaths(store, generation, self.rank, members, self._process.host)
+        if answer(store, generation, self.rank) and self._process is not None:
+            confirm_local_deaths(store, generation, self.rank, members, self._process.host,
+                                 self._host_peers)
 
     def _read_suspects(self, generation: int, store: Store) -> set[int] | None:
         value = read_if_present(store, f"lost/{generation}/who")
