@@ -37,7 +37,11 @@ def test_hang_diagnosis_requests_per_member_do_not_grow_and_the_hung_rank_is_nam
     tables, summary = measured
     (table,) = tables
     per_member = [float(row[table.columns.index("hang req/member")]) for row in table.rows]
-    assert per_member[1] <= per_member[0] + 0.1, per_member  # O(1) requests per member
+    # O(1) requests per member: which members answer by joining (one add) and which through
+    # their listener (a read and an append) depends on thread timing, a few tenths either way
+    # (torch 2.10 leg: 4.72 at 128, 4.86 at 1,024); any per-member poll or read of the group
+    # would add whole requests per member.
+    assert per_member[1] <= per_member[0] + 0.5, per_member
     # Every member's own diagnosis counted (each timed out): its join (one add, or an add and
     # an append where its listener answered first: two), the ask's wake and read, the shared
     # diagnosis's wake and read. When each member collected the answers itself, it read them
