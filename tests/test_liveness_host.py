@@ -96,3 +96,13 @@ def test_a_rank_published_after_learning_is_left_to_its_other_peers(
     # dead_after_s judges it); rank 1 is.
     assert spent == 4
     assert dead == "1,"
+
+
+def test_a_read_without_its_own_entry_is_not_kept(store: CountingStore) -> None:
+    here = _hosts(store)
+    live, reporter = _listener(store, 5, here), _listener(store, 3, None)  # rank 5: not published
+    live.learn_host()
+    spent, dead = _heard(store, live, reporter, 0, None)
+    # Its own entry had not landed when it read: the loss reads the key as before learning.
+    assert spent == 5
+    assert dead == "1,"

@@ -302,11 +302,14 @@ class Liveness:
         (at 65,536 ranks, one request per rank fewer before a rebuild's decision). A rank whose
         process published after this read is not known here: its death is confirmed by a peer
         that read later, or judged by ``dead_after_s``, as without this. A rank's process does
-        not change while its registry lives (a lost rank is never replaced within it)."""
+        not change while its registry lives (a lost rank is never replaced within it). Kept only
+        where this rank's own entry is in it; else the next beat reads it again."""
         if self._process is None:
             return
         value = read_if_present(self._shared, host_key(self._process.host))
-        self._host_peers = parse_peers(value or "")
+        peers = parse_peers(value or "")
+        if self.rank in peers:  # else its own entry had not landed: a loss reads the key then
+            self._host_peers = peers
 
     def watch(self, generation: int | None, members: Sequence[int] = ()) -> None:
         """Listen for losses in ``generation`` and watch its next member; None: beat only.
