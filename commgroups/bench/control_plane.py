@@ -629,6 +629,7 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
         "extrapolated: the requests naming waits for (joins, the ask's wakes and reads) over the "
         "store's rate",
     ]
+
     def by_size(name: str) -> dict[str, Any]:
         return {str(size): got[name] for size, got in figures.items()}
 
