@@ -23,6 +23,11 @@ Two daemon threads per registry (:class:`Liveness`):
    - ``close``: the last member closed; every listener still waiting ends (``wake``: a rank that
      closed alone ends its own).
 
+   Where the registry asks for it (``relay=True``: it does), a host's listeners hear events
+   through its relay instead (:mod:`~commgroups.rank_loss.host_relay`): one rank per host waits
+   and reads, and hands each event to the others over a local socket; a listener whose relay
+   dies or goes quiet goes back to the store at its own next event.
+
 2. **the beat** (the backstop, every ``interval_s``, on the job's shared connection): adds 1 to
    ``beat/<rank>`` and reads its ring
    successor's beat; a beat that has not moved for ``report_after_s`` (ten times ``dead_after_s``)
@@ -54,6 +59,7 @@ from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]  # re-exported
 
+from commgroups.rank_loss.host_relay import HELLO, HostRelay, RelayFeed, relay_address, relay_of
 from commgroups.rank_loss.local_peers import ProcessId, gone, host_key, parse_peers
 from commgroups.util.store_reads import read_if_present
 
@@ -160,11 +166,14 @@ class Liveness:
         process: this rank's process as its host-local peers can check it
             (:func:`~commgroups.rank_loss.local_peers.this_process`); published once, and used to
             confirm local peers' deaths at once. None: neither (deaths wait ``dead_after_s``).
+        relay: hear events through the host's relay (:mod:`~commgroups.rank_loss.host_relay`;
+            this rank is it where it published first on its host): needs ``process`` and a
+            ``client`` callable (the relay's forwarder makes a connection of its own).
     """
 
     def __init__(self, client: Store | Callable[[], Store], shared: Store, namespace: str,
                  rank: int, *, interval_s: float, dead_after_s: float, on_loss: OnLoss,
-                 process: ProcessId | None = None) -> None:
+                 process: ProcessId | None = None, relay: bool = False) -> None:
         self._namespace = namespace
         self._connect = None if isinstance(client, Store) else client
         # Until the listener's thread connected: the listener alone uses it, and only after.
@@ -198,6 +207,10 @@ class Liveness:
         self._listener: threading.Thread | None = None
         self._announced = threading.Event()  # the beat thread's first beat was sent
         self._listened = threading.Event()  # the listener's thread ended
+        self._relay_wanted = relay and process is not None and self._connect is not None
+        self._relay: HostRelay | None = None  # this rank's, where it relays for its host
+        self.relayed = False
+        """Whether the listener hears events through the host's relay now (not the store)."""
         # Periodic tasks the beat's thread runs besides the beat (every()): name -> period,
         # task, when next due. _wake ends the thread's wait early: a task added, or a stop.
         self._tasks: dict[str, tuple[float, Callable[[], object], float]] = {}
@@ -240,8 +253,9 @@ class Liveness:
     def _settle(self) -> None:
         """At interpreter exit, before daemon threads are frozen: let the listener end first.
 
-        A listener that wakes during finalization (the last member's close event, arriving
-        after this rank closed) re-enters Python from torch's C++ wait, whose thread then exits
+        A listener (or this host's relay's forwarder) that wakes during finalization (the last
+        member's close event, arriving after this rank closed) re-enters Python from torch's
+        C++ wait, whose thread then exits
         through C++ frames: "terminate called without an active exception", SIGABRT, a job
         that finished marked failed (seen under torchrun, torch 2.13). Usually the close event
         has come and this returns at once; else it waits up to 2 s for it, then wakes the
@@ -251,10 +265,13 @@ class Liveness:
             return
         self._halt()
         listener.join(timeout=2.0)
-        if listener.is_alive():
+        relay = self._relay
+        if listener.is_alive() or (relay is not None and not relay.done.is_set()):
             with contextlib.suppress(RuntimeError):  # the store's host is gone: nothing wakes
                 self._emit(self._shared, {"k": "wake"})
             listener.join(timeout=2.0)
+            if relay is not None:
+                relay.done.wait(timeout=2.0)
 
     def _connect_and_listen(self) -> None:
         """The listener's thread: its own connection first, then :meth:`_listen`. A connection
@@ -276,11 +293,49 @@ class Liveness:
                 atexit.unregister(self._settle)
                 return
         try:
-            self._listen()
+            self._listen(self._join_relay())
         finally:  # its connection goes with the thread, not with the registry's last reference
             if self._connect is not None:
                 self._own = PrefixStore(self._namespace, self._root)
-            atexit.unregister(self._settle)  # nothing left to settle: the registry may go
+            self._listened.set()
+            self._unsettle()
+
+    def _unsettle(self) -> None:
+        """Nothing is left to settle at exit once the listener ended and this rank's relay
+        stopped forwarding (each thread calls this as it ends): the registry may go."""
+        relay = self._relay
+        if self._listened.is_set() and (relay is None or relay.done.is_set()):
+            atexit.unregister(self._settle)
+
+    def _join_relay(self) -> RelayFeed | None:
+        """The feed from this host's relay (:mod:`~commgroups.rank_loss.host_relay`), started
+        here where this rank is it; None (the listener waits on the store) where no relay is
+        wanted or none is reached. One read of the host's key; the relay itself makes one
+        connection more (its forwarder's), on this thread, off ``create()``'s path."""
+        if not self._relay_wanted or self._process is None or self._connect is None:
+            return None
+        try:
+            peers = parse_peers(read_if_present(self._own, host_key(self._process.host)) or "")
+            relay = relay_of(peers, self.rank)
+            if relay is None:
+                return None
+            pid, start = peers[relay]
+            address = relay_address(self._namespace, self._process.host, relay, pid, start)
+            if relay == self.rank:
+                server = HostRelay(address, PrefixStore(self._namespace, self._connect()),
+                                   self._next, self._stop.is_set, on_done=self._unsettle)
+                if not server.start():
+                    return None
+                self._relay = server
+                if self._stop.is_set():  # closed meanwhile: _halt() did not see it
+                    server.close()
+                    return None
+            feed = RelayFeed.connect(address, stop=self._stop.is_set)
+        except Exception as error:  # the store or the relay failed: listen on the store
+            logger.debug("rank %d: no host relay: %r", self.rank, error)
+            return None
+        self.relayed = feed is not None
+        return feed
 
     def publish_process(self) -> None:
         """Say, once, which process this rank is, under its host's key (local_peers): a peer
@@ -416,8 +471,13 @@ class Liveness:
         self._wake.set()
 
     def _halt(self) -> None:
-        """Stop the threads' loops: the listener's at its next event, the beat's at once."""
+        """Stop the threads' loops: the listener's at its next event (at once where it hears
+        the host's relay), the beat's at once; this rank's relay stops relaying (its host's
+        listeners go back to the store)."""
         self._stop.set()
+        relay = self._relay
+        if relay is not None:
+            relay.close()
         self._wake.set()
 
     def subscribe(self, prefix: str, handler: Callable[[dict[str, Any]], None] | None) -> None:
@@ -506,12 +566,22 @@ class Liveness:
                 self._kept_events.append(int(first))
 
     # ----------------------------------------------------------------------------- the threads
-    def _listen(self) -> None:
-        """The listener: block on the next event (no timeout: a timed-out store wait costs a
-        request and makes torch print two warnings, every time), handle it, repeat."""
+    def _listen(self, feed: RelayFeed | None = None) -> None:
+        """The listener: take the next event from ``feed`` (the host's relay) while it works,
+        else block on the store for it (no timeout: a timed-out store wait costs a request and
+        makes torch print two warnings, every time); handle it, repeat."""
         failures = 0
         while not self._stop.is_set():
             try:
+                if feed is not None:
+                    if not self._take_relayed(feed):
+                        feed.close()
+                        feed, self.relayed = None, False
+                        if not self._stop.is_set():
+                            logger.debug("rank %d: the host's relay is gone or quiet: listening "
+                                         "on the store from event %d", self.rank, self._next)
+                    failures = 0
+                    continue
                 self._own.wait([f"event/{self._next}"], _FOREVER)
                 if self._stop.is_set():
                     return
@@ -529,6 +599,28 @@ class Liveness:
                                    self.rank, error)
                     return
                 self._stop.wait(0.5)
+        if feed is not None:
+            feed.close()
+
+    def _take_relayed(self, feed: RelayFeed) -> bool:
+        """Take the relay's next frame: an event is handled (any this rank missed before it
+        first read from the store); the relay's first number (``HELLO``) has any earlier event
+        read from the store. False where the feed ended (the caller listens on the store)."""
+        got = feed.receive(self._stop.is_set)
+        if got is None:
+            return False
+        number, payload = got
+        raw: bytes | None = payload
+        if number == HELLO:
+            number, raw = int(payload), None
+        while self._next < number and not self._stop.is_set():  # before the relay's first
+            self._own.wait([f"event/{self._next}"], _FOREVER)
+            self.take(self._next)
+            self._next += 1
+        if raw is not None and number == self._next:
+            self.take(number, raw)
+            self._next += 1
+        return True
 
     def run_beats(self) -> None:
         """The backstop beat on the calling thread until :meth:`close`: the first at once (so
@@ -572,7 +664,9 @@ class Liveness:
         # registered for good (threading.active_count() grew by one a registry).
         # The last member's close event wakes the listener, normally; otherwise a member never
         # closes (dropped), or this rank alone did.
-        if not self._listened.wait(timeout=1.0):
+        relay = self._relay
+        if not self._listened.wait(timeout=1.0) or (relay is not None
+                                                     and not relay.done.wait(timeout=0.01)):
             with contextlib.suppress(RuntimeError):
                 self._emit(self._shared, {"k": "wake"})
 
@@ -588,12 +682,16 @@ class Liveness:
             except Exception as error:  # the task's own failure: it says what it does about it
                 logger.debug("rank %d: periodic task %s failed: %r", self.rank, name, error)
 
-    def take(self, number: int) -> None:
-        """Read event ``number`` and handle it: the listener's step once its wait returned."""
+    def take(self, number: int, raw: bytes | None = None) -> None:
+        """Read event ``number`` and handle it: the listener's step once its wait returned.
+        ``raw``: the event as stored, from the host's relay (not read again)."""
         with self._lock:
             if number in self._known:
                 self._known.discard(number)
                 return
+        if raw is not None:
+            self._dispatch(json.loads(raw))
+            return
         key = f"event/{number}"
         # One request where get() is two (it waits for the key first). The key exists: the
         # wait returned. Were it missing (a wait woken early), this read would wake every

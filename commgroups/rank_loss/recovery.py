@@ -123,7 +123,7 @@ class Recovery:
         self.liveness = Liveness(lambda: _connected(own_connection(store, timeout)), store,
                                  f"{STORE_PREFIX}/live/{self.registry_id}/", self.rank,
                                  interval_s=heartbeat_s, dead_after_s=dead_after_s,
-                                 on_loss=on_loss, process=this_process())
+                                 on_loss=on_loss, process=this_process(), relay=True)
         self.liveness.publish_process()  # before create() returns: see publish_process
         self.starter = threading.Event()
         # _thread, not threading: Thread.start() waits until the new thread runs, 1-6 ms here

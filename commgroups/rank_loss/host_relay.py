@@ -1,0 +1,284 @@
+"""A host's relay: one rank per host reads the registry's listener events from the job's store and
+hands them to the host's ranks over a local socket, so an event costs the store two requests per
+host rather than per rank.
+
+Why: every event (a loss report, a flight recorder's ask, a check-in's decision, a diagnosis
+shared) wakes every rank's listener, and each listener's wake and read are two requests on the
+job's one store: 131,072 at 65,536 ranks, 1.6 s of a store that serves 81,000 a second, on the
+path of a rebuild's decision and of a hang's naming. With 8 ranks a host the relays send 16,384.
+
+Who relays: the first rank in its host's key (:mod:`~commgroups.rank_loss.local_peers`: each rank
+appends its process there before ``create()`` returns, so the first entry never changes) whose
+process lives. Every rank of the host works that out alike from one read, with no exchange. The
+relay's :class:`HostRelay` waits on the store on a connection of its own (a forwarder thread) and
+sends each event to every connected :class:`RelayFeed`, as it read it, plus a tick every
+:data:`TICK_S` (a second thread, which touches no store). The relay's own listener is a feed like
+its peers'.
+
+When the relay fails, nothing is missed: a feed whose socket closed (the relay's process died, or
+it closed its registry) or that heard nothing, not even a tick, for :data:`SILENT_S` (its process
+stopped, or it holds the GIL in C) ends, and its listener goes back to the store at its own next
+event number, for good (events stay in the store until every member handled them). The host then
+costs the store what it did without a relay. A feed is told the first event the relay forwards
+(:data:`HELLO`); the listener reads any event before it from the store itself.
+
+Frames on the socket: ``!qI`` (the event's number, the payload's length), then the payload (the
+event's JSON as stored). Number :data:`TICK` carries nothing; :data:`HELLO` carries the first
+number forwarded, as text. The socket is Linux's abstract namespace (no file to leave behind
+when a process is killed), named from the registry's namespace, the host and the relay's process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+
+from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported
+
+from commgroups.rank_loss.local_peers import gone
+from commgroups.util.store_reads import read_bytes_if_present
+
+__all__ = ["CONNECT_WITHIN_S", "HELLO", "SILENT_S", "TICK", "TICK_S", "HostRelay", "RelayFeed",
+           "relay_address", "relay_of"]
+
+logger = logging.getLogger(__name__)
+
+TICK_S = 0.1
+"""Seconds between the relay's ticks: a feed that hears nothing for :data:`SILENT_S` gives up."""
+
+SILENT_S = 0.5
+"""How long a feed waits for any frame before its listener goes back to the store. Short: a loss
+report must be answered within the check-in's ``dead_after_s`` (1 s by default) even when the
+relay's process stopped; a false alarm (a relay slow on loaded cores) only costs the host the
+store requests it saved."""
+
+CONNECT_WITHIN_S = 1.0
+"""How long a listener tries to reach its host's relay (which may still be starting) before it
+listens on the store itself."""
+
+SEND_TIMEOUT_S = 0.5
+"""A feed that does not take a frame within this (its socket buffer full) is dropped: it then
+goes back to the store."""
+
+TICK = 0
+HELLO = -1
+
+_FRAME = struct.Struct("!qI")
+_FOREVER = timedelta(days=365)
+
+
+def relay_address(namespace: str, host: str, rank: int, pid: int, start: int) -> str:
+    """The abstract socket name of ``rank``'s relay (process ``pid`` started at ``start`` on
+    ``host``) for the registry keyed ``namespace``."""
+    digest = hashlib.sha256(f"{namespace}|{host}|{rank}|{pid}|{start}".encode()).hexdigest()
+    return f"\0commgroups-relay-{digest[:24]}"
+
+
+def relay_of(peers: Mapping[int, tuple[int, int]], rank: int) -> int | None:
+    """The relay of a host whose key lists ``peers`` (in the order they published), as ``rank``
+    sees it: the first listed whose process lives (``rank`` itself counts as alive). None where
+    ``rank`` is not listed (its own entry has not landed: it cannot tell)."""
+    if rank not in peers:
+        return None
+    for peer, (pid, start) in peers.items():
+        if peer == rank or not gone(pid, start):
+            return peer
+    return None
+
+
+def _frame(number: int, payload: bytes = b"") -> bytes:
+    return _FRAME.pack(number, len(payload)) + payload
+
+
+class HostRelay:
+    """The relay's side: a forwarder thread waits on ``store`` (a connection of its own, under
+    the registry's namespace) for each event from ``first`` on and sends it to every connected
+    feed; a second thread accepts feeds (each told :data:`HELLO` the next number forwarded) and
+    ticks. :meth:`close` ends both; the forwarder's store wait ends at the next event (the last
+    member's ``close``, or a rank's ``wake``), as the listener's does.
+
+    Args:
+        address: :func:`relay_address`.
+        store: the forwarder's own connection (its wait holds it).
+        first: the first event number to forward (this rank's listener's anchor).
+        stop: whether this rank's liveness stopped: checked after each event.
+        on_done: called from the forwarder's thread as it ends, after :attr:`done` is set.
+    """
+
+    def __init__(self, address: str, store: Store, first: int, stop: Callable[[], bool],
+                 on_done: Callable[[], None] = lambda: None) -> None:
+        self.address = address
+        self._on_done: Callable[[], None] | None = on_done
+        self._store: Store | None = store
+        self._next = first
+        self._stop = stop
+        self._lock = threading.Lock()  # the feeds and _next: the forwarder and the acceptor
+        self._feeds: list[socket.socket] = []
+        self._closed = threading.Event()
+        self.done = threading.Event()
+        """Set once the forwarder's thread ended (its store wait returned)."""
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def start(self) -> bool:
+        """Listen on :attr:`address` and start the threads; False (nothing started) where the
+        address is taken (a relay of the same process and namespace exists)."""
+        try:
+            self._server.bind(self.address)
+            self._server.listen(256)
+        except OSError as error:
+            logger.debug("relay %r not started: %s", self.address, error)
+            self._server.close()
+            self.done.set()
+            return False
+        threading.Thread(target=self._forward, name="commgroups-relay-forward",
+                         daemon=True).start()
+        threading.Thread(target=self._serve, name="commgroups-relay-serve", daemon=True).start()
+        return True
+
+    def close(self) -> None:
+        """Stop accepting and ticking, and close every feed (their listeners go back to the
+        store at once, at their own next event). Idempotent."""
+        with self._lock:
+            self._closed.set()
+            feeds, self._feeds = self._feeds, []
+        for feed in feeds:
+            with contextlib.suppress(OSError):
+                feed.close()
+        with contextlib.suppress(OSError):
+            self._server.close()
+
+    def _send_all(self, data: bytes) -> None:
+        """Send ``data`` to every feed (under the lock); drop a feed that does not take it."""
+        kept = []
+        for feed in self._feeds:
+            try:
+                feed.sendall(data)
+                kept.append(feed)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    feed.close()
+        self._feeds = kept
+
+    def _forward(self) -> None:
+        try:
+            self._forward_until_closed()
+        except Exception as error:  # the store's host is gone: the feeds go back to it
+            logger.debug("relay %r: forwarding ended: %r", self.address, error)
+        finally:
+            # Its connection goes with the thread, not with the registry's last reference (a
+            # cycle through the liveness: freed only when the garbage collector runs).
+            self._store = None
+            self.close()
+            self.done.set()
+            on_done, self._on_done = self._on_done, None
+            if on_done is not None:
+                on_done()
+
+    def _forward_until_closed(self) -> None:
+        store = self._store
+        assert store is not None
+        while not self._closed.is_set():
+            key = f"event/{self._next}"
+            store.wait([key], _FOREVER)
+            # Deleted between the wait and the read: the last member closed; nothing follows.
+            raw = read_bytes_if_present(store, key)
+            if raw is None or self._closed.is_set():
+                return
+            with self._lock:
+                self._send_all(_frame(self._next, raw))
+                self._next += 1
+            if self._stop():
+                return
+
+    def _serve(self) -> None:
+        next_tick = time.monotonic() + TICK_S
+        while not self._closed.is_set():
+            try:
+                ready, _, _ = select.select([self._server], [], [],
+                                            max(0.0, next_tick - time.monotonic()))
+                if ready:
+                    feed, _ = self._server.accept()
+                    feed.settimeout(SEND_TIMEOUT_S)
+                    with self._lock:
+                        try:
+                            if self._closed.is_set():  # close() emptied the feeds already
+                                raise OSError("the relay closed")
+                            feed.sendall(_frame(HELLO, str(self._next).encode()))
+                            self._feeds.append(feed)
+                        except OSError:
+                            feed.close()
+            except (OSError, ValueError):  # closed under us
+                return
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + TICK_S
+                with self._lock:
+                    self._send_all(_frame(TICK))
+
+
+class RelayFeed:
+    """A listener's side of its host's relay: :meth:`receive` gives the next event (number and
+    its stored JSON) or the relay's :data:`HELLO`, and None once the relay failed or went quiet
+    for :data:`SILENT_S` (then the caller listens on the store)."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self._socket = connection
+        self._buffer = b""
+
+    @classmethod
+    def connect(cls, address: str, within_s: float = CONNECT_WITHIN_S,
+                stop: Callable[[], bool] = lambda: False) -> RelayFeed | None:
+        """A feed from the relay at ``address``, tried every 20 ms for ``within_s`` (the relay
+        may be starting); None where it cannot be reached."""
+        deadline = time.monotonic() + within_s
+        while True:
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                connection.connect(address)
+                return cls(connection)
+            except OSError:
+                connection.close()
+            if stop() or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    def receive(self, stop: Callable[[], bool]) -> tuple[int, bytes] | None:
+        """The next frame other than a tick: ``(number, payload)``; None where the relay's
+        socket closed or was silent for :data:`SILENT_S`, or ``stop()`` (checked every tick)."""
+        heard = time.monotonic()
+        while not stop():
+            if len(self._buffer) >= _FRAME.size:
+                number, size = _FRAME.unpack_from(self._buffer)
+                if len(self._buffer) >= _FRAME.size + size:
+                    payload = self._buffer[_FRAME.size:_FRAME.size + size]
+                    self._buffer = self._buffer[_FRAME.size + size:]
+                    heard = time.monotonic()
+                    if number != TICK:
+                        return number, payload
+                    continue
+            left = heard + SILENT_S - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                ready, _, _ = select.select([self._socket], [], [], min(left, TICK_S))
+                if not ready:
+                    continue
+                chunk = self._socket.recv(1 << 16)
+            except (OSError, ValueError):
+                return None
+            if not chunk:
+                return None
+            self._buffer += chunk
+        return None
+
+    def close(self) -> None:
+        """Close the socket (the relay drops this feed at its next send)."""
+        with contextlib.suppress(OSError):
+            self._socket.close()

@@ -1,0 +1,192 @@
+"""commgroups.rank_loss.host_relay: one rank per host reads each listener event from the store and
+hands it to the host's ranks over a local socket. A real TCPStore in this process, its requests
+counted; relays and feeds on real abstract Unix sockets (a stopped relay's process, and relays of
+real registries: tests/test_host_relay_world.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
+
+from commgroups.bench.control_plane import CountingStore
+from commgroups.rank_loss.host_relay import (
+    HELLO,
+    SILENT_S,
+    HostRelay,
+    RelayFeed,
+    relay_address,
+    relay_of,
+)
+from commgroups.rank_loss.liveness import Liveness
+from commgroups.rank_loss.local_peers import this_process
+
+pytestmark = pytest.mark.skipif(this_process() is None, reason="no /proc: not Linux")
+
+_NAMESPACE = "job/"
+_NO_SUCH_PID = (1 << 22) + 7  # above Linux's largest pid_max: never a process
+
+
+@pytest.fixture
+def port() -> Iterator[int]:
+    server = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False,
+                      timeout=timedelta(seconds=10))
+    yield int(server.port)
+
+
+def _client(port: int) -> CountingStore:
+    return CountingStore(TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=10)))
+
+
+def _tcp(port: int) -> TCPStore:
+    return TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=10))
+
+
+def _emit(port: int, event: dict[str, Any]) -> int:
+    client = _tcp(port)  # referenced: a PrefixStore keeps only the C++ half alive
+    return Liveness._emit(PrefixStore(_NAMESPACE, client), event)
+
+
+def _address(tag: str) -> str:
+    return relay_address(_NAMESPACE + tag, "host", 0, os.getpid(), 1)
+
+
+def test_the_relay_is_the_first_listed_process_that_lives() -> None:
+    here = this_process()
+    assert here is not None
+    alive = (here.pid, here.start)
+    dead = (_NO_SUCH_PID, 1)
+    assert relay_of({3: alive, 1: alive, 2: alive}, 2) == 3  # the order published, not the rank
+    assert relay_of({3: dead, 1: alive, 2: alive}, 2) == 1  # a dead first one is passed over
+    assert relay_of({3: dead, 1: dead, 2: alive}, 2) == 2
+    assert relay_of({3: dead, 2: dead}, 2) == 2  # a rank counts itself alive
+    assert relay_of({3: alive}, 2) is None  # its own entry has not landed: no relay
+    # Every rank of the host names the same relay from the same read.
+    peers = {5: dead, 4: alive, 6: alive, 7: alive}
+    assert {relay_of(peers, rank) for rank in (4, 6, 7)} == {4}
+
+
+def _frames(feed: RelayFeed, count: int) -> list[tuple[int, bytes]]:
+    got = []
+    for _ in range(count):
+        frame = feed.receive(lambda: False)
+        assert frame is not None
+        got.append(frame)
+    return got
+
+
+def test_each_feed_gets_every_event_once_for_one_wait_and_one_read_per_event(port: int) -> None:
+    store = _client(port)
+    relay = HostRelay(_address("every"), PrefixStore(_NAMESPACE, store), 1, lambda: False)
+    assert relay.start()
+    feeds = [RelayFeed.connect(relay.address) for _ in range(3)]
+    assert all(feed is not None for feed in feeds)
+    time.sleep(0.05)  # every feed accepted before the first event
+    events = [{"k": "ask", "n": n} for n in range(4)]
+    for event in events:
+        _emit(port, event)
+    for feed in feeds:
+        assert feed is not None
+        got = _frames(feed, 5)
+        assert got[0] == (HELLO, b"1")
+        assert [(number, json.loads(raw)) for number, raw in got[1:]] == list(
+            enumerate(events, start=1))
+    # A wait and a read per event, whatever the number of feeds, and the wait for the next.
+    assert store.requests == 2 * len(events) + 1
+    relay.close()
+    for feed in feeds:
+        assert feed is not None
+        assert feed.receive(lambda: False) is None  # closed: the listener goes to the store
+    _emit(port, {"k": "wake"})  # the forwarder's wait returns, and it ends
+    assert relay.done.wait(5.0)
+
+
+def test_a_feed_hears_ticks_between_events_and_ends_when_the_relay_closes(port: int) -> None:
+    relay = HostRelay(_address("ticks"), PrefixStore(_NAMESPACE, _tcp(port)), 1, lambda: False)
+    assert relay.start()
+    feed = RelayFeed.connect(relay.address)
+    assert feed is not None
+    assert feed.receive(lambda: False) == (HELLO, b"1")
+    stop_at = time.monotonic() + 3 * SILENT_S
+    # Only ticks come for 3 silences: the feed keeps waiting (it returns on stop only).
+    assert feed.receive(lambda: time.monotonic() > stop_at) is None
+    assert time.monotonic() >= stop_at
+    threading.Timer(0.1, relay.close).start()
+    started = time.monotonic()
+    assert feed.receive(lambda: False) is None
+    assert time.monotonic() - started < SILENT_S  # the socket closed: no silence waited
+    _emit(port, {"k": "wake"})
+    assert relay.done.wait(5.0)
+
+
+def _liveness(port: int, rank: int, heard: list[tuple[int, str]]) -> Liveness:
+    live = Liveness(lambda: _tcp(port), _tcp(port), _NAMESPACE, rank, interval_s=10.0,
+                    dead_after_s=1.0, on_loss=lambda generation, suspects: None,
+                    process=this_process(), relay=True)
+    live.subscribe("p/", lambda event: heard.append((rank, str(event["x"]))))
+    return live
+
+
+def _until(condition: Any, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_hosts_ranks_hear_events_through_its_first_rank_and_fall_back_when_it_closes(
+        port: int) -> None:
+    heard: list[tuple[int, str]] = []
+    lives = [_liveness(port, rank, heard) for rank in (2, 0, 1)]
+    for live in lives:  # rank 2 publishes first on this host: it relays
+        live.anchor()
+        live.publish_process()
+    _emit(port, {"k": "ask", "p": "p/", "x": "before"})  # after every anchor: heard by all
+    for live in lives:
+        live.start_listener()
+    assert _until(lambda: all(live.relayed for live in lives))
+    relay, others = lives[0], lives[1:]
+    assert relay._relay is not None and all(live._relay is None for live in others)
+    _emit(port, {"k": "ask", "p": "p/", "x": "relayed"})
+    assert _until(lambda: len(heard) == 6)
+    assert sorted(heard) == sorted((rank, text) for rank in (0, 1, 2)
+                                   for text in ("before", "relayed"))
+    # The relay's registry closes: the others go back to the store and miss nothing.
+    relay.close()
+    assert _until(lambda: not any(live.relayed for live in others))
+    _emit(port, {"k": "ask", "p": "p/", "x": "after"})
+    assert _until(lambda: len(heard) == 8)
+    assert sorted(heard[6:]) == [(0, "after"), (1, "after")]
+    for live in others:
+        live.close(3)  # the last wakes every listener (and the relay's forwarder)
+    assert relay._relay.done.wait(5.0)
+    assert _until(lambda: all(not live.listening for live in lives))
+
+
+def test_a_rank_that_anchored_before_its_relay_reads_the_earlier_events_from_the_store(
+        port: int) -> None:
+    heard: list[tuple[int, str]] = []
+    early, relay = _liveness(port, 1, heard), _liveness(port, 0, heard)
+    relay.publish_process()  # first on the host: rank 0 relays
+    early.anchor()
+    early.publish_process()
+    _emit(port, {"k": "ask", "p": "p/", "x": "first"})  # before the relay's anchor
+    relay.anchor()
+    relay.start_listener()
+    early.start_listener()
+    assert _until(lambda: early.relayed and relay.relayed)
+    _emit(port, {"k": "ask", "p": "p/", "x": "second"})
+    assert _until(lambda: len(heard) == 3)
+    assert sorted(heard) == [(0, "second"), (1, "first"), (1, "second")]
+    for live in (early, relay):
+        live.close(2)
+    assert _until(lambda: not early.listening and not relay.listening)

@@ -1,0 +1,136 @@
+"""commgroups.rank_loss.host_relay in real processes: a relay whose process is stopped
+(SIGSTOP) leaves its feeds within the silence, and a job whose host's relay is killed or stopped
+rebuilds without it, every other rank answering the loss report through the store (real gloo
+worlds, every rank on this host: one of them relays for all)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
+
+from commgroups import GroupRegistry, torch_internals
+from commgroups.creation.agreement import store_barrier
+from commgroups.rank_loss.host_relay import HELLO, SILENT_S, HostRelay, RelayFeed, relay_address
+from commgroups.rank_loss.local_peers import this_process
+from tests.test_rebuild import hsdp_layout
+from tests.worlds import connected_barrier, run_world
+
+pytestmark = [pytest.mark.world,
+              pytest.mark.skipif(this_process() is None, reason="no /proc: not Linux")]
+
+_NAMESPACE = "job/"
+WINDOW_S = 30.0  # the check-in's window: a rebuild that waited it out would take this long
+
+
+@pytest.fixture
+def port() -> Iterator[int]:
+    server = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False,
+                      timeout=timedelta(seconds=10))
+    yield int(server.port)
+
+
+def _relay_process(port: int, address: str, ready: Any) -> None:
+    relay = HostRelay(address, PrefixStore(_NAMESPACE, TCPStore(
+        "127.0.0.1", port, 1, False, timeout=timedelta(seconds=30))), 1, lambda: False)
+    relay.start()
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_feed_whose_relay_stopped_ends_within_the_silence(port: int) -> None:
+    # A relay whose process is stopped (SIGSTOP; or one holding the GIL in C) keeps its socket
+    # open and sends nothing: its feeds give up after SILENT_S, and their listeners go back to
+    # the store, in time to answer a loss report within the check-in's dead_after_s (1 s).
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    address = relay_address(_NAMESPACE, "host", 0, os.getpid(), 1)
+    process = context.Process(target=_relay_process, args=(port, address, ready), daemon=True)
+    process.start()
+    try:
+        assert ready.wait(60)
+        feed = RelayFeed.connect(address)
+        assert feed is not None
+        assert feed.receive(lambda: False) == (HELLO, b"1")
+        assert process.pid is not None
+        os.kill(process.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        assert feed.receive(lambda: False) is None
+        assert SILENT_S * 0.8 < time.monotonic() - started < SILENT_S + 0.5
+    finally:
+        process.kill()
+        process.join(10)
+
+
+def _relay_rank(registry: GroupRegistry, rank: int, world: int) -> int:
+    """Which rank relays for this host (every rank of the world is on it), once every rank
+    hears events through it."""
+    live = registry._recovery.liveness
+    assert live is not None
+    deadline = time.monotonic() + 10.0
+    while not live.relayed:
+        assert time.monotonic() < deadline, f"rank {rank} never reached its host's relay"
+        time.sleep(0.02)
+    store = torch_internals.default_store()
+    if live._relay is not None:
+        store.set("tests/relay", str(rank))
+    store_barrier(store, "tests/relayed", rank, world, timedelta(seconds=30), "relayed")
+    return int(store.get("tests/relay"))
+
+
+def _relay_lost(rank: int, world: int, how: str) -> dict[str, Any]:
+    registry = GroupRegistry(hsdp_layout(), create_timeout_s=30).create()
+    relay = _relay_rank(registry, rank, world)
+    store = torch_internals.default_store()
+    if how == "killed":
+        connected_barrier(registry, rank, world, victim=relay)  # it exits; the rest go on
+    else:
+        store.set(f"tests/pid/{rank}", str(os.getpid()))
+        store_barrier(store, "tests/before-stop", rank, world, timedelta(seconds=30),
+                      "the stop")
+        if rank == relay:
+            os.kill(os.getpid(), signal.SIGSTOP)  # killed below by a survivor
+        time.sleep(0.2)
+    started = time.monotonic()
+    report = registry.rebuild(timeout=WINDOW_S)  # no alive=: nobody says who died
+    seconds = time.monotonic() - started
+    live = registry._recovery.liveness  # None on a rank the rebuild left out
+    relayed = live is not None and live.relayed
+    total = torch.ones(1)
+    if report.place == "member":
+        registry.collectives("checkpoint-metadata").all_reduce(total)
+        if how == "stopped" and rank == min(report.members):
+            os.kill(int(store.get(f"tests/pid/{relay}")), signal.SIGKILL)
+    registry.close()
+    return {"relay": relay, "lost": report.lost, "members": report.members,
+            "place": report.place, "sum": float(total.item()), "seconds": seconds,
+            "relayed": relayed}
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_job_rebuilds_without_its_hosts_relay(how: str) -> None:
+    # Killed: its feeds close at once. Stopped: they hear nothing for SILENT_S. Either way every
+    # other rank answers the loss report through the store in time, so only the relay (and its
+    # HSDP replica partner, by the layout's rules) is left out: nobody alive is counted dead.
+    results = run_world(_relay_lost, 4, how, timeout=120, expect_errors=True)
+    relays = {result["relay"] for result in results if isinstance(result, dict)}
+    assert len(relays) == 1, results
+    relay = relays.pop()
+    partner = relay ^ 1
+    members = tuple(sorted(set(range(4)) - {relay, partner}))
+    assert isinstance(results[partner], dict) and results[partner]["place"] == "dropped"
+    for rank in members:
+        result = results[rank]
+        assert isinstance(result, dict), (rank, result)
+        assert result["lost"] == (relay,) and result["members"] == members, result
+        assert result["sum"] == 2.0
+        assert result["seconds"] < WINDOW_S / 3, result  # decided, not waited out
+        assert not result["relayed"]  # back on the store
