@@ -64,6 +64,7 @@ _DECIDED = "decided"
 _EVENT = "event"  # the number of the listener event that pushed the decision
 _POLL_S = 0.02  # between the decider's looks: the decision waits at most this much longer
 _POLL_FOLLOWER_S = 0.05  # between a follower's reads of the decision, without a listener
+_REREAD_S = 0.25  # the decider's lists at most this often while more ranks answered than joined
 DECIDED_MARK = 1 << 32
 """What the decider adds to the check-in's counter once its decision holds: a rank whose own
 add returns at least this checked in after the decision (check-ins stay below it)."""
@@ -126,6 +127,7 @@ class CheckIn:
         self._answers_at = self.started
         self._confirmed: frozenset[int] = frozenset()  # dead by a host-local peer's look
         self._joined: frozenset[int] = frozenset()
+        self._read_at = float("-inf")  # when the decider last read the lists
         self._absent_alive: list[int] = []
         self._pushed = threading.Event()  # set by the listener's thread with the decision
         self._pushed_out: frozenset[int] = frozenset()
@@ -182,12 +184,19 @@ class CheckIn:
         count = int(self.store.add(_COUNT, 0)) % DECIDED_MARK
         moved, self._count = count != self._count, count
         # The lists are read only when they can decide something: a count below what is wanted
-        # decides nothing until deaths are judged (at 65,536 ranks a list is 400 kB).
+        # decides nothing until deaths are judged (at 65,536 ranks a list is 400 kB). Judging
+        # deaths, nothing is decided while more ranks answered than checked in (an alive rank
+        # is missing: answers lead check-ins while they stream in, for seconds at 65,536
+        # ranks), so the lists are read then at most every _REREAD_S, not at every look: 300
+        # reads of 400 kB in one 65,536-rank check-in before.
+        catching_up = (self._answers > count + len(self._confirmed)
+                       and now - self._read_at < _REREAD_S)
         due = final or ((moved or confirmed_moved)
                         and count >= len(wanted) - len(self._confirmed)) or (
-            judge_deaths and (moved or not self._judged))
+            judge_deaths and (moved or not self._judged) and not catching_up)
         if not due:
             return self._decided()
+        self._read_at = now
         self._judged = self._judged or judge_deaths
         self._joined = self._read_joined()
         missing = wanted - self._joined
