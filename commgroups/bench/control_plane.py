@@ -13,12 +13,15 @@ What runs, per world size N (one fresh key namespace each):
    counted on their own connections; the other phases' events are in other namespaces).
 2. **loss and check-in**: virtual rank N-1 is lost; its ring predecessor reports a loss
    (:meth:`Liveness.report`) naming nobody, as a stale beat's report and ``rebuild()`` without
-   ``alive=`` do. Every other virtual rank runs what its listener and its main thread run (no
-   virtual rank shares the lost rank's host, whose deaths a rank confirms from what its beat's
-   thread read once, with no request): it reads the loss event and answers it
-   (``Liveness._dispatch``, the listener's own code), checks in (:meth:`CheckIn.join`) and
-   waits for the decision (:meth:`CheckIn.await_decision`); the first rank in decides
-   (:meth:`CheckIn.look`, in its own thread). Reported: requests per rank, store bytes, and
+   ``alive=`` do. Every other virtual rank runs what its listener and its main thread run
+   (without a process: the lost rank's host peers, 7 of N, would each append its death,
+   confirmed from what their beat's thread read once): it takes the loss event as its host's
+   relay hands it over
+   (:mod:`~commgroups.rank_loss.host_relay`: one wait and one read per host of
+   :data:`RANKS_PER_HOST`) and answers it (``Liveness.take``, the listener's own code),
+   checks in (:meth:`CheckIn.join`) and waits for the decision
+   (:meth:`CheckIn.await_decision`); the first rank in decides (:meth:`CheckIn.look`, in its
+   own thread). Reported: requests per rank, store bytes, and
    report -> decided.
 3. **hang**: the N ranks are one role's group, in a collective that timed out on every member
    but one, which hung (it never answers; it published a status before). Every other member
@@ -27,16 +30,17 @@ What runs, per world size N (one fresh key namespace each):
    the answers (:func:`~commgroups.flight_recorder.publisher.collect`, with the session's waits
    for a timeout at the default 1 s interval), diagnoses
    (:func:`~commgroups.flight_recorder.diagnosis.diagnose`) and shares the diagnosis
-   (:meth:`StatusPublisher.share`); meanwhile every member's listener (``Liveness.take``) takes
-   the ask (its real :class:`StatusPublisher` answers it where the member had not joined yet)
-   and then the diagnosis, which each member raises
+   (:meth:`StatusPublisher.share`); meanwhile every member's listener (``Liveness.take``) takes,
+   through its host's relay, the ask (its real :class:`StatusPublisher` answers it where the
+   member had not joined yet) and then the diagnosis, which each member raises
    (:meth:`~commgroups.flight_recorder.diagnosis.Diagnosis.from_share`). Reported: requests
    per member (every member's and the asker's, over N), and seconds from the timeout to the
    hung rank named silent by the asker and to the diagnosis read by every member: named within
    the role timeout plus that.
 
 What 2 cores cannot run honestly: N sockets (the virtual ranks of a process share one
-connection, and one blocked wait per process stands for every rank's) and N clients' CPUs (here
+connection, one blocked wait per process stands for every host relay's, and an in-process
+hand-over for each relay's local socket, which costs the store nothing) and N clients' CPUs (here
 the workers share 2 cores with the store's server, so the measured time is the clients' time).
 The *extrapolated* decision time is the requests the decision needs divided by the rate the
 store served when saturated in the same run (its server is one thread: that rate, not the
@@ -53,7 +57,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -72,6 +76,7 @@ from commgroups.flight_recorder.publisher import (
 from commgroups.rank_loss.check_in import CheckIn
 from commgroups.rank_loss.liveness import Liveness
 from commgroups.rank_loss.local_peers import this_process
+from commgroups.util.store_reads import read_bytes_if_present
 
 __all__ = ["IDLE_THREADED_MAX", "CountingStore", "run"]
 
@@ -82,6 +87,9 @@ IDLE_THREADED_MAX = 1024
 socket each: 2,048 threads on 2 cores)."""
 
 _WORKERS = 4
+RANKS_PER_HOST = 8
+"""Virtual ranks per host (8 GPUs a node: NVIDIA's HGX, Ascend's 8-NPU servers): each host's
+relay (:mod:`~commgroups.rank_loss.host_relay`) waits for and reads each event once for them."""
 _BEAT_S = 10.0  # the product's default heartbeat (registry heartbeat_s)
 _DEAD_AFTER_S = 1.0
 _WINDOW_S = 120.0
@@ -227,6 +235,24 @@ class _VirtualListener(Liveness):
         return True
 
 
+def _take_through_relays(lives: Iterable[Liveness], number: int, store: Store) -> int:
+    """Every virtual rank takes event ``number`` as its host's relay hands it over: the relay's
+    forwarder reads it once per host of :data:`RANKS_PER_HOST` (on ``store``, under the
+    registry's namespace), no rank reads it (the in-process hand-over stands for the relay's
+    local socket, which costs the store nothing). Returns the hosts: each host's forwarder
+    also waited once for it (one wait per process stood for theirs)."""
+    read: dict[int, bytes] = {}
+    for live in lives:
+        host = live.rank // RANKS_PER_HOST
+        if host not in read:
+            raw = read_bytes_if_present(store, f"event/{number}")
+            if raw is None:
+                raise RuntimeError(f"event {number} is missing")
+            read[host] = raw
+        live.take(number, read[host])
+    return len(read)
+
+
 def _loss(port: int, namespace: str, ranks: Sequence[int], members: int, victim: int,
           start: Any, ready: Any) -> dict[str, Any]:
     """The virtual ranks ``ranks`` hear the loss, answer, check in and wait for the decision."""
@@ -252,8 +278,9 @@ def _loss(port: int, namespace: str, ranks: Sequence[int], members: int, victim:
     decided_at: list[float] = []
     checks: list[CheckIn] = []
     deciders: list[threading.Thread] = []
+    keys = PrefixStore(namespace, shared)
+    hosts = _take_through_relays(lives.values(), loss_event, keys)  # answer, then interrupt
     for rank, live in lives.items():
-        live.take(loss_event)  # the listener: answer, then interrupt
         check = CheckIn(shared, f"{namespace}check/", rank, every, timedelta(seconds=_WINDOW_S),
                         None, live, None, 0)
         if check.join():
@@ -264,8 +291,7 @@ def _loss(port: int, namespace: str, ranks: Sequence[int], members: int, victim:
     joined = time.monotonic()
     to_decide = shared.requests - before
     events.wait([f"event/{loss_event + 1}"], timedelta(seconds=_WINDOW_S))  # the decision
-    for live in lives.values():
-        live.take(loss_event + 1)
+    _take_through_relays(lives.values(), loss_event + 1, keys)
     outs = {check.await_decision() for check in checks}
     if len(outs) != 1:
         raise AssertionError(f"virtual ranks were told different decisions: {len(outs)}")
@@ -274,8 +300,8 @@ def _loss(port: int, namespace: str, ranks: Sequence[int], members: int, victim:
     survivors = checks[0].outcome(next(iter(outs)))
     for decider in deciders:  # its followers may hear the decision before it notes the time
         decider.join(timeout=_WINDOW_S)
-    waits = 2 * len(lives)  # each rank's listener waits once per event (one wait stood for all)
-    return {"requests": shared.requests - before + waits, "to_decide": to_decide + len(lives),
+    waits = 2 * hosts  # each host's relay waits once per event (one wait stood for all)
+    return {"requests": shared.requests - before + waits, "to_decide": to_decide + hosts,
             "bytes": shared.bytes, "heard": heard, "joined": joined,
             "decided": decided_at[0] if decided_at else None, "survivors": len(survivors)}
 
@@ -328,11 +354,12 @@ def _hang(port: int, namespace: str, ranks: Sequence[int], members: int, hung: i
     ask_event = int(events.add("event/count", 0)) + 1
     out: dict[str, Any] = {}
 
+    relayed = PrefixStore(namespace, own)  # the relays' forwarders' reads
+
     def listen() -> None:  # the listeners: the ask, then the asker's diagnosis
         for event in (ask_event, ask_event + 1):
             events.wait([f"event/{event}"], timedelta(seconds=_WINDOW_S))
-            for each in lives:
-                each.take(event)
+            out["hosts"] = _take_through_relays(lives, event, relayed)
             if event == ask_event:
                 out["ask_reads"] = own.requests - before_own
         out["told"] = time.monotonic()
@@ -369,12 +396,13 @@ def _hang(port: int, namespace: str, ranks: Sequence[int], members: int, hung: i
             raise RuntimeError(f"member {mine.rank} took no diagnosis")
         found = Diagnosis.from_share(taken, _HANG_ROLE, mine.rank, _HANG_FAILED, group)
         out["member_silent"] = [state.rank for state in found.where("silent")]
-    waits = 2 * len(lives)  # each rank's listener waits once per event (one wait stood for all)
+    hosts = out.get("hosts", 0)
+    waits = 2 * hosts  # each host's relay waits once per event (one wait stood for all)
     out["requests"] = (shared.requests + own.requests - before_own - before_shared + waits
                        + asker_store.requests)
     # what naming waits for: every member's join (its answer) and, on the same store, every
-    # listener's wake and read of the ask (the asker's own looks are few)
-    out["to_name"] = joins + out.get("ask_reads", 0) + len(lives)
+    # host relay's wake and read of the ask (the asker's own looks are few)
+    out["to_name"] = joins + out.get("ask_reads", 0) + hosts
     out["bytes"] = shared.bytes + own.bytes + asker_store.bytes
     return out
 
@@ -623,11 +651,13 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
         f"hang: every rank one role's group (timeout {_HANG_TIMEOUT_S:g} s), rank N/2 hung "
         "(published, then silent), every other rank's timeout fires at once: each joins the "
         "group ask and answers (the first asks, collects, diagnoses and shares the diagnosis), "
-        "its listener takes the ask and the diagnosis; timeout -> named: to the asker's "
+        "its listener takes the ask and the diagnosis through its host's relay "
+        f"({RANKS_PER_HOST} ranks a host: one wait and one read of each event per host); "
+        "timeout -> named: to the asker's "
         "diagnosis, -> every member told: to the last listener's read of it; requests per "
         "member: every member's (joins, answers, event waits and reads) and the asker's, over N; "
-        "extrapolated: the requests naming waits for (joins, the ask's wakes and reads) over the "
-        "store's rate",
+        "extrapolated: the requests naming waits for (joins, the relays' wakes and reads of the "
+        "ask) over the store's rate",
     ]
 
     def by_size(name: str) -> dict[str, Any]:
