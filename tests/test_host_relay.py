@@ -30,7 +30,13 @@ from commgroups.rank_loss.local_peers import this_process
 
 pytestmark = pytest.mark.skipif(this_process() is None, reason="no /proc: not Linux")
 
-_NAMESPACE = "job/"
+
+
+def _ns(port: int) -> str:
+    """A namespace per test (its store's port): a relay's abstract socket is named from it, and
+    a closed relay's name stays taken while its acceptor's select() returns (up to a tick)."""
+    return f"job-{port}/"
+
 _NO_SUCH_PID = (1 << 22) + 7  # above Linux's largest pid_max: never a process
 
 
@@ -51,11 +57,11 @@ def _tcp(port: int) -> TCPStore:
 
 def _emit(port: int, event: dict[str, Any]) -> int:
     client = _tcp(port)  # referenced: a PrefixStore keeps only the C++ half alive
-    return Liveness._emit(PrefixStore(_NAMESPACE, client), event)
+    return Liveness._emit(PrefixStore(_ns(port), client), event)
 
 
-def _address(tag: str) -> str:
-    return relay_address(_NAMESPACE + tag, "host", 0, os.getpid(), 1)
+def _address(port: int) -> str:
+    return relay_address(_ns(port), "host", 0, os.getpid(), 1)
 
 
 def test_the_relay_is_the_first_listed_process_that_lives() -> None:
@@ -84,7 +90,7 @@ def _frames(feed: RelayFeed, count: int) -> list[tuple[int, bytes]]:
 
 def test_each_feed_gets_every_event_once_for_one_wait_and_one_read_per_event(port: int) -> None:
     store = _client(port)
-    relay = HostRelay(_address("every"), PrefixStore(_NAMESPACE, store), 1, lambda: False)
+    relay = HostRelay(_address(port), PrefixStore(_ns(port), store), 1, lambda: False)
     assert relay.start()
     feeds = [RelayFeed.connect(relay.address) for _ in range(3)]
     assert all(feed is not None for feed in feeds)
@@ -109,7 +115,7 @@ def test_each_feed_gets_every_event_once_for_one_wait_and_one_read_per_event(por
 
 
 def test_a_feed_hears_ticks_between_events_and_ends_when_the_relay_closes(port: int) -> None:
-    relay = HostRelay(_address("ticks"), PrefixStore(_NAMESPACE, _tcp(port)), 1, lambda: False)
+    relay = HostRelay(_address(port), PrefixStore(_ns(port), _tcp(port)), 1, lambda: False)
     assert relay.start()
     feed = RelayFeed.connect(relay.address)
     assert feed is not None
@@ -127,7 +133,7 @@ def test_a_feed_hears_ticks_between_events_and_ends_when_the_relay_closes(port: 
 
 
 def _liveness(port: int, rank: int, heard: list[tuple[int, str]]) -> Liveness:
-    live = Liveness(lambda: _tcp(port), _tcp(port), _NAMESPACE, rank, interval_s=10.0,
+    live = Liveness(lambda: _tcp(port), _tcp(port), _ns(port), rank, interval_s=10.0,
                     dead_after_s=1.0, on_loss=lambda generation, suspects: None,
                     process=this_process(), relay=True)
     live.subscribe("p/", lambda event: heard.append((rank, str(event["x"]))))
@@ -143,33 +149,56 @@ def _until(condition: Any, within_s: float = 5.0) -> bool:
     return True
 
 
-def test_a_hosts_ranks_hear_events_through_its_first_rank_and_fall_back_when_it_closes(
-        port: int) -> None:
-    heard: list[tuple[int, str]] = []
+def _hosts_ranks(port: int, heard: list[tuple[int, str]]) -> list[Liveness]:
+    """Ranks 2, 0 and 1 of one host, listening: rank 2 published first, so it relays."""
     lives = [_liveness(port, rank, heard) for rank in (2, 0, 1)]
-    for live in lives:  # rank 2 publishes first on this host: it relays
+    for live in lives:
         live.anchor()
         live.publish_process()
     _emit(port, {"k": "ask", "p": "p/", "x": "before"})  # after every anchor: heard by all
     for live in lives:
         live.start_listener()
     assert _until(lambda: all(live.relayed for live in lives))
+    assert lives[0]._relay is not None and all(live._relay is None for live in lives[1:])
+    return lives
+
+
+def test_a_hosts_ranks_hear_events_through_its_first_rank_even_once_it_closed(
+        port: int) -> None:
+    heard: list[tuple[int, str]] = []
+    lives = _hosts_ranks(port, heard)
     relay, others = lives[0], lives[1:]
-    assert relay._relay is not None and all(live._relay is None for live in others)
     _emit(port, {"k": "ask", "p": "p/", "x": "relayed"})
     assert _until(lambda: len(heard) == 6)
     assert sorted(heard) == sorted((rank, text) for rank in (0, 1, 2)
                                    for text in ("before", "relayed"))
-    # The relay's registry closes: the others go back to the store and miss nothing.
-    relay.close()
-    assert _until(lambda: not any(live.relayed for live in others))
+    # The relay's registry closes first: it goes on relaying for the others (each would else
+    # open a connection to the store as the job ends).
+    relay.close(3)
     _emit(port, {"k": "ask", "p": "p/", "x": "after"})
     assert _until(lambda: len(heard) == 8)
     assert sorted(heard[6:]) == [(0, "after"), (1, "after")]
+    assert all(live.relayed for live in others)
     for live in others:
-        live.close(3)  # the last wakes every listener (and the relay's forwarder)
-    assert relay._relay.done.wait(5.0)
+        live.close(3)  # the last one's close event ends every listener and the forwarder
+    assert relay._relay is not None and relay._relay.done.wait(5.0)
     assert _until(lambda: all(not live.listening for live in lives))
+
+
+def test_a_hosts_ranks_go_back_to_the_store_when_its_relay_fails(port: int) -> None:
+    heard: list[tuple[int, str]] = []
+    lives = _hosts_ranks(port, heard)
+    relay = lives[0]
+    assert relay._relay is not None
+    relay._relay.close()  # as its process's exit does: the feeds close
+    assert _until(lambda: not any(live.relayed for live in lives))
+    _emit(port, {"k": "ask", "p": "p/", "x": "after"})
+    assert _until(lambda: len(heard) == 6)
+    assert sorted(heard[3:]) == [(0, "after"), (1, "after"), (2, "after")]
+    for live in lives:
+        live.close(3)
+    assert _until(lambda: all(not live.listening for live in lives))
+    assert relay._relay.done.wait(5.0)
 
 
 def test_a_rank_that_anchored_before_its_relay_reads_the_earlier_events_from_the_store(

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import select
 import socket
@@ -102,14 +103,16 @@ class HostRelay:
     """The relay's side: a forwarder thread waits on ``store`` (a connection of its own, under
     the registry's namespace) for each event from ``first`` on and sends it to every connected
     feed; a second thread accepts feeds (each told :data:`HELLO` the next number forwarded) and
-    ticks. :meth:`close` ends both; the forwarder's store wait ends at the next event (the last
-    member's ``close``, or a rank's ``wake``), as the listener's does.
+    ticks. The forwarder ends after the last member's ``close`` event, or after any event once
+    ``stop()`` (this rank's registry closed) and no feed is left; :meth:`close` ends both threads
+    at once (the forwarder's store wait at the next event, as the listener's does).
 
     Args:
         address: :func:`relay_address`.
         store: the forwarder's own connection (its wait holds it).
         first: the first event number to forward (this rank's listener's anchor).
-        stop: whether this rank's liveness stopped: checked after each event.
+        stop: whether this rank's liveness stopped: checked after each event (it forwards
+            while a feed is left).
         on_done: called from the forwarder's thread as it ends, after :attr:`done` is set.
     """
 
@@ -142,6 +145,12 @@ class HostRelay:
                          daemon=True).start()
         threading.Thread(target=self._serve, name="commgroups-relay-serve", daemon=True).start()
         return True
+
+    @property
+    def serving(self) -> bool:
+        """Whether a feed is connected (a listener of this host still hears through it)."""
+        with self._lock:
+            return bool(self._feeds)
 
     def close(self) -> None:
         """Stop accepting and ticking, and close every feed (their listeners go back to the
@@ -195,7 +204,12 @@ class HostRelay:
             with self._lock:
                 self._send_all(_frame(self._next, raw))
                 self._next += 1
-            if self._stop():
+                left = bool(self._feeds)
+            # Every listener ends at the last member's close; a relay whose own registry closed
+            # goes on for its host's ranks still listening (else each would open a connection
+            # and wait on the store: 57,344 connections as a 65,536-rank job ends), and ends at
+            # the first event once they are gone.
+            if json.loads(raw).get("k") == "close" or (self._stop() and not left):
                 return
 
     def _serve(self) -> None:

@@ -208,6 +208,7 @@ class Liveness:
         self._announced = threading.Event()  # the beat thread's first beat was sent
         self._listened = threading.Event()  # the listener's thread ended
         self._relay_wanted = relay and process is not None and self._connect is not None
+        self._own_connected = self._connect is None  # the listener's connection is made
         self._relay: HostRelay | None = None  # this rank's, where it relays for its host
         self.relayed = False
         """Whether the listener hears events through the host's relay now (not the store)."""
@@ -264,8 +265,10 @@ class Liveness:
         if listener is None:  # registered by start_listener() just before it makes the thread
             return
         self._halt()
-        listener.join(timeout=2.0)
         relay = self._relay
+        if relay is not None:  # this process ends: its host's listeners go back to the store
+            relay.close()
+        listener.join(timeout=2.0)
         if listener.is_alive() or (relay is not None and not relay.done.is_set()):
             with contextlib.suppress(RuntimeError):  # the store's host is gone: nothing wakes
                 self._emit(self._shared, {"k": "wake"})
@@ -274,31 +277,44 @@ class Liveness:
                 relay.done.wait(timeout=2.0)
 
     def _connect_and_listen(self) -> None:
-        """The listener's thread: its own connection first, then :meth:`_listen`. A connection
-        costs the store's host a round trip or two (1-10 ms on loaded cores): not on
-        ``create()``'s path."""
+        """The listener's thread: the host's relay, or else its own connection, then
+        :meth:`_listen`. A connection costs the store's host a round trip or two (1-10 ms on
+        loaded cores): not on ``create()``'s path."""
         try:
             self._connect_and_listen_until_stopped()
         finally:
             self._listened.set()
 
     def _connect_and_listen_until_stopped(self) -> None:
-        if self._connect is not None:
-            try:
-                self._own = PrefixStore(self._namespace, self._connect())
-            except Exception as error:  # the store's host is gone: nothing to listen to
-                if not self._stop.is_set():
-                    logger.warning("rank %d: liveness cannot listen, no store connection: %s",
-                                   self.rank, error)
-                atexit.unregister(self._settle)
-                return
+        # Heard through the relay, the listener needs no connection of its own until the relay
+        # fails: 65,536 ranks on 8,192 hosts hold 73,728 connections to the store, not 131,072.
+        feed = self._join_relay()
+        if feed is None and not self._connect_own():
+            atexit.unregister(self._settle)
+            return
         try:
-            self._listen(self._join_relay())
+            self._listen(feed)
         finally:  # its connection goes with the thread, not with the registry's last reference
             if self._connect is not None:
                 self._own = PrefixStore(self._namespace, self._root)
             self._listened.set()
             self._unsettle()
+
+    def _connect_own(self) -> bool:
+        """Make the listener's own connection, if it has none yet; False where the store's host
+        is gone (said once, at warning level: nothing to listen to)."""
+        if self._own_connected:
+            return True
+        assert self._connect is not None
+        try:
+            self._own = PrefixStore(self._namespace, self._connect())
+        except Exception as error:
+            if not self._stop.is_set():
+                logger.warning("rank %d: liveness cannot listen, no store connection: %s",
+                               self.rank, error)
+            return False
+        self._own_connected = True
+        return True
 
     def _unsettle(self) -> None:
         """Nothing is left to settle at exit once the listener ended and this rank's relay
@@ -314,8 +330,9 @@ class Liveness:
         connection more (its forwarder's), on this thread, off ``create()``'s path."""
         if not self._relay_wanted or self._process is None or self._connect is None:
             return None
-        try:
-            peers = parse_peers(read_if_present(self._own, host_key(self._process.host)) or "")
+        try:  # on the shared connection: the listener has none of its own yet
+            peers = parse_peers(read_if_present(self._shared, host_key(self._process.host))
+                                or "")
             relay = relay_of(peers, self.rank)
             if relay is None:
                 return None
@@ -472,12 +489,9 @@ class Liveness:
 
     def _halt(self) -> None:
         """Stop the threads' loops: the listener's at its next event (at once where it hears
-        the host's relay), the beat's at once; this rank's relay stops relaying (its host's
-        listeners go back to the store)."""
+        the host's relay), the beat's at once. This rank's relay goes on for its host's ranks
+        still listening (:class:`~commgroups.rank_loss.host_relay.HostRelay`)."""
         self._stop.set()
-        relay = self._relay
-        if relay is not None:
-            relay.close()
         self._wake.set()
 
     def subscribe(self, prefix: str, handler: Callable[[dict[str, Any]], None] | None) -> None:
@@ -577,9 +591,12 @@ class Liveness:
                     if not self._take_relayed(feed):
                         feed.close()
                         feed, self.relayed = None, False
-                        if not self._stop.is_set():
-                            logger.debug("rank %d: the host's relay is gone or quiet: listening "
-                                         "on the store from event %d", self.rank, self._next)
+                        if self._stop.is_set():
+                            break
+                        logger.debug("rank %d: the host's relay is gone or quiet: listening on "
+                                     "the store from event %d", self.rank, self._next)
+                        if not self._connect_own():
+                            return
                     failures = 0
                     continue
                 self._own.wait([f"event/{self._next}"], _FOREVER)
@@ -613,7 +630,9 @@ class Liveness:
         raw: bytes | None = payload
         if number == HELLO:
             number, raw = int(payload), None
-        while self._next < number and not self._stop.is_set():  # before the relay's first
+        if self._next < number and not self._connect_own():  # before the relay's first
+            return False
+        while self._next < number and not self._stop.is_set():
             self._own.wait([f"event/{self._next}"], _FOREVER)
             self.take(self._next)
             self._next += 1
@@ -664,9 +683,10 @@ class Liveness:
         # registered for good (threading.active_count() grew by one a registry).
         # The last member's close event wakes the listener, normally; otherwise a member never
         # closes (dropped), or this rank alone did.
+        # This rank's relay, where it serves nobody any more, ends at the next event too.
         relay = self._relay
-        if not self._listened.wait(timeout=1.0) or (relay is not None
-                                                     and not relay.done.wait(timeout=0.01)):
+        if not self._listened.wait(timeout=1.0) or (
+                relay is not None and not relay.done.wait(timeout=0.01) and not relay.serving):
             with contextlib.suppress(RuntimeError):
                 self._emit(self._shared, {"k": "wake"})
 
