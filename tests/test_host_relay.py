@@ -5,6 +5,7 @@ real registries: tests/test_host_relay_world.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -219,3 +220,32 @@ def test_a_rank_that_anchored_before_its_relay_reads_the_earlier_events_from_the
     for live in (early, relay):
         live.close(2)
     assert _until(lambda: not early.listening and not relay.listening)
+
+
+def test_each_host_has_its_own_relay_and_each_rank_hears_each_event_once(port: int) -> None:
+    # Ranks 0 and 1 on this host, ranks 2 and 3 on another (the same process stands for both:
+    # a host is its ProcessId's host field): rank 1 and rank 3 published first on theirs.
+    here = this_process()
+    assert here is not None
+    elsewhere = dataclasses.replace(here, host=here.host + "-elsewhere")
+    heard: list[tuple[int, str]] = []
+    lives = {}
+    for rank, process in ((1, here), (3, elsewhere), (0, here), (2, elsewhere)):
+        live = Liveness(lambda: _tcp(port), _tcp(port), _ns(port), rank, interval_s=10.0,
+                        dead_after_s=1.0, on_loss=lambda generation, suspects: None,
+                        process=process, relay=True)
+        live.subscribe("p/", lambda event, rank=rank: heard.append((rank, str(event["x"]))))
+        live.anchor()
+        live.publish_process()
+        lives[rank] = live
+    for live in lives.values():
+        live.start_listener()
+    assert _until(lambda: all(live.relayed for live in lives.values()))
+    assert sorted(rank for rank, live in lives.items() if live._relay is not None) == [1, 3]
+    for text in ("one", "two"):
+        _emit(port, {"k": "ask", "p": "p/", "x": text})
+    assert _until(lambda: len(heard) == 8)
+    assert sorted(heard) == sorted((rank, text) for rank in range(4) for text in ("one", "two"))
+    for live in lives.values():
+        live.close(4)
+    assert _until(lambda: all(not live.listening for live in lives.values()))
