@@ -145,6 +145,42 @@ def test_a_member_reads_the_diagnosis_once_where_the_event_never_came(
     assert store.requests - before == 1  # its listener missed the event: one read at the end
 
 
+def test_one_member_takes_over_from_an_asker_that_died_and_the_others_take_its_diagnosis(
+        store: CountingStore) -> None:
+    # Every member whose wait for the asker's diagnosis ran out asks to take over: one add each.
+    # The first collects (one read of the answers) and shares; the others take that, where
+    # each reading the answers was O(N) each.
+    events = _Events()
+    asker, *members = [events.publisher(store, rank) for rank in range(4)]
+    ask = asker.ask_group(ROLE, 0, CALL, {}, FAILED, range(4))
+    for member in members:
+        member.ask_group(ROLE, 0, CALL, {}, FAILED, range(4))
+    before = store.requests
+    takers = [member.take_over(ask.key) for member in members]
+    assert takers == [True, False, False] and store.requests - before == 3
+    taker = members[0]
+    published = collect(taker, ask.key, range(4), ROLE, FAILED, wait_s=0.0, shortest_s=0.0)
+    found = diagnose(ROLE, taker.rank, FAILED, published, 1)
+    taker.share(ask.key, {**found.share(), "timed_out": True})
+    for member in members[1:]:
+        member._take_share(ask.key, events.events[-1]["d"])  # as each listener would
+        assert member.shared(ask.key, 1.0) == {**found.share(), "timed_out": True}
+
+
+def test_a_member_passes_over_a_diagnosis_it_does_not_accept(store: CountingStore) -> None:
+    events = _Events()
+    asker, member = events.publisher(store, 0), events.publisher(store, 1)
+    ask = asker.ask_group(ROLE, 0, CALL, {}, FAILED, [0, 1])
+    member.ask_group(ROLE, 0, CALL, {}, FAILED, [0, 1])
+    loss_wait = {"asker": 0, "more": {}, "ranks": [], "timed_out": False}
+    asker.share(ask.key, loss_wait)
+    member._take_share(ask.key, loss_wait)
+    timed_out = lambda share: share.get("timed_out", True)  # noqa: E731
+    assert member.shared(ask.key, 0.2, accept=timed_out) is None  # the event, then the key
+    asker.share(ask.key, {**loss_wait, "timed_out": True})  # a taker's, waited as for a timeout
+    assert member.shared(ask.key, 0.2, accept=timed_out) == {**loss_wait, "timed_out": True}
+
+
 def test_a_shared_diagnosis_lists_a_bounded_number_of_ranks_and_counts_the_rest() -> None:
     published = {rank: None if rank % 2 else {"answered": 1, "status": _status(4)}
                  for rank in range(1, 301)}

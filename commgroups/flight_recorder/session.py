@@ -230,34 +230,47 @@ class FlightSession:
         wait_s, shortest_s = answer_waits(publisher.interval_s, publisher.poll_s, len(ranks),
                                           timed_out=wait, pushed=publisher.pushed)
         shared = None
+        recollect = False
+        diagnoses = ask.first
         if not ask.first:
             # The asker diagnoses for the group and pushes it: one event read here, where every
             # member reading the answers was O(N) each (O(N^2) for a hang of the whole group).
             # A loss reported meanwhile ends the asker's wait at once, and it shares what it has.
             shared = publisher.shared(ask.key, wait_s + SHARE_SLACK_S,
                                       stop=lambda: self.interrupted)
-        # The asker failed on a closed connection (torch 2.15's gloo closes a timed-out rank's
-        # connections) and waited only as for a loss: a live but slow member may read silent
-        # there. A member that timed out waits as for a timeout itself (the answers' reads are
-        # O(N) each, in this mixed case only).
-        recollect = shared is not None and wait and not shared.get("timed_out", True) and any(
-            state.get("position") == "silent" for state in shared.get("ranks", ()))
-        if shared is not None and not recollect:
+            # The asker failed on a closed connection (torch 2.15's gloo closes a timed-out
+            # rank's connections) and waited only as for a loss: a live but slow member may
+            # read silent there, and a member that timed out wants it collected as for a
+            # timeout. That, or no diagnosis at all (the asker died), is one member's to
+            # redo: the first to take over collects and shares, the others wait for that.
+            recollect = shared is not None and _loss_wait_with_silent(shared, wait)
+            if shared is None or recollect:
+                diagnoses = publisher.take_over(ask.key)
+                if not diagnoses:
+                    # Its diagnosis, or one that waited as for a timeout where this member
+                    # must; none (the taker died too): this member diagnoses from one read.
+                    shared = publisher.shared(
+                        ask.key, wait_s + SHARE_SLACK_S, stop=lambda: self.interrupted,
+                        accept=lambda share: not (recollect and _loss_wait_with_silent(
+                            share, wait)))
+                    recollect = False
+        if shared is not None and not diagnoses:
             found = Diagnosis.from_share(shared, role, self.recorder.rank, failed, ranks)
             speaks = False  # the asker speaks for the group
         else:
-            # The asker, a member re-collecting, or a member whose asker gave no diagnosis (it
-            # died meanwhile: one read). A loss reported meanwhile (the liveness thread
-            # interrupted this generation) means the rank-loss handling is waiting for this
-            # rank's rebuild(), and the dead rank would never answer; what answered so far is
-            # all the diagnosis gets.
+            # The asker or the member that took over (after a timeout, re-collecting: it waits
+            # as for a timeout), or a member whose asker and taker both gave no diagnosis (one
+            # read). A loss reported meanwhile (the liveness thread interrupted this
+            # generation) means the rank-loss handling is waiting for this rank's rebuild(),
+            # and the dead rank would never answer; what answered so far is all the diagnosis
+            # gets.
             waits = ask.first or recollect
             published = collect(publisher, ask.key, ranks, role, failed,
                                 wait_s=wait_s if waits else 0.0,
                                 shortest_s=shortest_s if waits else 0.0,
                                 stop=lambda: self.interrupted)
             found = diagnose(role, self.recorder.rank, failed, published, 1)
-            if ask.first:
+            if diagnoses:
                 publisher.share(ask.key, {**found.share(), "timed_out": wait})
             speaks = _speaker(publisher, token, self.recorder.rank)
         path = self.dump_soon(directory)
@@ -288,6 +301,14 @@ class FlightSession:
             self.publisher.stop(release=release, members=self.members)
             self.publisher.on_request = None
             self.publisher.answer = None
+
+
+def _loss_wait_with_silent(share: dict[str, Any], timed_out: bool) -> bool:
+    """Whether a member whose call ``timed_out`` must have the shared diagnosis ``share``
+    collected again: its asker waited only as for a loss (a closed connection) and named
+    silent ranks, which a timeout's longer wait may hear from."""
+    return timed_out and not share.get("timed_out", True) and any(
+        state.get("position") == "silent" for state in share.get("ranks", ()))
 
 
 def _speaker(publisher: StatusPublisher, token: str, rank: int) -> bool:
