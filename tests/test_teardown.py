@@ -28,6 +28,9 @@ def _resources() -> tuple[int, int, int]:
     while (any(thread.name.startswith("commgroups-") for thread in threading.enumerate())
            and time.monotonic() < deadline):
         time.sleep(0.01)
+    left = [thread.name for thread in threading.enumerate() if thread.name.startswith("commgroups-")]
+    if left:  # said where a thread outlived the wait: the assertion below names no thread
+        print(f"threads still running after 5 s: {left}", flush=True)
     return (
         len(torch_private.live_groups()),
         threading.active_count(),

@@ -195,6 +195,12 @@ class HostRelay:
         store = self._store
         assert store is not None
         while not self._closed.is_set():
+            with self._lock:
+                idle = not self._feeds
+            if self._stop() and idle:
+                # Nobody to serve, and this rank's registry closed: a wait now could outlive
+                # the last member's close (whose keys go at once) and hold the thread for good.
+                return
             key = f"event/{self._next}"
             store.wait([key], _FOREVER)
             # Deleted between the wait and the read: the last member closed; nothing follows.

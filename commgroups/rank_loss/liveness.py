@@ -339,6 +339,8 @@ class Liveness:
             pid, start = peers[relay]
             address = relay_address(self._namespace, self._process.host, relay, pid, start)
             if relay == self.rank:
+                if self._stop.is_set():  # the registry closed before its listener started
+                    return None
                 server = HostRelay(address, PrefixStore(self._namespace, self._connect()),
                                    self._next, self._stop.is_set, on_done=self._unsettle)
                 if not server.start():
