@@ -141,7 +141,7 @@ def _liveness(port: int, rank: int, heard: list[tuple[int, str]]) -> Liveness:
     return live
 
 
-def _until(condition: Any, within_s: float = 5.0) -> bool:
+def _until(condition: Any, within_s: float = 15.0) -> bool:
     deadline = time.monotonic() + within_s
     while not condition():
         if time.monotonic() > deadline:

@@ -100,27 +100,30 @@ def _frame(number: int, payload: bytes = b"") -> bytes:
 
 
 class HostRelay:
-    """The relay's side: a forwarder thread waits on ``store`` (a connection of its own, under
-    the registry's namespace) for each event from ``first`` on and sends it to every connected
-    feed; a second thread accepts feeds (each told :data:`HELLO` the next number forwarded) and
-    ticks. The forwarder ends after the last member's ``close`` event, or after any event once
-    ``stop()`` (this rank's registry closed) and no feed is left; :meth:`close` ends both threads
-    at once (the forwarder's store wait at the next event, as the listener's does).
+    """The relay's side: a forwarder thread connects to the store (a connection of its own,
+    under the registry's namespace), waits for each event from ``first`` on and sends it to
+    every connected feed; a second thread accepts feeds (each told :data:`HELLO` the next
+    number forwarded) and ticks. The forwarder ends after the last member's ``close`` event,
+    or after any event once ``stop()`` (this rank's registry closed) and no feed is left;
+    :meth:`close` ends both threads at once (the forwarder's store wait at the next event, as
+    the listener's does).
 
     Args:
         address: :func:`relay_address`.
-        store: the forwarder's own connection (its wait holds it).
+        store: the forwarder's own connection (its wait holds it), or a callable that makes
+            it on the forwarder's thread: the relay listens (its host's listeners reach it) at
+            once, however long a connection takes (5 s now and then in this sandbox).
         first: the first event number to forward (this rank's listener's anchor).
         stop: whether this rank's liveness stopped: checked after each event (it forwards
             while a feed is left).
         on_done: called from the forwarder's thread as it ends, after :attr:`done` is set.
     """
 
-    def __init__(self, address: str, store: Store, first: int, stop: Callable[[], bool],
-                 on_done: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, address: str, store: Store | Callable[[], Store], first: int,
+                 stop: Callable[[], bool], on_done: Callable[[], None] = lambda: None) -> None:
         self.address = address
         self._on_done: Callable[[], None] | None = on_done
-        self._store: Store | None = store
+        self._store: Store | Callable[[], Store] | None = store
         self._next = first
         self._stop = stop
         self._lock = threading.Lock()  # the feeds and _next: the forwarder and the acceptor
@@ -192,8 +195,9 @@ class HostRelay:
                 on_done()
 
     def _forward_until_closed(self) -> None:
-        store = self._store
-        assert store is not None
+        made = self._store
+        assert made is not None
+        store = made if isinstance(made, Store) else made()
         while not self._closed.is_set():
             with self._lock:
                 idle = not self._feeds

@@ -341,7 +341,8 @@ class Liveness:
             if relay == self.rank:
                 if self._stop.is_set():  # the registry closed before its listener started
                     return None
-                server = HostRelay(address, PrefixStore(self._namespace, self._connect()),
+                connect, namespace = self._connect, self._namespace
+                server = HostRelay(address, lambda: PrefixStore(namespace, connect()),
                                    self._next, self._stop.is_set, on_done=self._unsettle)
                 if not server.start():
                     return None
