@@ -20,7 +20,8 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 from commgroups import GroupRegistry, torch_internals
 from commgroups.creation.agreement import store_barrier
 from commgroups.rank_loss.host_relay import HELLO, SILENT_S, HostRelay, RelayFeed, relay_address
-from commgroups.rank_loss.local_peers import this_process
+from commgroups.rank_loss.liveness import Liveness
+from commgroups.rank_loss.local_peers import host_key, this_process
 from tests.test_rebuild import hsdp_layout
 from tests.worlds import connected_barrier, run_world
 
@@ -134,3 +135,67 @@ def test_a_job_rebuilds_without_its_hosts_relay(how: str) -> None:
         assert result["sum"] == 2.0
         assert result["seconds"] < WINDOW_S / 3, result  # decided, not waited out
         assert not result["relayed"]  # back on the store
+
+
+def _relay_rank_zero(port: int, namespace: str, ready: Any) -> None:
+    """Rank 0 of this host: publishes its process first, then relays for the host."""
+    process = this_process()
+    assert process is not None
+    store = TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=30))
+    PrefixStore(namespace, store).append(host_key(process.host), process.entry(0))
+    relay = HostRelay(relay_address(namespace, process.host, 0, process.pid, process.start),
+                      lambda: PrefixStore(namespace, TCPStore(
+                          "127.0.0.1", port, 1, False, timeout=timedelta(seconds=30))),
+                      1, lambda: False)
+    relay.start()
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_listener_goes_back_to_its_relay_once_it_answers_again(port: int) -> None:
+    # Its relay's process stopped for a while (a loaded host): the listener went back to the
+    # store, and after an event it tries the relay again (REJOIN_AFTER_S; none here).
+    namespace = "rejoin/"
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    process = context.Process(target=_relay_rank_zero, args=(port, namespace, ready),
+                              daemon=True)
+    process.start()
+    heard: list[str] = []
+    client = TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=30))
+    events = PrefixStore(namespace, client)
+    try:
+        assert ready.wait(60)
+        live = Liveness(lambda: TCPStore("127.0.0.1", port, 1, False,
+                                         timeout=timedelta(seconds=30)),
+                        client, namespace, 1, interval_s=10.0, dead_after_s=1.0,
+                        on_loss=lambda generation, suspects: None, process=this_process(),
+                        relay=True)
+        live.rejoin_after_s = 0.0
+        live.subscribe("p/", lambda event: heard.append(str(event["x"])))
+        live.anchor()
+        live.publish_process()
+        live.start_listener()
+        assert _until(lambda: live.relayed)
+        assert process.pid is not None
+        os.kill(process.pid, signal.SIGSTOP)
+        assert _until(lambda: not live.relayed)  # quiet for SILENT_S: on the store
+        os.kill(process.pid, signal.SIGCONT)
+        Liveness._emit(events, {"k": "ask", "p": "p/", "x": "on the store"})
+        assert _until(lambda: heard == ["on the store"] and live.relayed)
+        Liveness._emit(events, {"k": "ask", "p": "p/", "x": "relayed again"})
+        assert _until(lambda: heard == ["on the store", "relayed again"])
+        assert live.relayed
+        live.close()
+    finally:
+        process.kill()
+        process.join(10)
+
+
+def _until(condition: Any, within_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

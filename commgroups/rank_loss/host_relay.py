@@ -18,8 +18,9 @@ its peers'.
 When the relay fails, nothing is missed: a feed whose socket closed (the relay's process died, or
 it closed its registry) or that heard nothing, not even a tick, for :data:`SILENT_S` (its process
 stopped, or it holds the GIL in C) ends, and its listener goes back to the store at its own next
-event number, for good (events stay in the store until every member handled them). The host then
-costs the store what it did without a relay. A feed is told the first event the relay forwards
+event number (events stay in the store until every member handled them), trying the relay again
+after an event now and then (``Liveness``'s ``REJOIN_AFTER_S``). Meanwhile the host costs the
+store what it did without a relay. A feed is told the first event the relay forwards
 (:data:`HELLO`); the listener reads any event before it from the store itself.
 
 Frames on the socket: ``!qI`` (the event's number, the payload's length), then the payload (the

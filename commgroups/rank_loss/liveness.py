@@ -72,6 +72,12 @@ OnLoss = Callable[[int, frozenset[int] | None], None]
 
 _FOREVER = timedelta(days=365)  # the listener's wait: an event (a close included) ends it
 
+REJOIN_AFTER_S = 10.0
+"""A listener that went back to the store because its relay went quiet tries the relay again
+after an event, once this long has passed (and again after as long): a relay slow for a moment
+on loaded cores must not cost its host the relay for the registry's life. A relay still stopped
+holds that one event up by the feed's silence (0.5 s)."""
+
 REPORT = 1 << 32
 """What each loss report adds to its generation's counter (``lost/<g>``); each answer adds 1.
 The first report is the one whose add returns less than twice this; an answer whose add returns
@@ -212,6 +218,9 @@ class Liveness:
         self._relay: HostRelay | None = None  # this rank's, where it relays for its host
         self.relayed = False
         """Whether the listener hears events through the host's relay now (not the store)."""
+        self._relay_address: str | None = None  # the host's relay's, once this rank read it
+        self._rejoin_at = 0.0  # on the store, try the relay again after an event from then on
+        self.rejoin_after_s = REJOIN_AFTER_S
         # Periodic tasks the beat's thread runs besides the beat (every()): name -> period,
         # task, when next due. _wake ends the thread's wait early: a task added, or a stop.
         self._tasks: dict[str, tuple[float, Callable[[], object], float]] = {}
@@ -338,6 +347,7 @@ class Liveness:
                 return None
             pid, start = peers[relay]
             address = relay_address(self._namespace, self._process.host, relay, pid, start)
+            self._relay_address = address
             if relay == self.rank:
                 if self._stop.is_set():  # the registry closed before its listener started
                     return None
@@ -598,6 +608,7 @@ class Liveness:
                             break
                         logger.debug("rank %d: the host's relay is gone or quiet: listening on "
                                      "the store from event %d", self.rank, self._next)
+                        self._rejoin_at = time.monotonic() + self.rejoin_after_s
                         if not self._connect_own():
                             return
                     failures = 0
@@ -608,6 +619,7 @@ class Liveness:
                 self.take(self._next)
                 self._next += 1
                 failures = 0
+                feed = self._rejoin()
             except Exception as error:  # a store hiccup must not kill the listener
                 if self._stop.is_set():
                     return
@@ -621,6 +633,22 @@ class Liveness:
                 self._stop.wait(0.5)
         if feed is not None:
             feed.close()
+
+    def _rejoin(self) -> RelayFeed | None:
+        """The host's relay's feed again, where this listener is on the store (its relay was
+        not up yet when it started, or went quiet) and :attr:`rejoin_after_s` has passed: one
+        attempt to connect, on this host (no store request); None otherwise."""
+        address = self._relay_address
+        now = time.monotonic()
+        if address is None or now < self._rejoin_at or self._stop.is_set():
+            return None
+        self._rejoin_at = now + self.rejoin_after_s
+        feed = RelayFeed.connect(address, within_s=0.0)
+        if feed is not None:
+            logger.debug("rank %d: back on the host's relay from event %d", self.rank,
+                         self._next)
+            self.relayed = True
+        return feed
 
     def _take_relayed(self, feed: RelayFeed) -> bool:
         """Take the relay's next frame: an event is handled (any this rank missed before it
