@@ -335,8 +335,8 @@ class Liveness:
     def _join_relay(self) -> RelayFeed | None:
         """The feed from this host's relay (:mod:`~commgroups.rank_loss.host_relay`), started
         here where this rank is it; None (the listener waits on the store) where no relay is
-        wanted or none is reached. One read of the host's key; the relay itself makes one
-        connection more (its forwarder's), on this thread, off ``create()``'s path."""
+        wanted or none is reached. One read of the host's key, on this thread, off
+        ``create()``'s path; the relay's forwarder makes its connection on its own thread."""
         if not self._relay_wanted or self._process is None or self._connect is None:
             return None
         try:  # on the shared connection: the listener has none of its own yet
