@@ -105,7 +105,10 @@ def test_each_feed_gets_every_event_once_for_one_wait_and_one_read_per_event(por
         assert got[0] == (HELLO, b"1")
         assert [(number, json.loads(raw)) for number, raw in got[1:]] == list(
             enumerate(events, start=1))
-    # A wait and a read per event, whatever the number of feeds, and the wait for the next.
+    # A wait and a read per event, whatever the number of feeds, and the wait for the next
+    # (sent once the last frame went out: waited for).
+    assert _until(lambda: store.requests >= 2 * len(events) + 1)
+    time.sleep(0.1)
     assert store.requests == 2 * len(events) + 1
     relay.close()
     for feed in feeds:

@@ -295,12 +295,14 @@ class Liveness:
             self._listened.set()
 
     def _connect_and_listen_until_stopped(self) -> None:
-        # Heard through the relay, the listener needs no connection of its own until the relay
-        # fails: 65,536 ranks on 8,192 hosts hold 73,728 connections to the store, not 131,072.
-        feed = self._join_relay()
-        if feed is None and not self._connect_own():
+        # Its own connection first, even where it hears the relay: the relay's death is a loss
+        # its host's ranks must answer within dead_after_s, and a new connection then took
+        # seconds now and then in this sandbox (8 ranks' listeners falling back at once: a rank
+        # alive was decided dead). It costs the store a connection per rank, as before.
+        if not self._connect_own():
             atexit.unregister(self._settle)
             return
+        feed = self._join_relay()
         try:
             self._listen(feed)
         finally:  # its connection goes with the thread, not with the registry's last reference
@@ -339,9 +341,8 @@ class Liveness:
         ``create()``'s path; the relay's forwarder makes its connection on its own thread."""
         if not self._relay_wanted or self._process is None or self._connect is None:
             return None
-        try:  # on the shared connection: the listener has none of its own yet
-            peers = parse_peers(read_if_present(self._shared, host_key(self._process.host))
-                                or "")
+        try:
+            peers = parse_peers(read_if_present(self._own, host_key(self._process.host)) or "")
             relay = relay_of(peers, self.rank)
             if relay is None:
                 return None
