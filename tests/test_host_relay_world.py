@@ -22,6 +22,7 @@ from commgroups.creation.agreement import store_barrier
 from commgroups.rank_loss.host_relay import HELLO, SILENT_S, HostRelay, RelayFeed, relay_address
 from commgroups.rank_loss.liveness import Liveness
 from commgroups.rank_loss.local_peers import host_key, this_process
+from tests.test_host_relay import _until
 from tests.test_rebuild import hsdp_layout
 from tests.worlds import connected_barrier, run_world
 
@@ -193,12 +194,3 @@ def test_a_listener_goes_back_to_its_relay_once_it_answers_again(port: int) -> N
     finally:
         process.kill()
         process.join(10)
-
-
-def _until(condition: Any, within_s: float = 15.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
