@@ -214,7 +214,6 @@ class Liveness:
         self._announced = threading.Event()  # the beat thread's first beat was sent
         self._listened = threading.Event()  # the listener's thread ended
         self._relay_wanted = relay and process is not None and self._connect is not None
-        self._own_connected = self._connect is None  # the listener's connection is made
         self._relay: HostRelay | None = None  # this rank's, where it relays for its host
         self.relayed = False
         """Whether the listener hears events through the host's relay now (not the store)."""
@@ -312,11 +311,10 @@ class Liveness:
             self._unsettle()
 
     def _connect_own(self) -> bool:
-        """Make the listener's own connection, if it has none yet; False where the store's host
-        is gone (said once, at warning level: nothing to listen to)."""
-        if self._own_connected:
+        """Make the listener's own connection (where it was given a callable that makes it);
+        False where the store's host is gone (said at warning level: nothing to listen to)."""
+        if self._connect is None:
             return True
-        assert self._connect is not None
         try:
             self._own = PrefixStore(self._namespace, self._connect())
         except Exception as error:
@@ -324,7 +322,6 @@ class Liveness:
                 logger.warning("rank %d: liveness cannot listen, no store connection: %s",
                                self.rank, error)
             return False
-        self._own_connected = True
         return True
 
     def _unsettle(self) -> None:
@@ -610,8 +607,6 @@ class Liveness:
                         logger.debug("rank %d: the host's relay is gone or quiet: listening on "
                                      "the store from event %d", self.rank, self._next)
                         self._rejoin_at = time.monotonic() + self.rejoin_after_s
-                        if not self._connect_own():
-                            return
                     failures = 0
                     continue
                 self._own.wait([f"event/{self._next}"], _FOREVER)
@@ -662,8 +657,6 @@ class Liveness:
         raw: bytes | None = payload
         if number == HELLO:
             number, raw = int(payload), None
-        if self._next < number and not self._connect_own():  # before the relay's first
-            return False
         while self._next < number and not self._stop.is_set():
             self._own.wait([f"event/{self._next}"], _FOREVER)
             self.take(self._next)
