@@ -36,6 +36,7 @@ from commgroups.flight_recorder.signals import dump_on_signal
 from commgroups.rank_loss.liveness import Liveness
 from commgroups.torch_internals.version import torch_version
 from tests import torch_private
+from tests.polling import until
 
 HERE = Path(__file__).name
 
@@ -196,15 +197,6 @@ def test_a_status_that_keeps_changing_is_published_once_it_settles_or_grows_old(
     assert published() == {"cp": {"seq": 4}}
 
 
-def _until(condition: Any, deadline_s: float = 10.0) -> bool:
-    end = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def test_a_publisher_heard_through_the_listener_looks_from_the_beats_thread() -> None:
     store = dist.HashStore()
     liveness = Liveness(store, store, "live/", 3, interval_s=60.0, dead_after_s=1.0,
@@ -227,10 +219,10 @@ def test_a_publisher_heard_through_the_listener_looks_from_the_beats_thread() ->
     # A change is published once it settles (two of the publisher's looks), though the beat is
     # a minute away.
     status["cp"] = {"seq": 2}
-    assert _until(lambda: (read_status(store, "t/", 3) or {}).get("status") == status)
+    assert until(lambda: (read_status(store, "t/", 3) or {}).get("status") == status)
     failures = []
     liveness.every("failing", 0.02, lambda: failures.append(1) / 0)  # logged, and kept
-    assert _until(lambda: len(failures) >= 3)
+    assert until(lambda: len(failures) >= 3)
     publisher.stop(release=True, members=1)
     assert registered[-1] == ("t/", False) and read_status(store, "t/", 3) is None
     status["cp"] = {"seq": 3}

@@ -28,6 +28,7 @@ from commgroups.rank_loss.host_relay import (
 )
 from commgroups.rank_loss.liveness import Liveness
 from commgroups.rank_loss.local_peers import this_process
+from tests.polling import until
 
 pytestmark = pytest.mark.skipif(this_process() is None, reason="no /proc: not Linux")
 
@@ -107,7 +108,7 @@ def test_each_feed_gets_every_event_once_for_one_wait_and_one_read_per_event(por
             enumerate(events, start=1))
     # A wait and a read per event, whatever the number of feeds, and the wait for the next
     # (sent once the last frame went out: waited for).
-    assert _until(lambda: store.requests >= 2 * len(events) + 1)
+    assert until(lambda: store.requests >= 2 * len(events) + 1)
     time.sleep(0.1)
     assert store.requests == 2 * len(events) + 1
     relay.close()
@@ -144,15 +145,6 @@ def _liveness(port: int, rank: int, heard: list[tuple[int, str]]) -> Liveness:
     return live
 
 
-def _until(condition: Any, within_s: float = 15.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def _hosts_ranks(port: int, heard: list[tuple[int, str]]) -> list[Liveness]:
     """Ranks 2, 0 and 1 of one host, listening: rank 2 published first, so it relays."""
     lives = [_liveness(port, rank, heard) for rank in (2, 0, 1)]
@@ -162,7 +154,7 @@ def _hosts_ranks(port: int, heard: list[tuple[int, str]]) -> list[Liveness]:
     _emit(port, {"k": "ask", "p": "p/", "x": "before"})  # after every anchor: heard by all
     for live in lives:
         live.start_listener()
-    assert _until(lambda: all(live.relayed for live in lives))
+    assert until(lambda: all(live.relayed for live in lives))
     assert lives[0]._relay is not None and all(live._relay is None for live in lives[1:])
     return lives
 
@@ -173,20 +165,20 @@ def test_a_hosts_ranks_hear_events_through_its_first_rank_even_once_it_closed(
     lives = _hosts_ranks(port, heard)
     relay, others = lives[0], lives[1:]
     _emit(port, {"k": "ask", "p": "p/", "x": "relayed"})
-    assert _until(lambda: len(heard) == 6)
+    assert until(lambda: len(heard) == 6)
     assert sorted(heard) == sorted((rank, text) for rank in (0, 1, 2)
                                    for text in ("before", "relayed"))
     # The relay's registry closes first: it goes on relaying for the others (each would else
     # open a connection to the store as the job ends).
     relay.close(3)
     _emit(port, {"k": "ask", "p": "p/", "x": "after"})
-    assert _until(lambda: len(heard) == 8)
+    assert until(lambda: len(heard) == 8)
     assert sorted(heard[6:]) == [(0, "after"), (1, "after")]
     assert all(live.relayed for live in others)
     for live in others:
         live.close(3)  # the last one's close event ends every listener and the forwarder
     assert relay._relay is not None and relay._relay.done.wait(5.0)
-    assert _until(lambda: all(not live.listening for live in lives))
+    assert until(lambda: all(not live.listening for live in lives))
 
 
 def test_a_hosts_ranks_go_back_to_the_store_when_its_relay_fails(port: int) -> None:
@@ -195,13 +187,13 @@ def test_a_hosts_ranks_go_back_to_the_store_when_its_relay_fails(port: int) -> N
     relay = lives[0]
     assert relay._relay is not None
     relay._relay.close()  # as its process's exit does: the feeds close
-    assert _until(lambda: not any(live.relayed for live in lives))
+    assert until(lambda: not any(live.relayed for live in lives))
     _emit(port, {"k": "ask", "p": "p/", "x": "after"})
-    assert _until(lambda: len(heard) == 6)
+    assert until(lambda: len(heard) == 6)
     assert sorted(heard[3:]) == [(0, "after"), (1, "after"), (2, "after")]
     for live in lives:
         live.close(3)
-    assert _until(lambda: all(not live.listening for live in lives))
+    assert until(lambda: all(not live.listening for live in lives))
     assert relay._relay.done.wait(5.0)
 
 
@@ -216,13 +208,13 @@ def test_a_rank_that_anchored_before_its_relay_reads_the_earlier_events_from_the
     relay.anchor()
     relay.start_listener()
     early.start_listener()
-    assert _until(lambda: early.relayed and relay.relayed)
+    assert until(lambda: early.relayed and relay.relayed)
     _emit(port, {"k": "ask", "p": "p/", "x": "second"})
-    assert _until(lambda: len(heard) == 3)
+    assert until(lambda: len(heard) == 3)
     assert sorted(heard) == [(0, "second"), (1, "first"), (1, "second")]
     for live in (early, relay):
         live.close(2)
-    assert _until(lambda: not early.listening and not relay.listening)
+    assert until(lambda: not early.listening and not relay.listening)
 
 
 def test_each_host_has_its_own_relay_and_each_rank_hears_each_event_once(port: int) -> None:
@@ -243,12 +235,12 @@ def test_each_host_has_its_own_relay_and_each_rank_hears_each_event_once(port: i
         lives[rank] = live
     for live in lives.values():
         live.start_listener()
-    assert _until(lambda: all(live.relayed for live in lives.values()))
+    assert until(lambda: all(live.relayed for live in lives.values()))
     assert sorted(rank for rank, live in lives.items() if live._relay is not None) == [1, 3]
     for text in ("one", "two"):
         _emit(port, {"k": "ask", "p": "p/", "x": text})
-    assert _until(lambda: len(heard) == 8)
+    assert until(lambda: len(heard) == 8)
     assert sorted(heard) == sorted((rank, text) for rank in range(4) for text in ("one", "two"))
     for live in lives.values():
         live.close(4)
-    assert _until(lambda: all(not live.listening for live in lives.values()))
+    assert until(lambda: all(not live.listening for live in lives.values()))

@@ -22,7 +22,7 @@ from commgroups.creation.agreement import store_barrier
 from commgroups.rank_loss.host_relay import HELLO, SILENT_S, HostRelay, RelayFeed, relay_address
 from commgroups.rank_loss.liveness import Liveness
 from commgroups.rank_loss.local_peers import host_key, this_process
-from tests.test_host_relay import _until
+from tests.polling import until
 from tests.test_rebuild import hsdp_layout
 from tests.worlds import connected_barrier, run_world
 
@@ -180,15 +180,15 @@ def test_a_listener_goes_back_to_its_relay_once_it_answers_again(port: int) -> N
         live.anchor()
         live.publish_process()
         live.start_listener()
-        assert _until(lambda: live.relayed)
+        assert until(lambda: live.relayed)
         assert process.pid is not None
         os.kill(process.pid, signal.SIGSTOP)
-        assert _until(lambda: not live.relayed)  # quiet for SILENT_S: on the store
+        assert until(lambda: not live.relayed)  # quiet for SILENT_S: on the store
         os.kill(process.pid, signal.SIGCONT)
         Liveness._emit(events, {"k": "ask", "p": "p/", "x": "on the store"})
-        assert _until(lambda: heard == ["on the store"] and live.relayed)
+        assert until(lambda: heard == ["on the store"] and live.relayed)
         Liveness._emit(events, {"k": "ask", "p": "p/", "x": "relayed again"})
-        assert _until(lambda: heard == ["on the store", "relayed again"])
+        assert until(lambda: heard == ["on the store", "relayed again"])
         assert live.relayed
         live.close()
     finally:
