@@ -114,6 +114,9 @@ class Created:
     teardown: Callable[[], None]
     method: str
     """The creation path(s) taken (the registry may fall back from local/split to all_ranks)."""
+    settle: Callable[[], None] = lambda: None
+    """Waits, untimed, for what the variant left running in the background (the registry's
+    heartbeat start-up), so that it does not slow the next variant down."""
 
 
 def _checkpoint_backend() -> str | None:
@@ -136,7 +139,7 @@ def _create_registry(layout: Layout, creation: str, counter: CallCounter) -> Cre
     registry = GroupRegistry(layout, creation_mode=creation).create()
     methods = sorted({registry.creation_method(role) for role in registry.role_names})
     return Created({role: registry.group(role) for role in registry.role_names}, registry.close,
-                   "+".join(methods))
+                   "+".join(methods), registry._recovery.wait_started)
 
 
 def _create_devicemesh(layout: Layout, counter: CallCounter, own_fsdp: bool = False) -> Created:
@@ -195,6 +198,7 @@ def _timed(variant: str, layout: Layout) -> tuple[float, int, Created]:
         start = time.perf_counter()
         created = _create(variant, layout, counter)
         elapsed = time.perf_counter() - start
+    created.settle()
     return elapsed, counter.total, created
 
 
