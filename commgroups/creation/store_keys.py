@@ -48,7 +48,9 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
 
     def __init__(self, root: Store, prefix: str, epoch: int) -> None:
         super().__init__()
-        self.underlying_store = PrefixStore(f"{prefix}/agree/{epoch}/", root)
+        self.namespace = f"{prefix}/agree/{epoch}/"
+        """The attempt's key prefix under ``root``."""
+        self.underlying_store = PrefixStore(self.namespace, root)
         self.epoch = epoch
         self._root = root
         self._epoch_key = f"{prefix}/epoch"
@@ -83,6 +85,19 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
             world_size, self._unannounced = self._unannounced, None
             if world_size is not None and self.add("created/count", 1) == world_size:
                 self.set("created/all", "1")
+
+    def wait_all_created(self, timeout_s: float) -> bool:
+        """Wait until every rank noted the end of creation (:meth:`note_created`), at most
+        ``timeout_s``; True once they all have, and where no note was taken here (nothing
+        connects on creation). Sends this rank's note first if it is still due."""
+        if self._peers_created_by is None:
+            return True
+        try:
+            self.announce_created()
+            self.underlying_store.wait(["created/all"], timedelta(seconds=timeout_s))
+        except (RuntimeError, TimeoutError):  # a peer not done yet (or dead); the store died
+            return False
+        return True
 
     def wait_created(self) -> None:
         """Before destroying the attempt's groups: wait until every rank noted the end of creating

@@ -414,6 +414,11 @@ class Generation:
         for attempt in list(self.attempts):
             attempt.announce_created()
 
+    def await_created(self, timeout_s: float) -> bool:
+        """Send this rank's note that it is done creating, where it is still due, then wait
+        until every member sent theirs, at most ``timeout_s``; True once they all have."""
+        return all(attempt.wait_all_created(timeout_s) for attempt in self.attempts)
+
     def destroy(self) -> None:
         """``close()``: every handle refuses later calls, groups are destroyed, store keys released.
 
