@@ -461,25 +461,34 @@ def _worker(port: int, index: int, jobs: Any, start: Any, ready: Any, results: A
 
 def _saturated_rate(port: int, seconds: float = 1.0) -> float:
     """Requests per second the store serves to :data:`_WORKERS` busy clients (one thread each in
-    this process: their round trips overlap, as a job's clients' do)."""
+    this process: their round trips overlap, as a job's clients' do).
+
+    Timed from once every client is connected: a new connection stalls seconds now and then in
+    this sandbox, and with the connections inside the second, a loaded machine once measured
+    no request at all (a rate of 0, then a division by it)."""
     counts: list[int] = []
-    stop = time.monotonic() + seconds
+    window: list[float] = []  # start, stop: set once, as the last client connects
+    connected = threading.Barrier(
+        _WORKERS, action=lambda: window.extend([time.monotonic(), time.monotonic() + seconds]))
 
     def hammer() -> None:
         client = TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=60))
+        connected.wait()
         done = 0
-        while time.monotonic() < stop:
+        while time.monotonic() < window[1]:
             client.add("bench-rate", 1)
             done += 1
         counts.append(done)
 
     threads = [threading.Thread(target=hammer) for _ in range(_WORKERS)]
-    started = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return sum(counts) / (time.monotonic() - started)
+    served = sum(counts)
+    if served == 0:
+        raise RuntimeError(f"the store at port {port} served no request in {seconds:g} s")
+    return served / (time.monotonic() - window[0])
 
 
 class _Workers:
