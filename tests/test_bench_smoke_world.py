@@ -46,11 +46,14 @@ def test_bench_smoke_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtur
     for name in TABLES:
         table = data["tables"][name]
         assert table["rows"], name
+        # A growth is signed: a count taken while a connection still closes can fall later
+        # (torch 2.15's gloo: fds after create varied 45-51 over rebuilds, a growth of -1 once).
+        signed = {i for i, column in enumerate(table["columns"]) if column.endswith("growth")}
         for row in table["rows"]:
             assert len(row) == len(table["columns"])
-            for cell in row:
+            for index, cell in enumerate(row):
                 for value in _numbers(cell):
-                    assert math.isfinite(value) and value >= 0, (name, row)
+                    assert math.isfinite(value) and (value >= 0 or index in signed), (name, row)
     # Timing cells are strictly positive; a zero would mean nothing was timed.
     for name, column in (("creation", "time ms"), ("creation", "close ms"), ("planning", "time ms"),
                          ("async_and_wait", "raw us"), ("async_and_wait", "async-and-wait us"),
