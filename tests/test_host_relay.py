@@ -19,6 +19,7 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 
 from commgroups.bench.control_plane import CountingStore
 from commgroups.rank_loss.host_relay import (
+    CONNECT_WITHIN_S,
     HELLO,
     SILENT_S,
     HostRelay,
@@ -244,3 +245,33 @@ def test_each_host_has_its_own_relay_and_each_rank_hears_each_event_once(port: i
     for live in lives.values():
         live.close(4)
     assert until(lambda: all(not live.listening for live in lives.values()))
+
+
+def test_a_hosts_ranks_reach_a_relay_whose_own_store_connection_is_slow(port: int) -> None:
+    # A new TCPStore connection takes seconds now and then (5 s in this sandbox; CI's 4-rank
+    # world test once): the relay listens before its listener connects, so the host's other
+    # ranks, whose feeds try it for CONNECT_WITHIN_S only, still hear through it.
+    def slow() -> TCPStore:
+        time.sleep(3 * CONNECT_WITHIN_S)
+        return _tcp(port)
+
+    heard: list[tuple[int, str]] = []
+    relay = Liveness(slow, _tcp(port), _ns(port), 0, interval_s=10.0, dead_after_s=1.0,
+                     on_loss=lambda generation, suspects: None, process=this_process(),
+                     relay=True)
+    relay.subscribe("p/", lambda event: heard.append((0, str(event["x"]))))
+    lives = [relay, _liveness(port, 1, heard), _liveness(port, 2, heard)]
+    for live in lives:
+        live.anchor()
+        live.publish_process()
+    for live in lives:
+        live.start_listener()
+    assert until(lambda: all(live.relayed for live in lives[1:]), within_s=2 * CONNECT_WITHIN_S)
+    assert relay._relay is not None  # serving while its own connection is still being made
+    assert until(lambda: relay.relayed, within_s=5 * CONNECT_WITHIN_S)
+    _emit(port, {"k": "ask", "p": "p/", "x": "relayed"})
+    assert until(lambda: len(heard) == 3)
+    assert sorted(heard) == [(0, "relayed"), (1, "relayed"), (2, "relayed")]
+    for live in lives:
+        live.close(3)
+    assert until(lambda: all(not live.listening for live in lives))

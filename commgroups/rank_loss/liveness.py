@@ -247,8 +247,9 @@ class Liveness:
         beat.start()
 
     def start_listener(self) -> None:
-        """Start the listener's thread (its own connection first), after :meth:`anchor`; the
-        beat is left to the caller (:meth:`run_beats`, on a thread of its own)."""
+        """Start the listener's thread (the host's relay where this rank is it, its own
+        connection, then the relay's feed), after :meth:`anchor`; the beat is left to the
+        caller (:meth:`run_beats`, on a thread of its own)."""
         atexit.register(self._settle)  # unregistered when the listener ends
         self._listener = threading.Thread(target=self._connect_and_listen,
                                           name=f"commgroups-listen-{self.rank}", daemon=True)
@@ -294,14 +295,22 @@ class Liveness:
             self._listened.set()
 
     def _connect_and_listen_until_stopped(self) -> None:
-        # Its own connection first, even where it hears the relay: the relay's death is a loss
-        # its host's ranks must answer within dead_after_s, and a new connection then took
-        # seconds now and then in this sandbox (8 ranks' listeners falling back at once: a rank
-        # alive was decided dead). It costs the store a connection per rank, as before.
+        # The host's relay listens first (where this rank is it), then the listener makes its
+        # own connection, then joins the relay. The relay first: its host's ranks try it for
+        # CONNECT_WITHIN_S only, and a new store connection took seconds now and then in this
+        # sandbox (CI's 4-rank world: the relay's listener still connecting, its peers gave up
+        # on it and waited on the store until an event). Its own connection before the feed,
+        # even where it hears the relay: the relay's death is a loss its host's ranks must
+        # answer within dead_after_s, and 8 ranks' listeners connecting as their relay died
+        # stalled (a rank alive was decided dead). It costs the store a connection per rank.
+        address = self._start_relay()
         if not self._connect_own():
+            relay = self._relay
+            if relay is not None:
+                relay.close()
             atexit.unregister(self._settle)
             return
-        feed = self._join_relay()
+        feed = self._join_relay(address)
         try:
             self._listen(feed)
         finally:  # its connection goes with the thread, not with the registry's last reference
@@ -331,37 +340,46 @@ class Liveness:
         if self._listened.is_set() and (relay is None or relay.done.is_set()):
             atexit.unregister(self._settle)
 
-    def _join_relay(self) -> RelayFeed | None:
-        """The feed from this host's relay (:mod:`~commgroups.rank_loss.host_relay`), started
-        here where this rank is it; None (the listener waits on the store) where no relay is
-        wanted or none is reached. One read of the host's key, on this thread, off
-        ``create()``'s path; the relay's forwarder makes its connection on its own thread."""
+    def _start_relay(self) -> str | None:
+        """The address of this host's relay (:mod:`~commgroups.rank_loss.host_relay`), started
+        here where this rank is it; None where no relay is wanted or known. One read of the
+        host's key, on the job's shared connection (the listener's own may take seconds to
+        make), off ``create()``'s path; the relay's forwarder makes its connection on its own
+        thread, so the relay listens at once."""
         if not self._relay_wanted or self._process is None or self._connect is None:
             return None
         try:
-            peers = parse_peers(read_if_present(self._own, host_key(self._process.host)) or "")
+            peers = parse_peers(read_if_present(self._shared, host_key(self._process.host)) or "")
             relay = relay_of(peers, self.rank)
             if relay is None:
                 return None
             pid, start = peers[relay]
             address = relay_address(self._namespace, self._process.host, relay, pid, start)
             self._relay_address = address
-            if relay == self.rank:
-                if self._stop.is_set():  # the registry closed before its listener started
-                    return None
-                connect, namespace = self._connect, self._namespace
-                server = HostRelay(address, lambda: PrefixStore(namespace, connect()),
-                                   self._next, self._stop.is_set, on_done=self._unsettle)
-                if not server.start():
-                    return None
-                self._relay = server
-                if self._stop.is_set():  # closed meanwhile: _halt() did not see it
-                    server.close()
-                    return None
-            feed = RelayFeed.connect(address, stop=self._stop.is_set)
-        except Exception as error:  # the store or the relay failed: listen on the store
+            if relay != self.rank:
+                return address
+            if self._stop.is_set():  # the registry closed before its listener started
+                return None
+            connect, namespace = self._connect, self._namespace
+            server = HostRelay(address, lambda: PrefixStore(namespace, connect()), self._next,
+                               self._stop.is_set, on_done=self._unsettle)
+            if not server.start():
+                return None
+            self._relay = server
+            if self._stop.is_set():  # closed meanwhile: _halt() did not see it
+                server.close()
+                return None
+            return address
+        except Exception as error:  # the store failed: listen on the store
             logger.debug("rank %d: no host relay: %r", self.rank, error)
             return None
+
+    def _join_relay(self, address: str | None) -> RelayFeed | None:
+        """The feed from the host's relay at ``address`` (:meth:`_start_relay`); None (the
+        listener waits on the store) where there is none or it is not reached."""
+        if address is None:
+            return None
+        feed = RelayFeed.connect(address, stop=self._stop.is_set)
         self.relayed = feed is not None
         return feed
 
