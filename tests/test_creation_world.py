@@ -8,6 +8,7 @@ The tests that start processes (marked ``world``); the pure ones are in ``tests/
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import timedelta
 from typing import Any
@@ -247,3 +248,36 @@ def test_creation_costs_each_rank_a_fixed_number_of_store_calls() -> None:
     assert min(local) == 9 and sum(local) == 4 * 9 + 1 + 1, local
     # Without member-only roles there is no name history to read and extend.
     assert min(every_rank) == 7 and sum(every_rank) == 4 * 7 + 1 + 1, every_rank
+
+
+def _descriptors_worker(rank: int, world_size: int) -> tuple[int, int]:
+    import os
+
+    from commgroups.generation import make
+
+    asked: list[int] = []
+    grow = make.grow_ahead
+
+    def recorded(extra: int) -> int | None:
+        asked.append(extra)
+        return grow(extra)
+
+    make.grow_ahead = recorded  # this rank's process only
+
+    def listed() -> set[int]:
+        return {int(name) for name in os.listdir("/proc/self/fd")}
+
+    before = listed()
+    registry = GroupRegistry(cg.Layout(dims={"dp_shard": 2, "cp": 2}), heartbeat_s=None).create()
+    opened = len(listed() - before)
+    registry.close()
+    return asked[0], opened
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="no /proc: not Linux")
+def test_creation_grows_the_descriptor_table_for_as_many_descriptors_as_its_groups_open() -> None:
+    # The count handed to grow_ahead before the agreement (descriptor_table: a growth inside a
+    # group's connect held every peer for an RCU grace period) is what the gloo groups open:
+    # a torch whose gloo opens more would grow the table inside creation again.
+    for predicted, opened in run_world(_descriptors_worker, 4):
+        assert predicted == opened == (2 + 3) * 2 + (4 + 3) * 2, (predicted, opened)

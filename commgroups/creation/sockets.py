@@ -28,44 +28,18 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["SUPPORTED", "SocketLedger", "SocketRef", "gloo_sockets", "new_sockets", "open_sockets",
-           "sever"]
+from commgroups.creation.descriptor_table import FDS, lowest_free, open_descriptors
+
+__all__ = ["GLOO_OTHER_DESCRIPTORS", "SUPPORTED", "SocketLedger", "SocketRef", "gloo_descriptors",
+           "gloo_sockets", "new_sockets", "open_sockets", "sever"]
 
 logger = logging.getLogger(__name__)
 
-_FDS = "/proc/self/fd"
-SUPPORTED = sys.platform.startswith("linux") and os.path.isdir(_FDS)
+SUPPORTED = sys.platform.startswith("linux") and os.path.isdir(FDS)
 """Whether this platform lets a process list its sockets (Linux's ``/proc``)."""
 
 SocketRef = tuple[int, str]
 """A socket as (descriptor, ``socket:[inode]``): the inode tells a reused descriptor apart."""
-
-
-def _lowest_free() -> int:
-    """The number the next descriptor opened here takes: the lowest free one (opened, closed)."""
-    number = os.open(_FDS, os.O_RDONLY | os.O_DIRECTORY)
-    os.close(number)
-    return number
-
-
-def _descriptors() -> set[int]:
-    """The numbers of this process's open descriptors: one directory read, no call per
-    descriptor.
-
-    The read opens the folder itself, at the lowest free number, and lists that descriptor
-    too; the next socket opened takes the same number, which would then look as if it had
-    been open all along. So the lowest free number is learned first (opened and closed) and
-    left out if nothing holds it after the read. Should another thread open a descriptor in
-    the microseconds between, the read's own number stays in: a socket that takes it next
-    then looks as if it had been open before (not recorded; its peer records its own end)."""
-    free = _lowest_free()
-    numbers = {int(name) for name in os.listdir(_FDS)}
-    if free in numbers:
-        try:
-            os.fstat(free)
-        except OSError:  # the read's own descriptor, closed with it
-            numbers.discard(free)
-    return numbers
 
 
 def _socket_link(fd: int) -> str | None:
@@ -87,14 +61,25 @@ def _sockets_among(numbers: Iterable[int]) -> dict[int, str]:
 
 def open_sockets() -> dict[int, str]:
     """Every socket this process holds: descriptor -> ``socket:[inode]`` (empty where unsupported)."""
-    return _sockets_among(_descriptors()) if SUPPORTED else {}
+    return _sockets_among(open_descriptors()) if SUPPORTED else {}
 
 
 def gloo_sockets(members: int) -> int:
     """The sockets a gloo group of ``members`` ranks opens on each member while it is made: its
     listener and one connection per peer (checked on torch 2.10, 2.13 and 2.15 with one
-    device; gloo also opens three descriptors that are not sockets)."""
+    device; gloo also opens :data:`GLOO_OTHER_DESCRIPTORS` that are not sockets)."""
     return members
+
+
+GLOO_OTHER_DESCRIPTORS = 3
+"""Descriptors other than sockets that a gloo group opens on each member while it is made
+(checked on torch 2.10, 2.13 and 2.15, as :func:`gloo_sockets`)."""
+
+
+def gloo_descriptors(members: int) -> int:
+    """Every descriptor a gloo group of ``members`` ranks opens on each member while it is made:
+    its sockets (:func:`gloo_sockets`) and :data:`GLOO_OTHER_DESCRIPTORS`."""
+    return gloo_sockets(members) + GLOO_OTHER_DESCRIPTORS
 
 
 @dataclass
@@ -142,7 +127,7 @@ class SocketLedger:
     """
 
     def __init__(self) -> None:
-        self._old = frozenset(_descriptors()) if SUPPORTED else frozenset()
+        self._old = frozenset(open_descriptors()) if SUPPORTED else frozenset()
         self._windows: list[_Window] = []
 
     def watch(self, name: str, members: tuple[int, ...] | None) -> None:
@@ -168,7 +153,7 @@ class SocketLedger:
             return {name: () for name in found}
         starts = [window.start for window in self._windows]
         placed: list[list[SocketRef]] = [[] for _ in self._windows]
-        new = (fd for fd in range(starts[0], _lowest_free()) if fd not in self._old)
+        new = (fd for fd in range(starts[0], lowest_free()) if fd not in self._old)
         for fd, link in _sockets_among(new).items():  # in order: the numbers ascend
             placed[bisect.bisect_right(starts, fd) - 1].append((fd, link))
         if all(len(refs) == window.sockets
@@ -185,7 +170,7 @@ class SocketLedger:
         return {name: tuple(refs) for name, refs in found.items()}
 
     def _begin(self, names: list[str], members: tuple[int, ...] | None, sockets: int) -> None:
-        self._windows.append(_Window(_lowest_free() if SUPPORTED else 0, names, members, sockets))
+        self._windows.append(_Window(lowest_free() if SUPPORTED else 0, names, members, sockets))
 
 
 def new_sockets(before: Mapping[int, str], after: Mapping[int, str]) -> tuple[SocketRef, ...]:

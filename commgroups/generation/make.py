@@ -24,6 +24,7 @@ import torch.distributed as dist
 from commgroups import torch_internals
 from commgroups.backends import BackendAdapter, resolve_backend
 from commgroups.creation.agreement import agree, store_calls
+from commgroups.creation.descriptor_table import grow_ahead
 from commgroups.creation.role_groups import (
     CreatedRole,
     choose_method,
@@ -34,7 +35,7 @@ from commgroups.creation.role_groups import (
     nonmember_split_hazard,
     prefer_all_ranks,
 )
-from commgroups.creation.sockets import SocketLedger
+from commgroups.creation.sockets import SocketLedger, gloo_descriptors
 from commgroups.creation.store_keys import AttemptStore, open_attempt
 from commgroups.errors import BackendUnavailableError, CommGroupsError, GroupCreationError
 from commgroups.flight_recorder.session import open_flight
@@ -111,6 +112,11 @@ def make_generation(request: GenerationRequest, local_error: CommGroupsError | N
         order, methods = request.spine.arrange(order, methods, adapters)
     store: AttemptStore | None = None
     if default_backend != "fake":  # one process simulates the world: nobody to disagree
+        if local_error is None:
+            # Before the agreement's round trips: a growth of the descriptor table that this
+            # creation needs then waits out its grace period while this rank waits for its
+            # peers, not inside a group's connect, where the group's peers wait for it.
+            grow_ahead(_descriptors_opened(request, order, adapters))
         store = agreement_store(request.rank)
         payload: dict[str, Any] = {
             "layout": plan.canonical(),
@@ -146,6 +152,21 @@ def make_generation(request: GenerationRequest, local_error: CommGroupsError | N
             if made[name].adapter.severs:
                 recorder.watch = generation
     return generation
+
+def _descriptors_opened(request: GenerationRequest, order: Sequence[RolePlan],
+                        adapters: dict[str, BackendAdapter]) -> int:
+    """How many descriptors this rank's groups of ``order`` open while they are made, as far as
+    known: gloo's (:func:`~commgroups.creation.sockets.gloo_descriptors`). Another backend's
+    are not counted (NCCL's open at a communicator's first collective, or are unknown here),
+    nor the control plane's (its threads connect after creation, off the path peers wait on)."""
+    opened = 0
+    for info in order:
+        if adapters[info.name].severs:
+            members = request.plan.ranks_of(info, request.rank)
+            if members is not None:
+                opened += gloo_descriptors(len(members))
+    return opened
+
 
 def _order(plan: Plan, mesh_dims: Sequence[str], infos: dict[str, RolePlan],
            methods: dict[str, str]) -> list[RolePlan]:
