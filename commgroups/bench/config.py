@@ -18,6 +18,8 @@ class BenchConfig:
     gloo_worlds: tuple[int, ...]
     """Real gloo worlds (4 and 8 ranks) for creation and checkpoint metadata."""
     creation_repetitions: int
+    first_creation_repetitions: int
+    """Fresh worlds per gloo world size and variant for the first creation in a process."""
     fake_worlds: tuple[int, ...]
     """Simulated worlds (fake backend, one process) for creation at scale."""
     fake_repetitions: int
@@ -57,6 +59,7 @@ def full_config() -> BenchConfig:
         name="full",
         gloo_worlds=(4, 8),
         creation_repetitions=15,
+        first_creation_repetitions=9,
         fake_worlds=(1024, 8192, 65536),
         fake_repetitions=7,
         plan_worlds=(1024, 8192, 65536, 262144, 1048576),
@@ -83,6 +86,7 @@ def quick_config() -> BenchConfig:
         name="quick",
         gloo_worlds=(4, 8),
         creation_repetitions=9,
+        first_creation_repetitions=5,
         fake_worlds=(1024, 8192, 65536),
         fake_repetitions=3,
         plan_worlds=(1024, 65536, 1048576),
@@ -113,6 +117,7 @@ def smoke_config() -> BenchConfig:
         name="smoke",
         gloo_worlds=(4,),
         creation_repetitions=1,
+        first_creation_repetitions=1,
         fake_worlds=(64,),
         fake_repetitions=1,
         plan_worlds=(1024,),

@@ -22,16 +22,20 @@ import torch.distributed as dist
 from commgroups import torch_internals
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
+from commgroups.creation.descriptor_table import table_size
 from commgroups.layout.specs import CHECKPOINT_ROLE, Layout
 from commgroups.planning.plan import Plan
 from commgroups.registry import GroupRegistry
 
 __all__ = [
+    "FIRST_VARIANTS",
     "VARIANTS",
     "CallCounter",
     "bench_layout",
     "counting_creation_calls",
+    "first_tables",
     "measure_fake",
+    "measure_first",
     "measure_gloo",
     "merge",
     "tables",
@@ -45,6 +49,9 @@ to keep FSDP off the default group: the same mesh plus a dedicated world group f
 communicators as the registry."""
 
 _COUNTED = ("new_group", "split_group")
+
+FIRST_VARIANTS: tuple[str, ...] = ("registry", "devicemesh")
+"""What :func:`measure_first` compares: one creation, the first in a fresh world."""
 
 
 def bench_layout(world_size: int) -> Layout:
@@ -210,7 +217,8 @@ def measure_gloo(rank: int, world_size: int, progress: Progress, repetition: int
     layout again would make torch (< 2.14) reuse the member-only group names, which the registry
     refuses (falling back to all_ranks); keeping every repetition's groups open in one world
     instead slowed every variant down as they piled up (8 ranks: 60 ms to 300 ms over 12
-    repetitions). A throw-away group first takes the world's one-time costs. A sample is the
+    repetitions). A throw-away group first takes the world's one-time costs (and the bench's
+    worlds grow each rank's descriptor table as they start: ``bench.world``). A sample is the
     slowest rank's time (the job waits for it), taken with an all_reduce(MAX) outside the timed
     region.
     """
@@ -249,6 +257,62 @@ def measure_gloo(rank: int, world_size: int, progress: Progress, repetition: int
     return {"world": world_size, "backend": "gloo", "samples": samples, "calls": calls,
             "methods": {v: sorted(m) for v, m in methods.items()}, "aliases": aliases,
             "roles": len(layout.roles), "closes": closes}
+
+
+def measure_first(rank: int, world_size: int, progress: Progress, variant: str
+                  ) -> dict[str, Any]:
+    """On every rank of a fresh real gloo world, started with ``run_world(grow_table=False)``:
+    ``variant``'s creation, the first in it (after a throw-away group only: a job's first
+    creation, each rank's descriptor table as its process left it). Returns the slowest rank's
+    time and whether any rank's descriptor table grew meanwhile."""
+    layout = bench_layout(world_size)
+    progress.describe(f"first creation, gloo x{world_size}")
+    warm_up = dist.new_group(group_desc="bench-warm-up")
+    dist.barrier(group=warm_up)  # type: ignore[arg-type]  # every rank is a member
+    dist.barrier()
+    size = table_size()
+    elapsed, _, created = _timed(variant, layout)
+    grew = table_size() != size
+    measured = torch.tensor([elapsed, float(grew)], dtype=torch.float64)
+    dist.all_reduce(measured, op=dist.ReduceOp.MAX)
+    dist.barrier()
+    created.teardown()
+    progress.advance()
+    return {"world": world_size, "variant": variant, "sample": float(measured[0].item()),
+            "grew": bool(measured[1].item())}
+
+
+def first_tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
+    """The first-creation table (:func:`measure_first`'s samples, in the order taken: the
+    variants alternate, so the i-th of each pair is compared) and its summary figures
+    (``creation_first_ratio_vs_devicemesh_gloo{N}``)."""
+    table = Table(
+        "creation_first",
+        "Creation, the first in a fresh process: registry vs DeviceMesh (dp_shard x cp, 4 roles)",
+        ["world", "variant", "time ms", "ratio vs devicemesh", "descriptor table grew"],
+    )
+    summary: dict[str, Any] = {}
+    for world in sorted({result["world"] for result in results}):
+        samples = {variant: [r for r in results if r["world"] == world and r["variant"] == variant]
+                   for variant in FIRST_VARIANTS}
+        base = [r["sample"] for r in samples["devicemesh"]]
+        for variant in FIRST_VARIANTS:
+            times = [r["sample"] for r in samples[variant]]
+            ratio = summarize(paired_ratios(times, base))
+            grew = sum(r["grew"] for r in samples[variant])
+            table.add(world, variant, summarize(times).scaled(1e3), ratio,
+                      f"{grew} of {len(times)}")
+        summary[f"creation_first_ratio_vs_devicemesh_gloo{world}"] = summarize(
+            paired_ratios([r["sample"] for r in samples["registry"]], base)).median
+    table.notes += [
+        "one fresh gloo world per sample, the variants alternating; time: slowest rank's wall "
+        "time, median [p25-p75]; ratio: per pair, median [p25-p75]",
+        "descriptor table grew: in how many samples a rank's table grew during creation (on 8 "
+        "ranks the registry's groups take a process past 64 descriptors and DeviceMesh's do not; "
+        "the registry grows it before its agreement, so the growth's grace period passes while "
+        "ranks wait for each other)",
+    ]
+    return table, summary
 
 
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:

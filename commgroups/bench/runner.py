@@ -34,7 +34,7 @@ from commgroups.bench import (
 )
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import NullProgress, Progress
-from commgroups.bench.stats import Table
+from commgroups.bench.stats import Table, interleaved
 from commgroups.bench.world import run_world
 from commgroups.layout.specs import Layout
 from commgroups.registry import GroupRegistry
@@ -153,10 +153,11 @@ def expected_units(config: BenchConfig, scenarios: Sequence[Scenario] = ()) -> i
     first_world = (len(config.async_and_wait_ops) * len(config.async_and_wait_sizes)
                    + config.dcp_repetitions + len(audit_cost.WORKLOADS) + 1)  # + flight
     extra_units = sum(scenario.units(config) for scenario in scenarios)
+    first_creation = len(creation.FIRST_VARIANTS) * config.first_creation_repetitions
     return (extra_units + rank_loss.units(config) + len(config.control_plane_sizes)
             + len(config.plan_worlds) * config.plan_repetitions + len(memory.layouts())
             + len(config.fake_worlds) * config.fake_repetitions + config.rebuild_repetitions
-            + len(config.gloo_worlds) * per_gloo_world + first_world)
+            + len(config.gloo_worlds) * (per_gloo_world + first_creation) + first_world)
 
 
 class _Planned:
@@ -200,6 +201,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
                                  config.rebuild_repetitions, backend="fake",
                                  timeout_s=config.timeout_s, progress=bar)[0]]
     gloo: dict[int, dict[str, Any]] = {}
+    first_results: list[dict[str, Any]] = []
     smallest = min(config.gloo_worlds)
     with tempfile.TemporaryDirectory(prefix="commgroups-bench-") as directory:
         for world in config.gloo_worlds:
@@ -214,6 +216,11 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
             gloo[world] = run_world(gloo_job, world, config, sections, directory,
                                     timeout_s=config.timeout_s, progress=bar)[0]
             gloo[world]["creation"] = creation.merge(created)
+            first_results += [
+                run_world(creation.measure_first, world, variant, timeout_s=config.timeout_s,
+                          progress=bar, grow_table=False)[0]
+                for repetition in range(config.first_creation_repetitions)
+                for variant in interleaved(creation.FIRST_VARIANTS, repetition)]
         # A kill ends its world (the victim's process is gone): one fresh world per sample.
         rank_loss_tables, rank_loss_summary, ratio_results = rank_loss.run(config, bar)
         control_tables, control_summary = control_plane.run(
@@ -223,6 +230,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
     creation_results += [gloo[w]["creation"] for w in config.gloo_worlds]
 
     creation_table, creation_summary = creation.tables(creation_results)
+    first_table, first_summary = creation.first_tables(first_results)
     rebuild_table, rebuild_summary = rebuild.tables(
         ratio_results + rebuild_results)
     async_and_wait_table, async_and_wait_summary = async_wait_cost.tables(gloo[smallest]["async_and_wait"])
@@ -231,11 +239,11 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
     checkpoint_tables, checkpoint_summary = checkpoint.tables(
         [gloo[smallest]["dcp"]], [gloo[w]["exchange"] for w in config.gloo_worlds]
     )
-    result.tables = [creation_table, *rank_loss_tables, rebuild_table, planning_table,
+    result.tables = [creation_table, first_table, *rank_loss_tables, rebuild_table, planning_table,
                      async_and_wait_table, audit_table, flight_table, *checkpoint_tables,
                      memory_table, *control_tables,
                      *(table for tables, _ in extras for table in tables)]
-    for part in (creation_summary, rank_loss_summary, rebuild_summary, planning_summary,
+    for part in (creation_summary, first_summary, rank_loss_summary, rebuild_summary, planning_summary,
                  async_and_wait_summary, audit_summary, flight_summary, checkpoint_summary,
                  memory_summary, control_summary, *(summary for _, summary in extras)):
         result.summary.update(part)

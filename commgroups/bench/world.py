@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable, Collection
 from typing import Any
 
 from commgroups.bench.progress import NullProgress, Progress, QueueProgress, apply_message
+from commgroups.creation.descriptor_table import grow_to
 from commgroups.errors import WorldFailed  # defined there; importable from here as before
 from commgroups.flight_recorder import session as flight_session
 from commgroups.flight_recorder.session import DIAGNOSIS
@@ -38,41 +38,25 @@ class DiagnosesAtDebug(logging.Filter):
 
 def grow_descriptor_table(size: int = _DESCRIPTOR_TABLE) -> None:
     """Grow this process's descriptor table to ``size`` entries (capped by ``RLIMIT_NOFILE``)
-    now, before anything is measured.
+    now, before anything is measured (:func:`~commgroups.creation.descriptor_table.grow_to`).
 
-    The kernel grows a process's descriptor table when a new descriptor passes its size, and in
-    a process with threads that waits for every thread (Linux: ``synchronize_rcu`` in
-    ``expand_fdtable``). Measured here (gVisor, 8 gloo ranks on 2 cores): 25-35 ms, once per
-    process, at the rank's 65th descriptor. The creation variants open different numbers of
-    sockets (8 ranks: the registry's groups take a rank from 47 descriptors to 80, DeviceMesh's
-    to 61), so that stall landed on whichever variant first passed 64: the registry in at least
-    two worlds of five, DeviceMesh in none. One ``dup2`` to the top of the table (11-15 ms) makes
-    it a cost of the rank's start, like the warm-up group's connections.
+    A growth waits for an RCU grace period in a process with threads (Linux's
+    ``expand_fdtable``): 25-35 ms here on 8 gloo ranks, once per doubling. The creation variants
+    open different numbers of sockets (8 ranks: the registry's groups take a rank from 47
+    descriptors to 80, DeviceMesh's to 61), so in a world that runs them one after another that
+    stall landed on whichever variant first passed 64: the registry in at least two worlds of
+    five, DeviceMesh in none. Grown first, it is a cost of the rank's start, like the warm-up
+    group's connections. The first creation in a fresh process is measured without it
+    (``run_world(grow_table=False)``: :func:`~commgroups.bench.creation.measure_first`).
     """
-    import resource  # Unix only, like the gloo worlds that call this
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    top = (size if soft == resource.RLIM_INFINITY else min(size, soft)) - 1
-    if top < 3:
-        return
-    try:
-        os.fstat(top)
-        return  # open already (never replace it): the table is that big
-    except OSError:
-        pass
-    spare = os.open(os.devnull, os.O_RDONLY)
-    try:
-        if spare < top:
-            os.dup2(spare, top)
-            os.close(top)
-    finally:
-        os.close(spare)
+    grow_to(size - 1)
 
 
-def _with_progress(fn: Callable[..., Any], simulated_world: int | None, rank: int,
-                   world_size: int, post: Post, *args: Any) -> Any:
+def _with_progress(fn: Callable[..., Any], simulated_world: int | None, grow_table: bool,
+                   rank: int, world_size: int, post: Post, *args: Any) -> Any:
     logging.getLogger(flight_session.__name__).addFilter(DiagnosesAtDebug())
-    grow_descriptor_table()
+    if grow_table:
+        grow_descriptor_table()
     progress: Progress = QueueProgress(post) if rank == 0 else NullProgress()
     # A fake world is one process playing rank 0 of `simulated_world`; the function (re)initialises
     # it itself, since creation benchmarks start each repetition from a fresh default group.
@@ -87,6 +71,7 @@ def run_world(
     timeout_s: float = 600.0,
     progress: Progress | None = None,
     lost: Collection[int] = (),
+    grow_table: bool = True,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, progress, *args)`` on every rank; return the results by rank.
 
@@ -94,11 +79,13 @@ def run_world(
     result list has one entry. ``fn`` and ``args`` must pickle (module-level functions).
     ``lost``: ranks expected to die (a rank-loss benchmark kills them): their results are None,
     and the survivors get until the deadline to report (not a few seconds after the death).
+    ``grow_table``: grow each rank's descriptor table first (:func:`grow_descriptor_table`).
     """
     fake = backend == "fake"
     processes = 1 if fake else world_size
     reports = run_local_world(
-        functools.partial(_with_progress, fn, world_size if fake else None), processes, *args,
+        functools.partial(_with_progress, fn, world_size if fake else None, grow_table),
+        processes, *args,
         backend=None if fake else backend, timeout_s=timeout_s, init_timeout_s=300.0,
         preload=_PRELOAD,
         on_message=None if progress is None else functools.partial(apply_message, progress),
