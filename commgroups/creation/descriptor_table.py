@@ -38,7 +38,7 @@ import sys
 from collections.abc import Collection
 
 __all__ = ["FDS", "SUPPORTED", "grow_ahead", "grow_to", "growth_target", "lowest_free",
-           "open_descriptors", "table_size"]
+           "open_descriptors", "smallest_table", "table_size"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,18 @@ def table_size() -> int | None:
     return None
 
 
+def smallest_table(highest: int) -> int:
+    """The fewest entries a table holding descriptor ``highest`` has: Linux's first table holds
+    64, and a grown one 128 times a power of two (``alloc_fdtable`` on 64-bit).
+
+    >>> [smallest_table(n) for n in (3, 63, 64, 127, 128, 255, 256, 1000)]
+    [64, 64, 128, 128, 256, 256, 512, 1024]
+    """
+    if highest < 64:
+        return 64
+    return 128 << (highest // 128).bit_length()
+
+
 def growth_target(open_numbers: Collection[int], extra: int, size: int,
                   limit: int | None) -> int | None:
     """The descriptor number to take so the table fits ``extra`` more descriptors besides
@@ -119,16 +131,20 @@ def grow_ahead(extra: int) -> int | None:
     are open now; returns the descriptor number the thread takes, or None where nothing needs
     growing (or the platform cannot tell). Never blocks on the growth: call it before a wait
     (the agreement), so the growth's grace period passes then."""
-    size = table_size()
-    if size is None or extra <= 0:
+    if not SUPPORTED or extra <= 0:
         return None
     try:
         numbers = open_descriptors()
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (OSError, ValueError):
         return None
-    target = growth_target(numbers, extra, size,
-                           None if soft == resource.RLIM_INFINITY else int(soft))
+    limit = None if soft == resource.RLIM_INFINITY else int(soft)
+    # The table holds the highest open number at least: where that size fits, the table's own
+    # size (FDSize, a read the kernel composes line by line) is not read.
+    if growth_target(numbers, extra, smallest_table(max(numbers, default=0)), limit) is None:
+        return None
+    size = table_size()
+    target = None if size is None else growth_target(numbers, extra, size, limit)
     if target is None:
         return None
     # _thread: threading.Thread.start() waits until the new thread runs (1-6 ms with every
