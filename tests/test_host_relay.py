@@ -146,12 +146,20 @@ def _liveness(port: int, rank: int, heard: list[tuple[int, str]]) -> Liveness:
     return live
 
 
+def _published(live: Liveness) -> None:
+    """``live``'s process entry, landed: an append awaits no reply, and appends of different
+    connections may land in either order (the relay is the first listed), so a read on the same
+    connection follows it (the store serves one connection's requests in order)."""
+    live.publish_process()
+    live.learn_host()
+
+
 def _hosts_ranks(port: int, heard: list[tuple[int, str]]) -> list[Liveness]:
     """Ranks 2, 0 and 1 of one host, listening: rank 2 published first, so it relays."""
     lives = [_liveness(port, rank, heard) for rank in (2, 0, 1)]
     for live in lives:
         live.anchor()
-        live.publish_process()
+        _published(live)
     _emit(port, {"k": "ask", "p": "p/", "x": "before"})  # after every anchor: heard by all
     for live in lives:
         live.start_listener()
@@ -202,9 +210,9 @@ def test_a_rank_that_anchored_before_its_relay_reads_the_earlier_events_from_the
         port: int) -> None:
     heard: list[tuple[int, str]] = []
     early, relay = _liveness(port, 1, heard), _liveness(port, 0, heard)
-    relay.publish_process()  # first on the host: rank 0 relays
+    _published(relay)  # first on the host: rank 0 relays
     early.anchor()
-    early.publish_process()
+    _published(early)
     _emit(port, {"k": "ask", "p": "p/", "x": "first"})  # before the relay's anchor
     relay.anchor()
     relay.start_listener()
@@ -232,7 +240,7 @@ def test_each_host_has_its_own_relay_and_each_rank_hears_each_event_once(port: i
                         process=process, relay=True)
         live.subscribe("p/", lambda event, rank=rank: heard.append((rank, str(event["x"]))))
         live.anchor()
-        live.publish_process()
+        _published(live)
         lives[rank] = live
     for live in lives.values():
         live.start_listener()
@@ -263,7 +271,7 @@ def test_a_hosts_ranks_reach_a_relay_whose_own_store_connection_is_slow(port: in
     lives = [relay, _liveness(port, 1, heard), _liveness(port, 2, heard)]
     for live in lives:
         live.anchor()
-        live.publish_process()
+        _published(live)
     for live in lives:
         live.start_listener()
     assert until(lambda: all(live.relayed for live in lives[1:]), within_s=2 * CONNECT_WITHIN_S)
