@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.world,
 
 _CHILD = textwrap.dedent("""
     import json, os, threading, time
-    from commgroups.creation.descriptor_table import grow_ahead, table_size
+    from commgroups.creation.descriptor_table import grow_ahead, lowest_free, table_size
     idle = threading.Event()
     threading.Thread(target=idle.wait, daemon=True).start()  # multi-threaded, as torch is
     def descriptors():  # the listing's own descriptor is gone by the time it is read
@@ -36,13 +36,16 @@ _CHILD = textwrap.dedent("""
     # A table as large as the parent's highest descriptor (fork copies that much): the growth
     # asks for as many again (beyond any holes); the fit asks for one more than is open.
     target = grow_ahead(2 * size if GROW else 1)
+    lowest = {lowest_free()}  # never taken by the growth, even for a moment
     deadline = time.monotonic() + 10
     while target is not None and table_size() <= target and time.monotonic() < deadline:
-        time.sleep(0.01)
+        lowest.add(lowest_free())
+        time.sleep(0.0005)
     time.sleep(0.05)  # the thread closed what it took
     after = descriptors()
     print(json.dumps({"size": size, "highest": highest, "target": target,
-                      "grown": table_size(), "same": before == after}))
+                      "grown": table_size(), "same": before == after,
+                      "lowest": len(lowest)}))
 """)
 
 
@@ -59,8 +62,10 @@ def test_a_growth_makes_room_in_the_background_and_leaves_every_descriptor_as_it
     assert isinstance(target, int) and highest + size <= target <= highest + 2 * size
     assert isinstance(grown, int) and grown > target  # the table holds the number taken
     assert got["same"] is True  # nothing left open, nothing in use closed or replaced
+    assert got["lowest"] == 1  # no low number held during the grace period (the socket ledger)
 
 
 def test_a_table_that_fits_already_is_left_alone() -> None:
     got = _child(grow=False)
     assert got["target"] is None and got["grown"] == got["size"] and got["same"] is True
+    assert got["lowest"] == 1

@@ -14,8 +14,9 @@ that one growth was most of ``create()``'s time: 81 ms against 51 ms with the ta
 :func:`grow_ahead` starts that growth on a thread of its own before the agreement's round trips,
 so the grace period passes while this rank waits for its peers, once, to the size creation needs
 (a job whose groups open hundreds of descriptors would else wait once per doubling, each time
-inside a connect). It opens no descriptor that outlives it and never touches one in use (it asks
-for the lowest free number at or above the size wanted, ``F_DUPFD_CLOEXEC``, and closes it).
+inside a connect). It opens no descriptor that outlives it, never touches one in use and never
+takes a low number, even for a moment (it duplicates an open descriptor to the lowest free number
+at or above the size wanted, ``F_DUPFD_CLOEXEC``, and closes that).
 Linux only (``/proc/self/status``); elsewhere :data:`SUPPORTED` is False and nothing is done.
 
 The descriptor numbers themselves are listed here too (:func:`open_descriptors`,
@@ -149,28 +150,30 @@ def grow_ahead(extra: int) -> int | None:
         return None
     # _thread: threading.Thread.start() waits until the new thread runs (1-6 ms with every
     # rank's cores busy); this start does not.
-    _thread.start_new_thread(grow_to, (target,))
+    _thread.start_new_thread(grow_to, (target, min(numbers)))
     return target
 
 
-def grow_to(number: int) -> int | None:
+def grow_to(number: int, source: int | None = None) -> int | None:
     """Grow the table now, on this thread, to hold descriptor ``number`` (capped below the soft
-    ``RLIMIT_NOFILE``): take the lowest free descriptor at or above it, then close it. Nothing in
-    use is touched, nothing stays open. Returns the number taken, or None where it failed (the
-    limit was lowered meanwhile: creation then grows the table as it goes). Waits for the
-    growth's grace period where the table must grow: :func:`grow_ahead` calls it on a thread."""
+    ``RLIMIT_NOFILE``): duplicate ``source`` (an open descriptor; None: the lowest open one) to
+    the lowest free number at or above it, then close that. Nothing in use is touched, no
+    number below ``number`` is taken even for a moment (the socket ledger reads the lowest free
+    number while groups are made: a descriptor held there during the growth's grace period
+    made a gloo socket look as if it had been open before, and its group was never severed),
+    nothing stays open. Returns the number taken, or None where it failed (``source`` closed
+    meanwhile, or the limit lowered: creation then grows the table as it goes). Waits for the
+    growth's grace period where the table must grow: :func:`grow_ahead` calls it on a
+    thread."""
     try:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY:
             number = min(number, int(soft) - 1)
-        base = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            taken = fcntl.fcntl(base, fcntl.F_DUPFD_CLOEXEC, number)
-            os.close(taken)
-        finally:
-            os.close(base)
-    except OSError as error:
+        if source is None:
+            source = min(open_descriptors())
+        taken = fcntl.fcntl(source, fcntl.F_DUPFD_CLOEXEC, number)
+        os.close(taken)
+    except (OSError, ValueError) as error:  # ValueError: no descriptor open at all
         logger.debug("descriptor table not grown to %d: %s", number, error)
         return None
     return int(taken)
-
