@@ -86,7 +86,7 @@ def quick_config() -> BenchConfig:
         name="quick",
         gloo_worlds=(4, 8),
         creation_repetitions=9,
-        first_creation_repetitions=5,
+        first_creation_repetitions=4,
         fake_worlds=(1024, 8192, 65536),
         fake_repetitions=3,
         plan_worlds=(1024, 65536, 1048576),
