@@ -23,9 +23,11 @@ The descriptor numbers themselves are listed here too (:func:`open_descriptors`,
 :func:`lowest_free`): the socket ledger of :mod:`~commgroups.creation.sockets` reads them.
 
 Example: a rank with descriptors 0-58 open whose groups will open 34 more: ``grow_ahead(34)``
-sees the table's 64 entries, starts a thread that takes descriptor 92 (the table grows to 128)
-and closes it, and returns 92. With 20 of those numbers free (closed groups' holes, which new
-descriptors fill first), the groups' highest is 72, and it returns that.
+sees the table's 64 entries and that the groups will reach descriptor 92, starts a thread that
+takes descriptor 108 (:data:`GROWTH_MARGIN` above: the table grows to 128) and closes it, and
+returns 108. With 20 of those numbers free (closed groups' holes, which new descriptors fill
+first), the groups reach 72, and it takes 88; with 40 free, they fill holes only and the
+highest stays 58: the table holds that, and it returns None.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import resource
 import sys
 from collections.abc import Collection
 
-__all__ = ["FDS", "SUPPORTED", "grow_ahead", "grow_to", "growth_target", "lowest_free",
+__all__ = ["FDS", "GROWTH_MARGIN", "SUPPORTED", "grow_ahead", "grow_to", "growth_target", "lowest_free",
            "open_descriptors", "smallest_table", "table_size"]
 
 logger = logging.getLogger(__name__)
@@ -48,6 +50,15 @@ FDS = "/proc/self/fd"
 """Where Linux lists a process's open descriptors."""
 SUPPORTED = sys.platform.startswith("linux") and os.path.isfile(_STATUS) and os.path.isdir(FDS)
 """Whether this platform tells a process its descriptor table's size (Linux's ``/proc``)."""
+
+
+GROWTH_MARGIN = 16
+"""How far above the highest number creation's descriptors reach the growth's own descriptor is
+taken. Never one creation takes: taken while creation opens its own, that number pushed
+creation's next descriptor past it, out of the order the socket ledger reads (every group's
+sockets then counted for every group; torch 2.15, 8 ranks, once). The margin also covers a gloo
+that opens a few descriptors more than :func:`~commgroups.creation.sockets.gloo_descriptors`
+counts."""
 
 
 def lowest_free() -> int:
@@ -105,10 +116,10 @@ def smallest_table(highest: int) -> int:
 
 def growth_target(open_numbers: Collection[int], extra: int, size: int,
                   limit: int | None) -> int | None:
-    """The descriptor number to take so the table fits ``extra`` more descriptors besides
-    ``open_numbers``, opened lowest free number first (the holes below the highest open one
-    fill first); None where the table of ``size`` entries fits them already. Capped below
-    ``limit`` (the soft ``RLIMIT_NOFILE``; None: no limit), where no descriptor can be.
+    """The highest descriptor number ``extra`` more descriptors reach besides ``open_numbers``,
+    opened lowest free number first (the holes below the highest open one fill first); None
+    where the table of ``size`` entries holds it already. Capped below ``limit`` (the soft
+    ``RLIMIT_NOFILE``; None: no limit), where no descriptor can be.
 
     >>> growth_target(range(59), 34, 64, 1024)
     92
@@ -129,9 +140,10 @@ def growth_target(open_numbers: Collection[int], extra: int, size: int,
 
 def grow_ahead(extra: int) -> int | None:
     """Start growing the table, on a thread of its own, to fit ``extra`` more descriptors than
-    are open now; returns the descriptor number the thread takes, or None where nothing needs
-    growing (or the platform cannot tell). Never blocks on the growth: call it before a wait
-    (the agreement), so the growth's grace period passes then."""
+    are open now (the thread takes the number :data:`GROWTH_MARGIN` above the highest they
+    reach); returns that number, or None where nothing needs growing (or the platform cannot
+    tell). Never blocks on the growth: call it before a wait (the agreement), so the growth's
+    grace period passes then."""
     if not SUPPORTED or extra <= 0:
         return None
     try:
@@ -145,9 +157,10 @@ def grow_ahead(extra: int) -> int | None:
     if growth_target(numbers, extra, smallest_table(max(numbers, default=0)), limit) is None:
         return None
     size = table_size()
-    target = None if size is None else growth_target(numbers, extra, size, limit)
-    if target is None:
+    reached = None if size is None else growth_target(numbers, extra, size, limit)
+    if reached is None:
         return None
+    target = reached + GROWTH_MARGIN if limit is None else min(reached + GROWTH_MARGIN, limit - 1)
     # _thread: threading.Thread.start() waits until the new thread runs (1-6 ms with every
     # rank's cores busy); this start does not.
     _thread.start_new_thread(grow_to, (target, min(numbers)))
