@@ -46,16 +46,20 @@ def test_each_role_records_the_sockets_its_group_opened(creation: str) -> None:
 
 
 def _recorded_while_growing(rank: int, world: int) -> dict[str, Any]:
-    # Descriptors up to 39 held open, so every rank's groups pass 64 during creation; no
-    # heartbeat, so every socket opened meanwhile is a group's.
+    # Descriptors held open up to 24 below the table's size (64 in a fresh process; a rank
+    # forked from a process with more open keeps a larger one), so every rank's groups (34
+    # descriptors) pass it during creation; no heartbeat, so every socket opened meanwhile is a
+    # group's.
+    size = table_size()
+    assert size is not None
     padding = [os.open(os.devnull, os.O_RDONLY)
-               for _ in range(40 - len(os.listdir("/proc/self/fd")))]
+               for _ in range(size - 24 - len(os.listdir("/proc/self/fd")))]
     layout = cg.Layout(dims={"dp_shard": 2, "cp": world // 2})
-    size, before = table_size(), set(open_sockets().items())
+    before = set(open_sockets().items())
     registry = cg.GroupRegistry(layout, create_timeout_s=60, heartbeat_s=None).create()
     opened = set(open_sockets().items()) - before
     recorded = {ref for made in registry._current.roles.values() for ref in made.sockets}
-    result = {"table": (size, table_size()), "missed": sorted(opened - recorded),
+    result = {"grew": (table_size() or 0) > size, "missed": sorted(opened - recorded),
               "foreign": sorted(recorded - opened), "opened": len(opened)}
     registry.close()
     for fd in padding:
@@ -70,6 +74,6 @@ def test_every_socket_is_recorded_while_the_descriptor_table_grows() -> None:
     # highest could push the numbering out of order (the every-group fallback, which is safe).
     # Either way, every socket creation opened must be recorded, and nothing else.
     for result in run_world(_recorded_while_growing, 8, timeout=120):
-        assert result["table"] == (64, 128), result
+        assert result["grew"], result
         assert result["missed"] == [] and result["foreign"] == [], result
         assert result["opened"] == 2 + 4 + 8 + 8, result  # gloo_sockets of each role's group
