@@ -257,8 +257,9 @@ def test_each_host_has_its_own_relay_and_each_rank_hears_each_event_once(port: i
 
 def test_a_hosts_ranks_reach_a_relay_whose_own_store_connection_is_slow(port: int) -> None:
     # A new TCPStore connection takes seconds now and then (5 s in this sandbox; CI's 4-rank
-    # world test once): the relay listens before its listener connects, so the host's other
-    # ranks, whose feeds try it for CONNECT_WITHIN_S only, still hear through it.
+    # world test once): prepared (the registry's starter, on the job's connection), the relay
+    # listens before its listener connects, so the host's other ranks, whose feeds try it for
+    # CONNECT_WITHIN_S only, still hear through it.
     def slow() -> TCPStore:
         time.sleep(3 * CONNECT_WITHIN_S)
         return _tcp(port)
@@ -273,6 +274,7 @@ def test_a_hosts_ranks_reach_a_relay_whose_own_store_connection_is_slow(port: in
         live.anchor()
         _published(live)
     for live in lives:
+        live.prepare_relay()  # as the registry's starter does
         live.start_listener()
     assert until(lambda: all(live.relayed for live in lives[1:]), within_s=2 * CONNECT_WITHIN_S)
     assert relay._relay is not None  # serving while its own connection is still being made

@@ -202,9 +202,11 @@ class HostRelay:
         while not self._closed.is_set():
             with self._lock:
                 idle = not self._feeds
-            if self._stop() and idle:
-                # Nobody to serve, and this rank's registry closed: a wait now could outlive
-                # the last member's close (whose keys go at once) and hold the thread for good.
+            if self._stop() and (idle or read_bytes_if_present(store, "event/count") is None):
+                # Nobody to serve, or every member closed already (the last one deletes the
+                # events and their count; a feed whose listener ended may not be dropped yet,
+                # until a tick to it fails), and this rank's registry closed: a wait now could
+                # outlive the last member's close and hold the thread for good.
                 return
             key = f"event/{self._next}"
             store.wait([key], _FOREVER)

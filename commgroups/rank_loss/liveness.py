@@ -218,6 +218,7 @@ class Liveness:
         self.relayed = False
         """Whether the listener hears events through the host's relay now (not the store)."""
         self._relay_address: str | None = None  # the host's relay's, once this rank read it
+        self._relay_prepared = False  # prepare_relay() ran: the listener joins that address
         self._rejoin_at = 0.0  # on the store, try the relay again after an event from then on
         self.rejoin_after_s = REJOIN_AFTER_S
         # Periodic tasks the beat's thread runs besides the beat (every()): name -> period,
@@ -247,9 +248,10 @@ class Liveness:
         beat.start()
 
     def start_listener(self) -> None:
-        """Start the listener's thread (the host's relay where this rank is it, its own
-        connection, then the relay's feed), after :meth:`anchor`; the beat is left to the
-        caller (:meth:`run_beats`, on a thread of its own)."""
+        """Start the listener's thread (its own connection; the host's relay where this rank
+        is it, unless :meth:`prepare_relay` started it; then the relay's feed), after
+        :meth:`anchor`; the beat is left to the caller (:meth:`run_beats`, on a thread of its
+        own)."""
         atexit.register(self._settle)  # unregistered when the listener ends
         self._listener = threading.Thread(target=self._connect_and_listen,
                                           name=f"commgroups-listen-{self.rank}", daemon=True)
@@ -295,21 +297,21 @@ class Liveness:
             self._listened.set()
 
     def _connect_and_listen_until_stopped(self) -> None:
-        # The host's relay listens first (where this rank is it), then the listener makes its
-        # own connection, then joins the relay. The relay first: its host's ranks try it for
-        # CONNECT_WITHIN_S only, and a new store connection took seconds now and then in this
-        # sandbox (CI's 4-rank world: the relay's listener still connecting, its peers gave up
-        # on it and waited on the store until an event). Its own connection before the feed,
-        # even where it hears the relay: the relay's death is a loss its host's ranks must
-        # answer within dead_after_s, and 8 ranks' listeners connecting as their relay died
+        # The host's relay listens first where prepare_relay() ran (the registry's starter),
+        # then the listener makes its own connection, then joins the relay. Its own connection
+        # before the feed, even where it hears the relay: the relay's death is a loss its
+        # host's ranks must answer within dead_after_s, and 8 ranks' listeners connecting as their relay died
         # stalled (a rank alive was decided dead). It costs the store a connection per rank.
-        address = self._start_relay()
+        prepared = self._relay_prepared
         if not self._connect_own():
             relay = self._relay
             if relay is not None:
                 relay.close()
             atexit.unregister(self._settle)
             return
+        # Never on the job's shared connection from this thread: the main thread may hold it in
+        # a blocking wait (a rebuild's check-in) that needs this listener's answer.
+        address = self._relay_address if prepared else self._start_relay(self._own)
         feed = self._join_relay(address)
         try:
             self._listen(feed)
@@ -340,16 +342,26 @@ class Liveness:
         if self._listened.is_set() and (relay is None or relay.done.is_set()):
             atexit.unregister(self._settle)
 
-    def _start_relay(self) -> str | None:
+    def prepare_relay(self) -> None:
+        """Before :meth:`start_listener`, where nothing else waits on the job's shared
+        connection (the registry's starter, whose start-up every verb waits for): read the
+        host's key on it and start the host's relay where this rank is it, so that the relay
+        listens before this rank's listener makes its own connection (seconds now and then
+        here: the host's ranks, which try the relay for ``CONNECT_WITHIN_S``, gave up on it
+        and waited on the store until an event). Without this call the listener does both on
+        its own connection, once made."""
+        self._relay_address = self._start_relay(self._shared)
+        self._relay_prepared = True
+
+    def _start_relay(self, store: Store) -> str | None:
         """The address of this host's relay (:mod:`~commgroups.rank_loss.host_relay`), started
         here where this rank is it; None where no relay is wanted or known. One read of the
-        host's key, on the job's shared connection (the listener's own may take seconds to
-        make), off ``create()``'s path; the relay's forwarder makes its connection on its own
-        thread, so the relay listens at once."""
+        host's key on ``store``, off ``create()``'s path; the relay's forwarder makes its
+        connection on its own thread, so the relay listens at once."""
         if not self._relay_wanted or self._process is None or self._connect is None:
             return None
         try:
-            peers = parse_peers(read_if_present(self._shared, host_key(self._process.host)) or "")
+            peers = parse_peers(read_if_present(store, host_key(self._process.host)) or "")
             relay = relay_of(peers, self.rank)
             if relay is None:
                 return None

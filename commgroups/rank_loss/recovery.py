@@ -161,6 +161,7 @@ class Recovery:
             # milliseconds; at most CREATED_WAIT_S where a peer never sends one.
             current.await_created(CREATED_WAIT_S)
             liveness.anchor()
+            liveness.prepare_relay()
             liveness.start_listener()
             liveness.watch(current.number, members)
             self._attach_flight(current)
