@@ -34,13 +34,13 @@ def _headline(result: BenchResult) -> list[str]:
     gloo_worlds = sorted(int(key.rpartition("gloo")[2]) for key in s
                          if key.startswith("creation_ratio_vs_devicemesh_gloo"))
     if gloo_worlds:
+        parts = []
+        for world in gloo_worlds:
+            part = f"{world} ranks {s[f'creation_ratio_vs_devicemesh_gloo{world}']:.2f}x"
+            first = s.get(f"creation_first_ratio_vs_devicemesh_gloo{world}")
+            parts.append(part if first is None else f"{part} ({first:.2f}x)")
         lines.append("creation on real gloo ranks (registry / DeviceMesh, median per pair; first "
-                     "in a fresh process): " + ", ".join(
-                         f"{world} ranks {s[f'creation_ratio_vs_devicemesh_gloo{world}']:.2f}x"
-                         + (f" ({first:.2f}x)" if (first := s.get(
-                             f"creation_first_ratio_vs_devicemesh_gloo{world}")) is not None
-                            else "")
-                         for world in gloo_worlds))
+                     "in a fresh process): " + ", ".join(parts))
     if s.get("kill_to_rebuilt_s"):
         worlds = ", ".join(f"{seconds:.2f} s on {world} ranks (worst "
                            f"{s.get(f'kill_to_rebuilt_s_gloo{world}_max', seconds):.2f} s)"

@@ -218,7 +218,9 @@ class Liveness:
         self.relayed = False
         """Whether the listener hears events through the host's relay now (not the store)."""
         self._relay_address: str | None = None  # the host's relay's, once this rank read it
-        self._relay_prepared = False  # prepare_relay() ran: the listener joins that address
+        # prepare_relay()'s answer, the address the listener joins (None inside: no relay);
+        # None: not prepared, the listener reads the host's key itself
+        self._prepared: tuple[str | None] | None = None
         self._rejoin_at = 0.0  # on the store, try the relay again after an event from then on
         self.rejoin_after_s = REJOIN_AFTER_S
         # Periodic tasks the beat's thread runs besides the beat (every()): name -> period,
@@ -300,9 +302,10 @@ class Liveness:
         # The host's relay listens first where prepare_relay() ran (the registry's starter),
         # then the listener makes its own connection, then joins the relay. Its own connection
         # before the feed, even where it hears the relay: the relay's death is a loss its
-        # host's ranks must answer within dead_after_s, and 8 ranks' listeners connecting as their relay died
-        # stalled (a rank alive was decided dead). It costs the store a connection per rank.
-        prepared = self._relay_prepared
+        # host's ranks must answer within dead_after_s, and 8 ranks' listeners connecting as
+        # their relay died stalled (a rank alive was decided dead). It costs the store a
+        # connection per rank.
+        prepared = self._prepared
         if not self._connect_own():
             relay = self._relay
             if relay is not None:
@@ -311,7 +314,7 @@ class Liveness:
             return
         # Never on the job's shared connection from this thread: the main thread may hold it in
         # a blocking wait (a rebuild's check-in) that needs this listener's answer.
-        address = self._relay_address if prepared else self._start_relay(self._own)
+        address = prepared[0] if prepared is not None else self._start_relay(self._own)
         feed = self._join_relay(address)
         try:
             self._listen(feed)
@@ -350,8 +353,7 @@ class Liveness:
         here: the host's ranks, which try the relay for ``CONNECT_WITHIN_S``, gave up on it
         and waited on the store until an event). Without this call the listener does both on
         its own connection, once made."""
-        self._relay_address = self._start_relay(self._shared)
-        self._relay_prepared = True
+        self._prepared = (self._start_relay(self._shared),)
 
     def _start_relay(self, store: Store) -> str | None:
         """The address of this host's relay (:mod:`~commgroups.rank_loss.host_relay`), started
