@@ -20,7 +20,7 @@ from commgroups import GroupRegistry, Layout, RoleSpec, default_roles
 from commgroups.errors import RebuildError, ReplanError, StaleGenerationError
 from commgroups.rank_loss import recovery as recovery_module
 from tests import torch_private
-from tests.worlds import connected_barrier, run_world
+from tests.worlds import connected_barrier, explain, run_world
 
 pytestmark = pytest.mark.world
 
@@ -200,6 +200,7 @@ def _second_loss_during_rebuild(rank: int, world: int) -> dict[str, Any]:
 
 def test_a_second_loss_during_rebuild_ends_in_another_rebuild() -> None:
     results = run_world(_second_loss_during_rebuild, 6, timeout=150, expect_errors=True)
+    assert all(isinstance(results[rank], dict) for rank in (1, 2, 3, 4)), explain(results)
     assert isinstance(results[0], TimeoutError) and isinstance(results[5], TimeoutError)
     # Rank 4 lost its replica-mate at the first rebuild: dropped then, before the second loss.
     assert results[4]["place"] == "dropped" and results[4]["errors"] == []

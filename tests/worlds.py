@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -52,12 +53,8 @@ def run_world(
         grace_s=None if expect_errors else 5.0,
     )
     if expect_errors:
-        return [
-            (reports[r].value if reports[r].ok else
-             reports[r].value or RuntimeError(reports[r].traceback))
-            if r in reports else TimeoutError(f"rank {r} did not finish")
-            for r in range(world_size)
-        ]
+        return [_outcome(reports[r]) if r in reports else TimeoutError(f"rank {r} did not finish")
+                for r in range(world_size)]
     failures = {r: report for r, report in reports.items() if not report.ok}
     if failures:
         message = "\n".join(f"--- rank {r} ---\n{rep.traceback}" for r, rep in sorted(failures.items()))
@@ -68,6 +65,26 @@ def run_world(
             f"ranks {missing} reported nothing within {timeout:g}s (hang, or crash before reporting)"
         )
     return [reports[r].value for r in range(world_size)]
+
+
+def _outcome(report: Any) -> Any:
+    """A rank's return value, or what it raised with the rank's traceback as a note (an exception
+    crosses processes without its traceback): :func:`explain` shows it."""
+    if report.ok:
+        return report.value
+    if isinstance(report.value, BaseException):
+        report.value.add_note(f"--- the rank's traceback ---\n{report.traceback}")
+        return report.value
+    return RuntimeError(report.traceback)
+
+
+def explain(results: list[Any]) -> str:
+    """Every rank's result of an ``expect_errors`` world, exceptions with their tracebacks: the
+    message of an assertion about them, so a failure in CI says where each rank was."""
+    return "\n".join(
+        f"--- rank {rank}: " + ("".join(traceback.format_exception(result))
+                                if isinstance(result, BaseException) else repr(result))
+        for rank, result in enumerate(results))
 
 
 def connected_barrier(registry: GroupRegistry, rank: int, world_size: int,

@@ -441,8 +441,7 @@ class StatusPublisher:
         # The counter, not the request key, says how many asks there were: two ranks asking at
         # once may leave the key at the older number, and the newer asker must see an answer.
         # Read, never add(0): a poll must not re-create a key the last rank to close deleted.
-        counter = f"{self.prefix}requests"
-        number = int(self.store.get(counter)) if self.store.check([counter]) else 0
+        number = self._requests()
         if number <= self._answered:
             return
         first, self._answered = self._answered + 1, number
@@ -458,8 +457,8 @@ class StatusPublisher:
                 self._answer_ask(json.loads(record))
         if not legacy:
             return
-        key = f"{self.prefix}request"
-        request = json.loads(self.store.get(key)) if self.store.check([key]) else {}
+        payload = read_if_present(self.store, f"{self.prefix}request")
+        request = json.loads(payload) if payload is not None else {}
         if self.on_request is not None:
             try:
                 self.on_request(request)
@@ -527,12 +526,20 @@ class StatusPublisher:
             logger.debug("flight recorder: releasing %s: %s", self.key, error)
 
 
+    def _requests(self) -> int:
+        """How many asks were made of this prefix (0 before the first, or after the release).
+
+        One read that never waits: a ``check`` then a ``get`` waited out the store's timeout
+        (120 s in the tests' worlds) when the last member released the counter between the
+        two, and held the job's shared connection, every other thread's requests with it, as
+        long (CI: a rebuilt rank missed its first collective, its flight status went stale)."""
+        value = read_if_present(self.store, f"{self.prefix}requests")
+        return int(value) if value is not None else 0
+
     def _release_asks(self) -> None:
         """Delete the group asks' records and answers (the last member to release: a few asks,
         one per failed call diagnosed)."""
-        counter = f"{self.prefix}requests"
-        number = int(self.store.get(counter)) if self.store.check([counter]) else 0
-        for asked in range(1, number + 1):
+        for asked in range(1, self._requests() + 1):
             record = read_if_present(self.store, f"{self.prefix}asked/{asked}")
             if record is None:
                 continue
@@ -652,9 +659,10 @@ def read_status(store: Store, prefix: str, rank: int) -> dict[str, Any] | None:
     """What rank ``rank`` last published under ``prefix``, or None (never published, or gone)."""
     key = f"{prefix}{rank}"
     try:
-        if not store.check([key]):
+        text = read_if_present(store, key)  # never a get: the rank may release it meanwhile
+        if text is None:
             return None
-        value: dict[str, Any] = json.loads(store.get(key))
+        value: dict[str, Any] = json.loads(text)
     except Exception as error:  # the store's host died: nothing to read
         logger.debug("flight recorder: reading %s: %s", key, error)
         return None

@@ -285,10 +285,12 @@ class CheckIn:
         return frozenset(json.loads(held)["out"])
 
     def _decided(self) -> frozenset[int] | None:
-        # check, then get: a compare_set read of the missing key would wake every follower.
+        # check first: a compare_set read of the missing key would wake every follower. Then a
+        # read that never waits, not get(): forget_check_ins may delete the key between the two.
         if not self.store.check([_DECIDED]):
             return None
-        return frozenset(json.loads(bytes(self.store.get(_DECIDED)).decode())["out"])
+        decided = read_if_present(self.store, _DECIDED)
+        return None if decided is None else frozenset(json.loads(decided)["out"])
 
     def _left_out_by_made(self) -> None:
         """A generation newer than ours was made: this check-in was decided long ago and its keys
@@ -376,9 +378,10 @@ def forget_check_ins(root: Store, prefix: str, attempts: int) -> list[int]:
     events = []
     for attempt in range(attempts):
         store = PrefixStore(f"{prefix}{attempt}/", root)  # as check_in() wrote them
-        with contextlib.suppress(RuntimeError, ValueError):  # never written (no push)
-            if store.check([_EVENT]):
-                events.append(int(bytes(store.get(_EVENT)).decode()))
+        with contextlib.suppress(RuntimeError, ValueError):  # the host died; not a number
+            event = read_if_present(store, _EVENT)
+            if event is not None:  # written where the decision was pushed
+                events.append(int(event))
         for key in (_JOINED, _COUNT, _DECIDED, _EVENT):
             with contextlib.suppress(RuntimeError):  # never written (that rank was not first)
                 store.delete_key(key)
