@@ -224,7 +224,13 @@ def test_a_poll_read_or_release_never_waits_for_a_key_released_meanwhile() -> No
     publisher._poll()  # answers what it read, without the released request's payload
     assert racing.released and time.monotonic() - started < 1.5 and asked == [{}]
 
-    StatusPublisher(inner, "t/", 3, dict).ask_group("cp", 0, "all_reduce#1", members=[3, 6])
+    ask = StatusPublisher(inner, "t/", 3, dict).ask_group("cp", 0, "all_reduce#1",
+                                                          members=[3, 6])
+    racing = _ReleasedAfterFirstRead(inner, (f"{ask.key}/joined/0",))
+    started = time.monotonic()
+    assert StatusPublisher(racing, "t/", 6, dict).joined(ask.key, 2) in ([0], [1])
+    assert racing.released and time.monotonic() - started < 1.5
+
     racing = _ReleasedAfterFirstRead(inner, ("t/requests",))
     started = time.monotonic()
     StatusPublisher(racing, "t/", 6, dict).release(members=1)  # the last, as another one is

@@ -559,13 +559,18 @@ class StatusPublisher:
 
     def joined(self, key: str, members: int) -> list[int]:
         """The join counters of the group ask ``key`` of ``members`` members, each masked to
-        its members' bits (:meth:`ask_group`): three requests (a check, torch's ``multi_get``
-        waits then reads), one per counter where the asker has not created them all (it died
-        first)."""
+        its members' bits (:meth:`ask_group`): one read per counter that never waits, up to
+        three counters (93 members); beyond, three requests (a check, then torch's
+        ``multi_get``, which waits then reads), or one per counter where the asker has not
+        created them all (it died first).
+
+        The ``multi_get`` waits out the store's timeout, on the job's shared connection, if the
+        last member's release deletes the counters between the check and it (a member judged
+        lost while it still collects); groups of up to 93 members never take that path."""
         keys = [f"{key}/joined/{block}" for block in range(-(-members // BLOCK_MEMBERS))]
         if not keys:
             return []
-        if self.store.check(keys):
+        if len(keys) > 3 and self.store.check(keys):
             values = [bytes(value) for value in self.store.multi_get(keys)]
         else:
             values = [read_bytes_if_present(self.store, name) or b"0" for name in keys]
