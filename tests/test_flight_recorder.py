@@ -147,6 +147,36 @@ def test_a_registry_records_every_role_and_dumps_on_request(
         assert registry.flight_recorder is None and registry.collectives("cp").flight is None
 
 
+def test_a_dump_never_puts_an_older_snapshot_over_a_newer_one(
+        one_rank: dist.ProcessGroup, tmp_path: Path) -> None:
+    """dump_soon's thread symbolizes for about a second after taking its snapshot; a dump the
+    main thread takes after its next call must stay in the file (CI: a merge named a rank behind
+    in the very call its last dump held)."""
+    with cg.GroupRegistry(cg.Layout(dims={"cp": 1}, roles=[cg.RoleSpec(name="cp", dims=["cp"])])) as registry:
+        session = registry.flight_recorder
+        assert session is not None
+        to_dict = session.recorder.to_dict
+        taken, release = threading.Event(), threading.Event()
+
+        def slow_first(call_sites: bool = True) -> dict[str, Any]:
+            data = to_dict(call_sites=call_sites)
+            if threading.current_thread() is not threading.main_thread():
+                taken.set()
+                release.wait(10)  # symbolizing, while the main thread goes on
+            return data
+
+        session.recorder.to_dict = slow_first  # type: ignore[method-assign]
+        older = threading.Thread(target=session.dump, args=(tmp_path,))
+        older.start()
+        assert taken.wait(10)
+        registry.collectives("cp").all_reduce(torch.ones(2))
+        path = Path(session.dump(tmp_path))
+        release.set()
+        older.join(10)
+        entries = json.loads(path.read_text())["roles"]["cp"]["entries"]
+        assert [entry["op"] for entry in entries] == ["all_reduce"]
+
+
 # ------------------------------------------------------------------------------- publisher
 def test_the_publisher_writes_on_change_and_answers_requests() -> None:
     store = dist.HashStore()

@@ -85,6 +85,9 @@ class FlightSession:
         self.epoch = epoch
         self.members = members
         self.last_dump = ""
+        self._dumps = threading.Lock()  # orders the dumps' snapshots and their writes
+        self._snapshots = 0  # dumps begun
+        self._written: dict[Path, int] = {}  # dump file -> the snapshot it holds
         self._members: dict[str, frozenset[int]] = {}  # role -> this rank's group's ranks
         self.interrupted = False
         """Set when the registry interrupted the generation (a rebuild, a peer's reported loss):
@@ -122,13 +125,22 @@ class FlightSession:
         folder = Path(directory if directory is not None else self.default_dir())
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / dump_file_name(self.recorder.generation, self.recorder.rank)
-        data = self.recorder.to_dict(call_sites=call_sites)
-        # One temporary per writer: the publishing thread and a diagnosing main thread may
-        # write the same dump at once.
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        temporary.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
-        temporary.replace(path)  # a reader never sees half a file
-        self.last_dump = str(path)
+        with self._dumps:
+            self._snapshots += 1
+            snapshot = self._snapshots
+        data = self.recorder.to_dict(call_sites=call_sites)  # call sites: about a second
+        text = json.dumps(data, indent=1, default=str)
+        with self._dumps:
+            # A dump snapshotted later is in the file already (dump_soon's thread symbolized
+            # while the main thread dumped after its failed call): never put older calls back.
+            # CI's merge named a rank behind in the very call its last dump recorded.
+            if self._written.get(path, 0) > snapshot:
+                return str(path)
+            temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            temporary.write_text(text, encoding="utf-8")
+            temporary.replace(path)  # a reader never sees half a file
+            self._written[path] = snapshot
+            self.last_dump = str(path)
         return str(path)
 
     def dump_soon(self, directory: str | os.PathLike[str]) -> str:
