@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
+from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
 
 from commgroups.bench.control_plane import CountingStore
 from commgroups.rank_loss.host_relay import (
@@ -136,6 +136,47 @@ def test_a_feed_hears_ticks_between_events_and_ends_when_the_relay_closes(port: 
     assert time.monotonic() - started < SILENT_S  # the socket closed: no silence waited
     _emit(port, {"k": "wake"})
     assert relay.done.wait(5.0)
+
+
+class _ClosedRightAfterTheCountRead(Store):  # type: ignore[misc]
+    """The relay's connection, where the last member's close deletes the events' count right
+    after the relay's first read of it (the window between that read and a wait)."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__()
+        self.inner, self.deleted = inner, False
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        value = bytes(self.inner.compare_set(key, expected, desired))
+        if key == "event/count" and not self.deleted:
+            self.deleted = bool(self.inner.delete_key(key))
+        return value
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self.inner.check(keys))
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self.inner.wait(keys, timeout)
+
+
+def test_a_relay_whose_registry_closed_ends_when_the_events_go_under_it(port: int) -> None:
+    """Its registry closed, a feed still connected: the relay reads that the events still exist,
+    and the last member's close deletes them at once. It must end, not wait for an event that
+    never comes (a wait held the thread and its store connection for good)."""
+    _emit(port, {"k": "ask", "p": "p/", "x": "one"})
+    fed = threading.Event()
+
+    def connection() -> Store:  # on the forwarder's thread, once the feed is in
+        fed.wait(5)
+        return _ClosedRightAfterTheCountRead(PrefixStore(_ns(port), _tcp(port)))
+
+    relay = HostRelay(_address(port), connection, 2, lambda: True)
+    assert relay.start()
+    feed = RelayFeed.connect(relay.address)
+    assert feed is not None and feed.receive(lambda: False) == (HELLO, b"2")
+    fed.set()
+    assert relay.done.wait(2.0)
+    relay.close()
 
 
 def _liveness(port: int, rank: int, heard: list[tuple[int, str]]) -> Liveness:

@@ -76,6 +76,11 @@ HELLO = -1
 _FRAME = struct.Struct("!qI")
 _FOREVER = timedelta(days=365)
 
+STOPPED_POLL_S = 0.1
+"""How often a relay whose own registry closed looks for the next event (a ``check``, never a
+wait): the last member's close deletes the events, and a wait begun just after that would hold
+the thread and its connection for good. Only while its host's ranks still listen: seconds."""
+
 
 def relay_address(namespace: str, host: str, rank: int, pid: int, start: int) -> str:
     """The abstract socket name of ``rank``'s relay (process ``pid`` started at ``start`` on
@@ -209,7 +214,12 @@ class HostRelay:
                 # outlive the last member's close and hold the thread for good.
                 return
             key = f"event/{self._next}"
-            store.wait([key], _FOREVER)
+            if self._stop():  # see STOPPED_POLL_S: the events may be deleted right after the read
+                if not store.check([key]):
+                    self._closed.wait(STOPPED_POLL_S)
+                    continue
+            else:
+                store.wait([key], _FOREVER)
             # Deleted between the wait and the read: the last member closed; nothing follows.
             raw = read_bytes_if_present(store, key)
             if raw is None or self._closed.is_set():
