@@ -41,6 +41,13 @@ def _headline(result: BenchResult) -> list[str]:
             parts.append(part if first is None else f"{part} ({first:.2f}x)")
         lines.append("creation on real gloo ranks (registry / DeviceMesh, median per pair; first "
                      "in a fresh process): " + ", ".join(parts))
+        same = [f"{world} ranks {s[key]:.2f}x" for world in gloo_worlds
+                if (key := f"creation_ratio_vs_devicemesh_own_fsdp_gloo{world}") in s]
+        if same:
+            # DeviceMesh hands fsdp the default group (the alias commgroups exists to end): with
+            # a group of its own it makes the registry's communicators, one world group more.
+            lines.append("the same communicators (registry / DeviceMesh with its own fsdp "
+                         "group): " + ", ".join(same))
     if s.get("kill_to_rebuilt_s"):
         worlds = ", ".join(f"{seconds:.2f} s on {world} ranks (worst "
                            f"{s.get(f'kill_to_rebuilt_s_gloo{world}_max', seconds):.2f} s)"
