@@ -196,7 +196,7 @@ def test_the_asker_waits_longer_for_a_larger_group_and_stops_early_where_answers
     small, _ = answer_waits(1.0, 0.25, 8, timed_out=True, pushed=True)
     large, shortest = answer_waits(1.0, 0.25, 65536, timed_out=True, pushed=True)
     assert small == pytest.approx(2.8, abs=0.01) and large > small + 3
-    assert shortest == pytest.approx(0.8)
+    assert shortest == pytest.approx(1.3)
     _, after_loss = answer_waits(1.0, 0.25, 65536, timed_out=False, pushed=True)
     assert after_loss == pytest.approx(0.15)
 

@@ -213,7 +213,7 @@ class FlightSession:
         asker's diagnosis: a live rank's listener answers at once, its thread runs whatever its
         main thread does (a polling publisher: within one request poll).
         After a timeout up to 2.5 intervals (a loaded machine delays threads), ending early
-        once every member answered, or after half an interval when no answer came for
+        once every member answered, or after 0.3 s and an interval when no answer came for
         ``ANSWER_QUIET_S``; after another failure (a peer's connection closed: rank-loss
         handling is waiting) up to 1.5 request polls (a quarter interval each: 0.675 s with the
         defaults), and no longer once a loss is reported (the generation is interrupted).
