@@ -37,6 +37,7 @@ from commgroups.rank_loss.liveness import Liveness
 from commgroups.torch_internals.version import torch_version
 from tests import torch_private
 from tests.polling import until
+from tests.released_store import ReleasedAfterFirstRead
 
 HERE = Path(__file__).name
 
@@ -201,40 +202,6 @@ def test_the_publisher_writes_on_change_and_answers_requests() -> None:
     assert not any(store.check([f"t/{key}"]) for key in ("request", "requests", "closed"))
 
 
-class _ReleasedAfterFirstRead(dist.Store):  # type: ignore[misc]
-    """A HashStore where the last member's release deletes ``keys`` right after this rank's first
-    request that reads one of them (``check``, ``get`` or ``compare_set``): the race CI lost."""
-
-    def __init__(self, inner: dist.Store, keys: tuple[str, ...]) -> None:
-        super().__init__()
-        self.inner, self.keys, self.released = inner, keys, False
-
-    def _read(self, key: str, result: Any) -> Any:
-        if key in self.keys and not self.released:
-            self.released = True
-            for name in self.keys:
-                self.inner.delete_key(name)
-        return result
-
-    def check(self, keys: list[str]) -> bool:
-        return bool(self._read(keys[0], self.inner.check(keys)))
-
-    def get(self, key: str) -> bytes:
-        return bytes(self._read(key, self.inner.get(key)))
-
-    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        return bytes(self._read(key, self.inner.compare_set(key, expected, desired)))
-
-    def set(self, key: str, value: Any) -> None:
-        self.inner.set(key, value)
-
-    def add(self, key: str, amount: int) -> int:
-        return int(self.inner.add(key, amount))
-
-    def delete_key(self, key: str) -> bool:
-        return bool(self.inner.delete_key(key))
-
-
 def test_a_poll_read_or_release_never_waits_for_a_key_released_meanwhile() -> None:
     """The last member to release deletes the ask counter and the statuses; a rank reading them
     at that moment must not wait for them to come back. A check then a get waited out the
@@ -248,7 +215,7 @@ def test_a_poll_read_or_release_never_waits_for_a_key_released_meanwhile() -> No
     inner.set_timeout(timedelta(seconds=3))
     StatusPublisher(inner, "t/", 3, dict).ask({"dump": "/somewhere"})
     asked: list[dict[str, Any]] = []
-    racing = _ReleasedAfterFirstRead(inner, ("t/requests", "t/request"))
+    racing = ReleasedAfterFirstRead(inner, ("t/requests", "t/request"))
     publisher = StatusPublisher(racing, "t/", 4, dict, on_request=asked.append)
     started = time.monotonic()
     publisher._poll()  # answers what it read, without the released request's payload
@@ -256,18 +223,18 @@ def test_a_poll_read_or_release_never_waits_for_a_key_released_meanwhile() -> No
 
     ask = StatusPublisher(inner, "t/", 3, dict).ask_group("cp", 0, "all_reduce#1",
                                                           members=[3, 6])
-    racing = _ReleasedAfterFirstRead(inner, (f"{ask.key}/joined/0",))
+    racing = ReleasedAfterFirstRead(inner, (f"{ask.key}/joined/0",))
     started = time.monotonic()
     assert StatusPublisher(racing, "t/", 6, dict).joined(ask.key, 2) in ([0], [1])
     assert racing.released and time.monotonic() - started < 1.5
 
-    racing = _ReleasedAfterFirstRead(inner, ("t/requests",))
+    racing = ReleasedAfterFirstRead(inner, ("t/requests",))
     started = time.monotonic()
     StatusPublisher(racing, "t/", 6, dict).release(members=1)  # the last, as another one is
     assert racing.released and time.monotonic() - started < 1.5
 
     inner.set("t/5", json.dumps({"t": 0, "answered": 0, "status": {}}))
-    racing = _ReleasedAfterFirstRead(inner, ("t/5",))
+    racing = ReleasedAfterFirstRead(inner, ("t/5",))
     started = time.monotonic()
     status = read_status(racing, "t/", 5)
     assert racing.released and time.monotonic() - started < 1.5

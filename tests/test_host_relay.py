@@ -30,6 +30,7 @@ from commgroups.rank_loss.host_relay import (
 from commgroups.rank_loss.liveness import Liveness
 from commgroups.rank_loss.local_peers import this_process
 from tests.polling import until
+from tests.released_store import ReleasedAfterFirstRead
 
 pytestmark = pytest.mark.skipif(this_process() is None, reason="no /proc: not Linux")
 
@@ -138,27 +139,6 @@ def test_a_feed_hears_ticks_between_events_and_ends_when_the_relay_closes(port: 
     assert relay.done.wait(5.0)
 
 
-class _ClosedRightAfterTheCountRead(Store):  # type: ignore[misc]
-    """The relay's connection, where the last member's close deletes the events' count right
-    after the relay's first read of it (the window between that read and a wait)."""
-
-    def __init__(self, inner: Store) -> None:
-        super().__init__()
-        self.inner, self.deleted = inner, False
-
-    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        value = bytes(self.inner.compare_set(key, expected, desired))
-        if key == "event/count" and not self.deleted:
-            self.deleted = bool(self.inner.delete_key(key))
-        return value
-
-    def check(self, keys: list[str]) -> bool:
-        return bool(self.inner.check(keys))
-
-    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        self.inner.wait(keys, timeout)
-
-
 def test_a_relay_whose_registry_closed_ends_when_the_events_go_under_it(port: int) -> None:
     """Its registry closed, a feed still connected: the relay reads that the events still exist,
     and the last member's close deletes them at once. It must end, not wait for an event that
@@ -168,7 +148,7 @@ def test_a_relay_whose_registry_closed_ends_when_the_events_go_under_it(port: in
 
     def connection() -> Store:  # on the forwarder's thread, once the feed is in
         fed.wait(5)
-        return _ClosedRightAfterTheCountRead(PrefixStore(_ns(port), _tcp(port)))
+        return ReleasedAfterFirstRead(PrefixStore(_ns(port), _tcp(port)), ("event/count",))
 
     relay = HostRelay(_address(port), connection, 2, lambda: True)
     assert relay.start()
