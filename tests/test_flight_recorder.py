@@ -30,7 +30,7 @@ from commgroups.flight_recorder.diagnosis import diagnose
 from commgroups.flight_recorder.merge import FlightDumpError, merge, merge_dir
 from commgroups.flight_recorder.publisher import StatusPublisher, read_status
 from commgroups.flight_recorder.recorder import FlightRecorder, RoleRecorder
-from commgroups.flight_recorder.session import _rewritten
+from commgroups.flight_recorder.session import FlightSession, _rewritten
 from commgroups.flight_recorder.settings import ENV_VAR, flight_enabled
 from commgroups.flight_recorder.signals import dump_on_signal
 from commgroups.rank_loss.liveness import Liveness
@@ -156,17 +156,16 @@ def test_a_dump_never_puts_an_older_snapshot_over_a_newer_one(
     with cg.GroupRegistry(cg.Layout(dims={"cp": 1}, roles=[cg.RoleSpec(name="cp", dims=["cp"])])) as registry:
         session = registry.flight_recorder
         assert session is not None
-        to_dict = session.recorder.to_dict
+        trace = session.recorder.torch_trace
         taken, release = threading.Event(), threading.Event()
 
-        def slow_first(call_sites: bool = True) -> dict[str, Any]:
-            data = to_dict(call_sites=call_sites)
+        def slow_first(call_sites: bool = True) -> list[dict[str, Any]]:
             if threading.current_thread() is not threading.main_thread():
                 taken.set()
                 release.wait(10)  # symbolizing, while the main thread goes on
-            return data
+            return trace(call_sites)
 
-        session.recorder.to_dict = slow_first  # type: ignore[method-assign]
+        session.recorder.torch_trace = slow_first  # type: ignore[method-assign]
         older = threading.Thread(target=session.dump, args=(tmp_path,))
         older.start()
         assert taken.wait(10)
@@ -176,6 +175,46 @@ def test_a_dump_never_puts_an_older_snapshot_over_a_newer_one(
         older.join(10)
         entries = json.loads(path.read_text())["roles"]["cp"]["entries"]
         assert [entry["op"] for entry in entries] == ["all_reduce"]
+
+
+def test_dump_soon_rewrites_its_own_snapshot_even_after_the_generation_ended(
+        one_rank: dist.ProcessGroup, tmp_path: Path) -> None:
+    """dump_soon's thread, adding torch's call sites, can start after the generation ended,
+    whose groups keep no counts then: it rewrites the snapshot dump_soon took (CI: a rank's
+    count of a role fell back to its own calls, one of which gloo refused uncounted, and the
+    merge named it ahead of the others)."""
+    recorder = FlightRecorder({"cp": one_rank}, rank=0, generation=0)
+    session = FlightSession(recorder, None, epoch=0)
+    role = recorder.roles["cp"]
+    role.end(role.start("all_reduce", (torch.ones(2),), False, False, None))
+    dist.all_reduce(torch.ones(2), group=one_rank)
+    role.end(role.start("all_gather_into_tensor", (), False, False, None), ValueError("refused"))
+    snapshot, trace, release = recorder.snapshot, recorder.torch_trace, threading.Event()
+
+    def late_start() -> dict[str, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            release.wait(10)  # the thread starts past the generation's end
+        return snapshot()
+
+    def late(call_sites: bool = True) -> list[dict[str, Any]]:
+        if threading.current_thread() is not threading.main_thread():
+            release.wait(10)  # the thread symbolizes past the generation's end
+        return trace(call_sites)
+
+    recorder.snapshot = late_start  # type: ignore[method-assign]
+    recorder.torch_trace = late  # type: ignore[method-assign]
+    path = Path(session.dump_soon(tmp_path))
+    first = json.loads(path.read_text())["roles"]["cp"]
+    threads = [t for t in threading.enumerate() if t.name == "commgroups-flight-dump"]
+    session.close()
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    rewritten = json.loads(path.read_text())["roles"]["cp"]
+    assert first["seq"] == 2 and first["group_seq"] is not None and first["ranks"] == [0], first
+    assert role.group is None and role.group_seq() == first["group_seq"]  # kept at the end
+    assert {key: rewritten[key] for key in ("seq", "group_seq", "ranks")} == {
+        key: first[key] for key in ("seq", "group_seq", "ranks")}
 
 
 # ------------------------------------------------------------------------------- publisher

@@ -52,7 +52,7 @@ class RoleRecorder:
         recorder.last.caller     # "train.py:12 in step"
     """
 
-    __slots__ = ("_async_stream", "_counter", "_sites", "diagnose", "entries", "group",
+    __slots__ = ("_async_stream", "_counter", "_final_count", "_sites", "diagnose", "entries", "group",
                  "group_name", "last", "role", "seq", "watch")
 
     def __init__(self, role: str, group: dist.ProcessGroup, maxlen: int = DEFAULT_ENTRIES,
@@ -74,10 +74,14 @@ class RoleRecorder:
         group is gloo's (set by the generation's maker): calls recorded here wait in slices."""
         # The backend's collective count, if it keeps one (commgroups' single-rank backend does not).
         self._counter = torch_internals.group_sequence_counter(group)
+        self._final_count: int | None = None
 
     def detach(self) -> None:
         """Let go of the group (its counter holds it too): a generation's groups are freed when
-        it ends, while its recorder may live as long as the registry. Counts read None after."""
+        it ends, while its recorder may live as long as the registry. The count stays what it
+        was then: a dump after the end (an ask answered while closing) must not fall back to
+        this rank's own calls, which count those the backend refused uncounted."""
+        self._final_count = self.group_seq()
         self.group = None
         self._counter = None
         self.diagnose = None
@@ -85,7 +89,7 @@ class RoleRecorder:
 
     def group_seq(self) -> int | None:
         """The group's own collective count on this rank (every call on it), or None."""
-        return self._counter() if self._counter is not None else None
+        return self._counter() if self._counter is not None else self._final_count
 
     def start(self, op: str, args: tuple[Any, ...], issued_async: bool, caller_async: bool,
               frame: FrameType | None) -> FlightEntry:
@@ -180,16 +184,17 @@ class FlightRecorder:
         return {name: recorder.status() for name, recorder in self.roles.items()}
 
     def to_dict(self, call_sites: bool = True) -> dict[str, Any]:
-        """The full dump: every role's entries, groups, backends, and torch's own flight
-        recorder entries of these groups where torch keeps one (gloo and NCCL in torch 2.13).
+        """The full dump: :meth:`snapshot` with :meth:`torch_trace`.
 
         Args:
-            call_sites: give torch's entries their call sites. torch symbolizes the stack of
-                every entry in its ring to give them (about 1 s for 2000 entries on 2 loaded
-                CPUs), so a dump on a hang's clock is written without first.
+            call_sites: give torch's entries their call sites (see :meth:`torch_trace`).
         """
+        return {**self.snapshot(), "torch_trace": self.torch_trace(call_sites)}
+
+    def snapshot(self) -> dict[str, Any]:
+        """commgroups' own part of a dump, cheap to take: every role's counts, entries, group
+        and backend, as they are now."""
         offset = time.time_ns() - time.monotonic_ns()
-        names = {recorder.group_name: name for name, recorder in self.roles.items()}
         return {
             "version": DUMP_VERSION,
             "rank": self.rank,
@@ -205,5 +210,12 @@ class FlightRecorder:
                 }
                 for name, recorder in self.roles.items()
             },
-            "torch_trace": torch_internals.flight_trace_entries(names, call_sites=call_sites),
         }
+
+    def torch_trace(self, call_sites: bool = True) -> list[dict[str, Any]]:
+        """torch's own flight recorder entries of these groups, where torch keeps one (gloo and
+        NCCL in torch 2.13). ``call_sites``: give them their call sites; torch symbolizes the
+        stack of every entry in its ring to do so (about 1 s for 2000 entries on 2 loaded CPUs),
+        so a dump on a hang's clock is written without first."""
+        names = {recorder.group_name: name for name, recorder in self.roles.items()}
+        return torch_internals.flight_trace_entries(names, call_sites=call_sites)

@@ -122,39 +122,53 @@ class FlightSession:
         ``call_sites=False`` (a dump on a hang's clock) writes at once without the call sites of
         torch's own entries; :meth:`dump_soon` then rewrites it with them.
         """
+        path = self._path(directory)
+        number, own = self._snapshot()
+        return self._write(path, number, {**own, "torch_trace": self.recorder.torch_trace(call_sites)})
+
+    def dump_soon(self, directory: str | os.PathLike[str]) -> str:
+        """:meth:`dump` at once without torch's call sites, then the same snapshot again with
+        them from a daemon thread (the symbolizing takes about a second); returns the file's
+        path. A process that exits first keeps the first file."""
+        path = self._path(directory)
+        number, own = self._snapshot()
+        self._write(path, number, {**own, "torch_trace": self.recorder.torch_trace(False)})
+        threading.Thread(target=self._add_call_sites, args=(path, number, own),
+                         name="commgroups-flight-dump", daemon=True).start()
+        return str(path)
+
+    def _path(self, directory: str | os.PathLike[str] | None) -> Path:
         folder = Path(directory if directory is not None else self.default_dir())
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / dump_file_name(self.recorder.generation, self.recorder.rank)
+        return folder / dump_file_name(self.recorder.generation, self.recorder.rank)
+
+    def _snapshot(self) -> tuple[int, dict[str, Any]]:
+        """(its number, commgroups' own records now): taken in the caller's thread, in order.
+        dump_soon's thread starts late on loaded cores; a snapshot it took itself could follow
+        the registry's close, whose groups keep no counts (CI: a merge named a rank ahead in
+        role 'refused', whose count fell back to the calls the backend refused)."""
         with self._dumps:
             self._snapshots += 1
-            snapshot = self._snapshots
-        data = self.recorder.to_dict(call_sites=call_sites)  # call sites: about a second
+            return self._snapshots, self.recorder.snapshot()
+
+    def _write(self, path: Path, number: int, data: dict[str, Any]) -> str:
+        """Write snapshot ``number`` to ``path`` unless a later one is there already (a dump
+        the main thread took after its failed call while dump_soon's thread symbolized: CI's
+        merge named a rank behind in the very call its last dump recorded)."""
         text = json.dumps(data, indent=1, default=str)
         with self._dumps:
-            # A dump snapshotted later is in the file already (dump_soon's thread symbolized
-            # while the main thread dumped after its failed call): never put older calls back.
-            # CI's merge named a rank behind in the very call its last dump recorded.
-            if self._written.get(path, 0) > snapshot:
+            if self._written.get(path, 0) > number:
                 return str(path)
             temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             temporary.write_text(text, encoding="utf-8")
             temporary.replace(path)  # a reader never sees half a file
-            self._written[path] = snapshot
+            self._written[path] = number
             self.last_dump = str(path)
         return str(path)
 
-    def dump_soon(self, directory: str | os.PathLike[str]) -> str:
-        """:meth:`dump` at once without torch's call sites, then again with them from a daemon
-        thread (the symbolizing takes about a second); returns the file's path. A process that
-        exits first keeps the first file."""
-        path = self.dump(directory, call_sites=False)
-        threading.Thread(target=self._dump_quietly, args=(directory,),
-                         name="commgroups-flight-dump", daemon=True).start()
-        return path
-
-    def _dump_quietly(self, directory: str | os.PathLike[str]) -> None:
+    def _add_call_sites(self, path: Path, number: int, own: dict[str, Any]) -> None:
         try:
-            self.dump(directory)
+            self._write(path, number, {**own, "torch_trace": self.recorder.torch_trace()})
         except Exception as error:  # the registry closed meanwhile: the first file stands
             logger.debug("flight recorder: second dump with call sites failed: %s", error)
 
