@@ -209,8 +209,10 @@ def test_the_last_member_to_release_deletes_the_ask_and_its_counters(
     publishers[0].share(ask.key, {"asker": 0, "more": {}, "ranks": []})
     counters = [f"{ask.key}/joined/{block}" for block in range(3)]
     assert store.check(counters)
-    for publisher in publishers:
-        publisher.release(len(MEMBERS))
+    handed = [publisher.release(len(MEMBERS)) for publisher in publishers]
     leftover = [key for key in (*counters, f"{ask.key}/asks", f"{ask.key}/diagnosis",
-                                "f/asked/1", "f/requests") if store.check([key])]
+                                "f/asked/1", "f/requests", "f/events") if store.check([key])]
     assert leftover == []
+    # The listener events the ask and its diagnosis sent: handed to the caller by the last
+    # member to release, to delete once every listener is past them (they stayed until close).
+    assert handed[:-1] == [[]] * (len(MEMBERS) - 1) and handed[-1] == [1, 2]

@@ -333,6 +333,7 @@ class StatusPublisher:
             with self._handling:  # its own listener skips it: it answers below, or did
                 self._handled.add(number)
             emitted = self._emit(event) if self._emit is not None else 0
+            self._note_event(emitted)
             # Every block's counter, once: a later joiner learns the event's number (and the
             # asker's collect reads the counters in one request, which needs them to exist).
             for block in range(-(-len(members) // BLOCK_MEMBERS)):
@@ -392,7 +393,20 @@ class StatusPublisher:
                 return
             self.store.set(f"{key}/diagnosis", value)
         if self._emit is not None:
-            self._emit({"k": "ask", "p": self.prefix, "q": key, "d": diagnosis})
+            self._note_event(self._emit({"k": "ask", "p": self.prefix, "q": key, "d": diagnosis}))
+
+    def _note_event(self, number: int) -> None:
+        """Note listener event ``number`` under ``events``, for the last rank to release to
+        hand back (:meth:`release`): every rank's listener read it, so only the job can delete
+        it, once every listener is past it (one append per ask or shared diagnosis: a few per
+        failed call). They stayed until the registry closed before: two keys per diagnosed
+        hang, four over a ten-rebuild test on loaded cores."""
+        if number <= 0:
+            return
+        with self._lock:
+            if not self._released:  # released meanwhile: the append would leave a key
+                # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
+                self.store.append(f"{self.prefix}events", f"{number},")  # type: ignore[attr-defined,unused-ignore]
 
     def _take_share(self, key: str, diagnosis: dict[str, Any]) -> None:
         """Keep the asker's diagnosis of ``key`` where this rank answered that ask (a member
@@ -513,22 +527,30 @@ class StatusPublisher:
         if release:
             self.release(members)
 
-    def release(self, members: int, lost: tuple[int, ...] = ()) -> None:
+    def release(self, members: int, lost: tuple[int, ...] = ()) -> list[int]:
         """Delete this rank's key and, on the last of ``members`` ranks to release, the request
         keys they share and the keys of the ``lost`` ranks (dead: they never delete theirs).
-        Every publisher of the prefix has stopped by then, so nothing writes them again."""
+        Every publisher of the prefix has stopped by then, so nothing writes them again.
+
+        Returns, on the last rank to release, the numbers of the listener events the asks sent
+        (:meth:`_note_event`), for the caller to delete once every listener is past them (a
+        generation later: ``Liveness.forget``); else nothing."""
         with self._lock:  # no publish or answer is under way, and none follows
             self._released = True
+        events: list[int] = []
         try:
             self.store.delete_key(self.key)
             if members and int(self.store.add(f"{self.prefix}closed", 1)) >= members:
                 self._release_asks()
+                listed = read_if_present(self.store, f"{self.prefix}events")
+                events = [int(part) for part in (listed or "").split(",") if part]
                 # spoken: the failed calls whose diagnosis one rank printed
-                for name in ("request", "requests", "closed", "spoken",
+                for name in ("request", "requests", "closed", "spoken", "events",
                              *map(str, lost)):
                     self.store.delete_key(f"{self.prefix}{name}")
         except Exception as error:  # the store may be gone with the job
             logger.debug("flight recorder: releasing %s: %s", self.key, error)
+        return events
 
 
     def _requests(self) -> int:

@@ -306,12 +306,14 @@ class FlightSession:
                    directory, extra={DIAGNOSIS: True})
         return found
 
-    def release(self, lost: tuple[int, ...]) -> None:
+    def release(self, lost: tuple[int, ...]) -> list[int]:
         """After :meth:`close` without release (a retired generation), once no rank waits on it:
         delete this rank's keys; the last survivor deletes the shared ones and the ``lost``
-        ranks' (global ranks)."""
-        if self.publisher is not None:
-            self.publisher.release(self.members - len(lost), lost)
+        ranks' (global ranks), and returns the listener events of the generation's asks (see
+        :meth:`StatusPublisher.release`)."""
+        if self.publisher is None:
+            return []
+        return self.publisher.release(self.members - len(lost), lost)
 
     def close(self, release: bool = True) -> None:
         """Stop publishing; ``release`` deletes this rank's store keys (``close()``)."""

@@ -166,6 +166,9 @@ class Generation:
     """After :meth:`release`: its groups something else still held (see :meth:`_drop_references`)."""
     abandoned: list[tuple[dist.ProcessGroup, Any]] = field(default_factory=list)
     """Calls its interruption did not end, each with its group (see :meth:`abandon`)."""
+    flight_events: list[int] = field(default_factory=list)
+    """After :meth:`release` on the last rank to release its flight recorder: the listener
+    events its asks sent, to delete once every listener is past them (the rank-loss side)."""
 
     def abandon(self, group: dist.ProcessGroup, work: Any) -> None:
         """Keep ``work``, a call on ``group`` that survived this generation's interruption, from
@@ -376,7 +379,7 @@ class Generation:
         del made  # a reference here would keep every group alive through _drop_references
         if self.flight is not None:
             members = self.plan.members or tuple(range(self.layout.world_size))
-            self.flight.release(tuple(members[position] for position in lost))
+            self.flight_events = self.flight.release(tuple(members[position] for position in lost))
         if self.request.rank >= 0:
             for attempt in self.attempts:
                 attempt.release(self.request.position, self.layout.world_size, lost)

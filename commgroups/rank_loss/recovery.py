@@ -72,6 +72,11 @@ class Recovery:
     """How many check-ins the last successful rebuild took."""
     previous_check_ins: tuple[str, int] | None = None
     """The last successful rebuild's check-in prefix and attempt count, deleted one rebuild later."""
+    flight_events: list[int] = field(default_factory=list)
+    """Listener events of released generations' flight-recorder asks (this rank released their
+    keys last), deleted at the next rebuild's end (:meth:`finish`)."""
+    previous_flight_events: list[int] = field(default_factory=list)
+    """Those the last rebuild's end took over: deleted at this one's, with the check-in's."""
     lingering: list[weakref.ref[dist.ProcessGroup]] = field(default_factory=list)
     """Released groups something still held at release (see :meth:`release_retired`)."""
     collector: threading.Timer | None = None
@@ -321,6 +326,11 @@ class Recovery:
             self.liveness.watch(report.generation, members)
         first = bool(members) and members[0] == self.rank
         self.release_retired(lost_positions, first, members)
+        # Events of asks a generation ago: every member's listener handled this rebuild's
+        # decision since, which came after them (as forget_check_ins' below).
+        if self.liveness is not None and self.previous_flight_events:
+            self.liveness.forget(self.previous_flight_events)
+        self.previous_flight_events, self.flight_events = self.flight_events, []
         if first and str(dist.get_backend()) != "fake":
             root = torch_internals.default_store()
             record_made(root, self._made_key, report.generation, len(members))
@@ -353,6 +363,7 @@ class Recovery:
         for old in self.retired:
             if old.release(lost_positions):
                 self.linger(old.lingering)
+                self.flight_events += old.flight_events
                 if first and self.liveness is not None:
                     self.liveness.release(old.number, survivors)
         self.retired = [old for old in self.retired if old.ended != "released"]
