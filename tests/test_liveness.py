@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -354,31 +356,65 @@ def _rebuild_cycles(rank: int, world: int, cycles: int) -> list[dict[str, int]]:
 
 
 # Run alone after the parallel suite (with the loads_cores test): under the whole suite's load its
-# key counts were off by one to three keys in 3 of 6 runs (listeners lagging at release time);
-# alone it passed every run. The cause is not yet pinned down: see the session note.
+# key counts were off by one to three keys in 3 of 6 runs (listeners lagging at release time).
+# Later runs found two real leaks behind such counts, both listener events kept until close():
+# the loss reports of the ranks that called rebuild() before they heard the first, and the
+# flight recorder's asks (each now named by shape in the message, and deleted).
+ANOMALY_COUNTERS = re.compile(r"commgroups/agree/\d+//(mismatch|counter/split|ballot/split|ballot/veto)$")
+"""The counters an agreement creates only where its vote saw a difference (a veto: torch would
+reuse a destroyed group's name), kept with the generation until it retires."""
+
+
+EVENT = re.compile(r"/event/\d+$")
+"""A listener event's key (``event/count`` is not one)."""
+
+
+CYCLES_WORLD = 4
+"""The ranks of :func:`test_rebuilds_leak_nothing_over_ten_cycles`."""
+
+
+def _shape(key: str) -> str:
+    """A key with its numbers (epochs, generations, attempts) left out: the same key of the next
+    generation has the same shape."""
+    return re.sub(r"\d+", "N", key)
+
+
 @pytest.mark.loads_cores
 def test_rebuilds_leak_nothing_over_ten_cycles() -> None:
-    results = run_world(_rebuild_cycles, 4, 10, timeout=240)
+    results = run_world(_rebuild_cycles, CYCLES_WORLD, 10, timeout=240)
     for rank, seen in enumerate(results):
-        named = [set(counts.pop("ours", ())) for counts in seen]
-        added = sorted(named[-1] - named[1])  # commgroups' keys the last count has, the second not
-        first, last = seen[0], seen[-1]
-        assert last["groups"] == first["groups"], (rank, seen)
+        named = [counts.pop("ours", ()) for counts in seen]
+        first, settled, last = seen[0], seen[1], seen[-1]
+        # Which of ours the last count has beyond the second, by shape (a leak names itself).
+        added = sorted((Counter(map(_shape, named[-1])) - Counter(map(_shape, named[1]))).elements())
+        text = f"rank {rank}: ours added {added}; counts {seen}"
+        assert last["groups"] == first["groups"], text
         # From the second rebuild on (a descriptor or two may open once, after the first): flat.
-        settled = seen[1]
-        assert last["fds"] <= settled["fds"] + 2 and last["fds"] <= first["fds"] + 4, (rank, seen)
-        assert last["threads"] <= settled["threads"] + 2, (rank, seen)
-        # Ours stay flat; torch's rendezvous keys of each new group stay behind (theirs). A
-        # generation whose vote saw a difference (a veto: torch would reuse a destroyed group's
-        # name) keeps its four agreement counters until it retires: generation 1 has none, every
-        # later one may, so ours settle once, by at most that, then stay flat.
-        # Plus at most one loss event a release kept because a lagging listener had not answered
-        # it yet (the next release deletes it: bounded, never growing).
+        assert last["fds"] <= settled["fds"] + 2 and last["fds"] <= first["fds"] + 4, text
+        assert last["threads"] <= settled["threads"] + 2, text
+        # Ours stay flat; torch's rendezvous keys of each new group stay behind (theirs). The
+        # live generation keeps its agreement's four anomaly counters where its vote saw a
+        # difference (a veto: torch would reuse a destroyed group's name): at most one
+        # generation's, they retire with it.
+        anomalies = [sum(1 for key in keys if ANOMALY_COUNTERS.search(key)) for keys in named]
+        assert max(anomalies) <= 4, text
+        # Listener events are deleted once every listener is past them: a rebuild or two after
+        # they were sent. What a count finds is a bounded backlog, never growing: the last
+        # check-in's decision, a release's loss reports (one per rank that called rebuild()
+        # before it heard the first) and the asks of one diagnosed call (its generation
+        # released a rebuild late: an abandoned all_reduce). The later reports and the asks
+        # stayed until close() before: 4 keys over 9 rebuilds on loaded cores, 148 of 146.
+        events = [sum(1 for key in keys if EVENT.search(key)) for keys in named]
+        assert max(events) <= 2 * CYCLES_WORLD + 2, text
         torch_keys = first["torch_keys"]
         rebuilds = settled["generation"] - first["generation"]
-        assert settled["keys"] - first["keys"] <= rebuilds * torch_keys + 5, (rank, seen)
+        # Besides: a release's two counters (``closed``) where a rank lists the keys before
+        # the last rank released.
+        grown = (settled["keys"] - events[1]) - (first["keys"] - events[0])
+        assert grown <= rebuilds * torch_keys + 2 + max(0, anomalies[1] - anomalies[0]), text
         rebuilds = last["generation"] - settled["generation"]
-        assert last["keys"] - settled["keys"] <= rebuilds * torch_keys + 2, (rank, added, seen)
+        grown = (last["keys"] - events[-1]) - (settled["keys"] - events[1])
+        assert grown <= rebuilds * torch_keys + 2 + max(0, anomalies[-1] - anomalies[1]), text
 
 
 def _audited_rebuild(rank: int, world: int) -> list[tuple[str, ...]]:
