@@ -166,6 +166,8 @@ def _disagreements(rank: int, world_size: int) -> dict[str, str]:
             out[name] = "created"
         except errors.CommGroupsError as error:
             out[name] = f"{type(error).__name__}: {error}"
+            if error.__cause__ is not None:  # the message cuts a long cause (gloo's) short
+                out[f"{name}_cause"] = repr(error.__cause__)
 
     base = cg.Layout(dims={"dp_shard": 1, "cp": 4})
     timeout = base.model_copy(update={"roles": [
@@ -193,7 +195,7 @@ def test_disagreement_is_an_error_on_every_rank(four_rank_results: list[dict[str
         assert out["world"].startswith("WorldSizeMismatchError"), out["world"]
         assert "8" in out["world"] and "fix" in out["world"]
         assert out["nccl"].startswith("BackendUnavailableError"), out["nccl"]
-        assert out["after"] == "created"
+        assert out["after"] == "created", (out["after"], out.get("after_cause"))
     # identical message on every rank
     for key in ("timeout", "dims", "backend", "world", "nccl"):
         assert len({r[key] for r in results}) == 1, key
