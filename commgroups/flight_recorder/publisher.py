@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
-from commgroups.util.store_reads import read_bytes_if_present, read_if_present
+from commgroups.util.store_reads import read_bytes_if_present, read_if_present, read_numbers
 
 __all__ = ["ANSWER_LOOK_S", "ANSWER_QUIET_S", "ANSWER_WAIT_PER_MEMBER_S", "BLOCK_MEMBERS",
            "DEFAULT_INTERVAL_S", "LOSS_SHORTEST_S", "REFRESH_S", "REQUEST_POLLS_PER_INTERVAL",
@@ -542,8 +542,7 @@ class StatusPublisher:
             self.store.delete_key(self.key)
             if members and int(self.store.add(f"{self.prefix}closed", 1)) >= members:
                 self._release_asks()
-                listed = read_if_present(self.store, f"{self.prefix}events")
-                events = [int(part) for part in (listed or "").split(",") if part]
+                events = read_numbers(self.store, f"{self.prefix}events")
                 # spoken: the failed calls whose diagnosis one rank printed
                 for name in ("request", "requests", "closed", "spoken", "events",
                              *map(str, lost)):

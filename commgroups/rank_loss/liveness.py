@@ -61,7 +61,7 @@ from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-
 
 from commgroups.rank_loss.host_relay import HELLO, HostRelay, RelayFeed, relay_address, relay_of
 from commgroups.rank_loss.local_peers import ProcessId, gone, host_key, parse_peers
-from commgroups.util.store_reads import read_if_present
+from commgroups.util.store_reads import read_if_present, read_numbers
 
 __all__ = ["Liveness", "OnLoss", "answer", "answered", "own_connection"]
 
@@ -142,10 +142,7 @@ def confirm_local_deaths(store: Store, generation: int, rank: int, members: Coll
 
 def answered(store: Store, generation: int, ranks: Collection[int]) -> set[int]:
     """Which of ``ranks`` answered generation ``generation``'s loss report (:func:`answer`)."""
-    value = read_if_present(store, f"lost/{generation}/here")
-    if value is None:
-        return set()
-    return {int(part) for part in value.split(",") if part} & set(ranks)
+    return set(read_numbers(store, f"lost/{generation}/here")) & set(ranks)
 
 
 def _suspects(token: str) -> set[int] | None:
@@ -511,8 +508,7 @@ class Liveness:
     def confirmed_dead(self, generation: int) -> set[int]:
         """The ranks whose process a peer on their host saw gone since generation
         ``generation``'s loss report (:func:`confirm_local_deaths`): dead for sure."""
-        value = read_if_present(self._shared, f"lost/{generation}/dead")
-        return set() if value is None else {int(part) for part in value.split(",") if part}
+        return set(read_numbers(self._shared, f"lost/{generation}/dead"))
 
     def answers(self, generation: int) -> int:
         """How many answers generation ``generation``'s loss report got so far (one request)."""
@@ -613,8 +609,7 @@ class Liveness:
                 self._shared.delete_key(f"event/{number}")
             if not self._shared.check([f"lost/{generation}"]):
                 return  # nobody reported a loss in it: nothing was written
-            listed = read_if_present(self._shared, f"lost/{generation}/events")
-            numbers = sorted(int(part) for part in (listed or "").split(",") if part)
+            numbers = sorted(read_numbers(self._shared, f"lost/{generation}/events"))
             passed = survivors is not None and len(self.answered(generation, survivors)) == len(
                 survivors)
             for key in ("", "/who", "/events", "/here", "/dead"):

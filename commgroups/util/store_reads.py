@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported
 
-__all__ = ["read_bytes_if_present", "read_if_present"]
+__all__ = ["read_bytes_if_present", "read_if_present", "read_numbers"]
 
 _ABSENT = "\x00"  # a value no key holds
 
@@ -30,3 +30,10 @@ def read_if_present(store: Store, key: str) -> str | None:
     :func:`read_bytes_if_present`)."""
     value = read_bytes_if_present(store, key)
     return None if value is None else value.decode()
+
+
+def read_numbers(store: Store, key: str) -> list[int]:
+    """The numbers appended to ``key`` as ``"3,17,"``, in the order they were appended; empty
+    where the key does not exist (as :func:`read_bytes_if_present`)."""
+    value = read_if_present(store, key)
+    return [] if value is None else [int(part) for part in value.split(",") if part]
