@@ -124,7 +124,7 @@ class FlightSession:
         """
         path = self._path(directory)
         number, own = self._snapshot()
-        return self._write(path, number, {**own, "torch_trace": self.recorder.torch_trace(call_sites)})
+        return self._write(path, number, own, call_sites)
 
     def dump_soon(self, directory: str | os.PathLike[str]) -> str:
         """:meth:`dump` at once without torch's call sites, then the same snapshot again with
@@ -132,7 +132,7 @@ class FlightSession:
         path. A process that exits first keeps the first file."""
         path = self._path(directory)
         number, own = self._snapshot()
-        self._write(path, number, {**own, "torch_trace": self.recorder.torch_trace(False)})
+        self._write(path, number, own, call_sites=False)
         threading.Thread(target=self._add_call_sites, args=(path, number, own),
                          name="commgroups-flight-dump", daemon=True).start()
         return str(path)
@@ -151,10 +151,12 @@ class FlightSession:
             self._snapshots += 1
             return self._snapshots, self.recorder.snapshot()
 
-    def _write(self, path: Path, number: int, data: dict[str, Any]) -> str:
-        """Write snapshot ``number`` to ``path`` unless a later one is there already (a dump
-        the main thread took after its failed call while dump_soon's thread symbolized: CI's
-        merge named a rank behind in the very call its last dump recorded)."""
+    def _write(self, path: Path, number: int, own: dict[str, Any], call_sites: bool) -> str:
+        """Write snapshot ``number`` (``own``, with torch's entries added now) to ``path``
+        unless a later one is there already (a dump the main thread took after its failed call
+        while dump_soon's thread symbolized: CI's merge named a rank behind in the very call
+        its last dump recorded)."""
+        data = {**own, "torch_trace": self.recorder.torch_trace(call_sites)}
         text = json.dumps(data, indent=1, default=str)
         with self._dumps:
             if self._written.get(path, 0) > number:
@@ -168,7 +170,7 @@ class FlightSession:
 
     def _add_call_sites(self, path: Path, number: int, own: dict[str, Any]) -> None:
         try:
-            self._write(path, number, {**own, "torch_trace": self.recorder.torch_trace()})
+            self._write(path, number, own, call_sites=True)
         except Exception as error:  # the registry closed meanwhile: the first file stands
             logger.debug("flight recorder: second dump with call sites failed: %s", error)
 
