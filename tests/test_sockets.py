@@ -3,7 +3,12 @@ ways, never a listener, never a descriptor reused since (real sockets, one proce
 
 from __future__ import annotations
 
+import gc
+import os
+import select
+import signal
 import socket
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -11,6 +16,8 @@ import pytest
 from commgroups.creation.sockets import (
     SUPPORTED,
     SocketLedger,
+    detach,
+    detach_on_fork,
     gloo_sockets,
     new_sockets,
     open_sockets,
@@ -44,6 +51,57 @@ def test_sever_shuts_a_connected_socket_down_and_its_peer_sees_the_end() -> None
         sever(mine)  # idempotent: a second time changes nothing
         with pytest.raises(OSError):
             a.send(b"x")
+    finally:
+        a.close()
+        b.close()
+
+
+class _Owner:
+    """What detach_on_fork holds weakly (a generation, in the product)."""
+
+    def __init__(self, refs: list[tuple[int, str]]) -> None:
+        self.refs = refs
+
+
+def _closes_while_child_lives(register: bool) -> bool:
+    """Fork a child that outlives ``a``'s close here; whether ``b`` sees the end at once."""
+    before = open_sockets()
+    a, b = socket.socketpair()
+    owner = _Owner([ref for ref in new_sockets(before, open_sockets()) if ref[0] == a.fileno()])
+    if register:
+        detach_on_fork(owner, lambda held: held.refs)  # type: ignore[attr-defined]
+    child = os.fork()
+    if child == 0:  # a DataLoader worker's stand-in: it holds what the fork gave it, idle
+        time.sleep(30)
+        os._exit(0)
+    try:
+        a.close()
+        ready, _, _ = select.select([b], [], [], 2.0)
+        return bool(ready) and b.recv(1) == b""
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        b.close()
+        del owner
+        gc.collect()
+
+
+def test_a_forked_child_keeps_a_socket_open_unless_detached_on_fork() -> None:
+    # The peer of a closed socket sees the end only once no process holds it: a child forked
+    # earlier does, unless the owner had it detach the socket at the fork.
+    assert not _closes_while_child_lives(register=False)
+    assert _closes_while_child_lives(register=True)
+
+
+def test_detach_points_a_socket_at_dev_null_and_skips_a_reused_descriptor() -> None:
+    before = open_sockets()
+    a, b = socket.socketpair()
+    try:
+        refs = [ref for ref in new_sockets(before, open_sockets()) if ref[0] == a.fileno()]
+        stale = [(b.fileno(), "socket:[1]")]  # the number now names another inode
+        assert detach(refs + stale) == 1
+        assert os.readlink(f"/proc/self/fd/{a.fileno()}") == os.devnull  # number still taken
+        assert os.readlink(f"/proc/self/fd/{b.fileno()}").startswith("socket:[")
     finally:
         a.close()
         b.close()

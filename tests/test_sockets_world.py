@@ -1,19 +1,24 @@
 """The socket ledger on real gloo groups: each role's recorded sockets are the ones its group
 opened, told apart by numbering alone (not the every-group fallback), on every creation path
-(4 gloo ranks; run on each torch leg, since the count per group is gloo's)."""
+(4 gloo ranks; run on each torch leg, since the count per group is gloo's); and a child forked
+from a rank lets go of them, so the rank's death still reaches its peers at once."""
 
 from __future__ import annotations
 
 import os
+import signal
+import time
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import commgroups as cg
+from commgroups import torch_internals
 from commgroups.creation.descriptor_table import table_size
 from commgroups.creation.sockets import SUPPORTED, gloo_sockets, open_sockets
-from tests.worlds import run_world
+from tests.worlds import _gone, connected_barrier, run_world
 
 pytestmark = [pytest.mark.world,
               pytest.mark.skipif(not SUPPORTED, reason="needs /proc/self/fd (Linux)")]
@@ -82,3 +87,55 @@ def test_every_socket_is_recorded_while_the_descriptor_table_grows() -> None:
         assert result["grew"], result
         assert result["missed"] == [] and result["foreign"] == [], result
         assert result["opened"] == 2 + 4 + 8 + 8, result  # gloo_sockets of each role's group
+
+
+CHILD_ROLE_TIMEOUT_S = 20.0
+
+
+def _killed_with_a_forked_child(rank: int, world_size: int) -> dict[str, Any]:
+    layout = cg.Layout(dims={"cp": world_size}, roles=[
+        cg.RoleSpec(name="cp", dims=["cp"], timeout_s=CHILD_ROLE_TIMEOUT_S),
+        cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo"),
+    ])
+    # No heartbeat: the peers' sockets are the only way the death can reach them.
+    registry = cg.GroupRegistry(layout, create_timeout_s=60, heartbeat_s=None).create()
+    cp = registry.collectives("cp")
+    cp.all_reduce(torch.ones(4))
+    # What torch's DataLoader does for each worker (num_workers > 0 on Linux, through
+    # multiprocessing, which refuses to here: the test's ranks are daemonic): a forked process,
+    # holding every descriptor the fork gave it, that outlives its rank for a while.
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    store = torch_internals.default_store()
+    store.set(f"tests/child/{rank}", str(child))
+    victim = world_size - 1
+    connected_barrier(registry, rank, world_size, victim=victim)  # the victim exits in there
+    victims_child = int(store.get(f"tests/child/{victim}"))
+    started = time.monotonic()
+    try:
+        cp.all_reduce(torch.ones(4))
+        return {"error": None}
+    except cg.errors.RoleCollectiveError as error:
+        return {"timeout": isinstance(error, cg.errors.RoleTimeoutError),
+                "seconds": time.monotonic() - started, "message": str(error),
+                "child_alive": not _gone(victims_child), "victims_child": victims_child}
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def test_a_rank_killed_while_its_forked_child_lives_fails_its_peers_at_once() -> None:
+    # Without the child letting go of the rank's gloo sockets, the peers' collective waited for
+    # the child to exit (a DataLoader worker's watchdog: up to 5 s) or for the role timeout.
+    results = run_world(_killed_with_a_forked_child, 4, timeout=120, expect_errors=True)
+    for pid in {result["victims_child"] for result in results[:3]
+                if isinstance(result, dict) and "victims_child" in result}:
+        os.kill(pid, signal.SIGKILL)  # an orphan now: nobody else ends it
+    for result in results[:3]:
+        assert isinstance(result, dict), result
+        assert result.get("error", "x") is not None, result  # raised, did not hang
+        assert not result["timeout"], result["message"]  # the sockets closed: no timeout
+        assert result["child_alive"], result  # while the victim's child still held its copies
+        assert result["seconds"] < CHILD_ROLE_TIMEOUT_S / 2, result

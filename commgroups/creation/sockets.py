@@ -15,23 +15,33 @@ constructing it, and open no socket later). A socket is named by its descriptor 
 severed only while the descriptor still names that inode, so a descriptor number reused after the
 group closed is never touched. Linux only (``/proc/self/fd``); elsewhere :data:`SUPPORTED` is False
 and nothing is recorded: survivors then wait for the role timeout, as before.
+
+A process forked from a rank (a ``DataLoader`` worker, a fork-started pool) holds every
+descriptor of its parent, so a killed rank's sockets stay open for as long as such a child lives,
+and its peers see nothing close: measured on 4 gloo ranks, a child living 8 s after its rank was
+SIGKILLed held the survivors' failure back 8 s (0.2 s without), one living 60 s held it 40 s.
+:func:`detach_on_fork` lets every child forked later let go of a generation's sockets
+(:func:`detach`).
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import socket
 import stat
 import sys
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from commgroups.creation.descriptor_table import FDS, lowest_free, open_descriptors
 
-__all__ = ["GLOO_OTHER_DESCRIPTORS", "SUPPORTED", "SocketLedger", "SocketRef", "gloo_descriptors",
-           "gloo_sockets", "new_sockets", "open_sockets", "sever"]
+__all__ = ["GLOO_OTHER_DESCRIPTORS", "SUPPORTED", "SocketLedger", "SocketRef", "detach",
+           "detach_on_fork", "gloo_descriptors", "gloo_sockets", "new_sockets", "open_sockets",
+           "sever"]
 
 logger = logging.getLogger(__name__)
 
@@ -203,3 +213,53 @@ def sever(sockets: Iterable[SocketRef]) -> int:
             duplicate.close()  # closes our duplicate only; shutdown acted on the shared socket
     logger.debug("severed %d socket(s)", severed)
     return severed
+
+
+def detach(sockets: Iterable[SocketRef]) -> int:
+    """In a forked child: let go of every still-open socket of ``sockets``; returns how many.
+
+    Each descriptor is pointed at ``/dev/null`` rather than closed: its number stays taken, so
+    nothing the child opens later gets it, and a later close by the child's copy of gloo (at its
+    exit) closes ``/dev/null``, not something of the child's. The sockets themselves, which the
+    parent still uses, are untouched (only this process's references to them go). A closed or
+    reused descriptor is skipped, as :func:`sever` skips it.
+    """
+    try:
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    detached = 0
+    try:
+        for fd, link in sockets:
+            if fd != null and _socket_link(fd) == link:
+                try:
+                    os.dup2(null, fd, inheritable=False)
+                    detached += 1
+                except OSError:
+                    pass
+    finally:
+        os.close(null)
+    return detached
+
+
+def detach_on_fork(owner: object, sockets: Callable[[object], Iterable[SocketRef]]) -> None:
+    """Have every child forked from now on :func:`detach` ``sockets(owner)`` while ``owner``
+    lives: its peers then see the sockets close when this process dies, whatever children it
+    left behind. ``owner`` is held weakly: once it is gone a fork does nothing for it.
+
+    ``os.register_at_fork`` keeps the hook for the process's life (there is no unregistering):
+    one small function per call, which costs a fork a few microseconds once its owner is gone.
+    The hook runs in the child only, on the forking thread, and takes no lock (the threads that
+    held one did not survive the fork).
+    """
+    if not SUPPORTED:
+        return
+    owner_ref = weakref.ref(owner)
+
+    def in_child() -> None:
+        alive = owner_ref()
+        if alive is not None:
+            with contextlib.suppress(Exception):  # never let the child fail for this
+                detach(sockets(alive))
+
+    os.register_at_fork(after_in_child=in_child)
