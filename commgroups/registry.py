@@ -448,7 +448,7 @@ class GroupRegistry:
             self.spec(role)
         generation = self._live()
         seconds = limits.check_timeout(
-            timeout.total_seconds() if isinstance(timeout, timedelta) else timeout, "timeout_s")
+            timeout.total_seconds() if isinstance(timeout, timedelta) else timeout, "timeout")
         new = timedelta(seconds=seconds)
         names = self.role_names if role is None else (role,)
         generation.set_timeout(names, new, dims_too=role is None)

@@ -57,6 +57,6 @@ def test_role_timeouts_reach_groups_and_can_change() -> None:
         assert out["after_set"] == {"cp": 3.0, "fsdp": 11.5, "checkpoint-metadata": 1800.0}
         assert out["reported_after"] == 3.0
         assert out["sum"] == 2.0
-        assert "timeout_s" in out["bad"] and "fix" in out["bad"]
+        assert out["bad"].startswith("timeout:") and "fix" in out["bad"]
         assert set(out["after_all"].values()) == {42.0}
         assert set(out["reported_all"].values()) == {42.0}
