@@ -69,7 +69,7 @@ def _closes_while_child_lives(register: bool) -> bool:
     a, b = socket.socketpair()
     owner = _Owner([ref for ref in new_sockets(before, open_sockets()) if ref[0] == a.fileno()])
     if register:
-        detach_on_fork(owner, lambda held: held.refs)  # type: ignore[attr-defined]
+        detach_on_fork(owner, lambda held: held.refs)
     child = os.fork()
     if child == 0:  # a DataLoader worker's stand-in: it holds what the fork gave it, idle
         time.sleep(30)

@@ -36,6 +36,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from commgroups.creation.descriptor_table import FDS, lowest_free, open_descriptors
 
@@ -44,6 +45,8 @@ __all__ = ["GLOO_OTHER_DESCRIPTORS", "SUPPORTED", "SocketLedger", "SocketRef", "
            "sever"]
 
 logger = logging.getLogger(__name__)
+
+_Owner = TypeVar("_Owner")
 
 SUPPORTED = sys.platform.startswith("linux") and os.path.isdir(FDS)
 """Whether this platform lets a process list its sockets (Linux's ``/proc``)."""
@@ -231,7 +234,7 @@ def detach(sockets: Iterable[SocketRef]) -> int:
     detached = 0
     try:
         for fd, link in sockets:
-            if fd != null and _socket_link(fd) == link:
+            if _socket_link(fd) == link:  # /dev/null's own number is no socket: skipped
                 try:
                     os.dup2(null, fd, inheritable=False)
                     detached += 1
@@ -242,7 +245,7 @@ def detach(sockets: Iterable[SocketRef]) -> int:
     return detached
 
 
-def detach_on_fork(owner: object, sockets: Callable[[object], Iterable[SocketRef]]) -> None:
+def detach_on_fork(owner: _Owner, sockets: Callable[[_Owner], Iterable[SocketRef]]) -> None:
     """Have every child forked from now on :func:`detach` ``sockets(owner)`` while ``owner``
     lives: its peers then see the sockets close when this process dies, whatever children it
     left behind. ``owner`` is held weakly: once it is gone a fork does nothing for it.

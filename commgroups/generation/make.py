@@ -35,7 +35,7 @@ from commgroups.creation.role_groups import (
     nonmember_split_hazard,
     prefer_all_ranks,
 )
-from commgroups.creation.sockets import SocketLedger, SocketRef, detach_on_fork, gloo_descriptors
+from commgroups.creation.sockets import SocketLedger, detach_on_fork, gloo_descriptors
 from commgroups.creation.store_keys import AttemptStore, open_attempt
 from commgroups.errors import BackendUnavailableError, CommGroupsError, GroupCreationError
 from commgroups.flight_recorder.session import open_flight
@@ -141,10 +141,10 @@ def make_generation(request: GenerationRequest, local_error: CommGroupsError | N
                      dim_groups={d: made[d] for d in request.mesh_dims},
                      attempts=[store] if store is not None else [],
                      epoch=store.epoch if store is not None else -1)
-    if any(role.sockets for role in made.values()):
+    if generation.sockets():
         # A child forked later (a DataLoader worker) would keep them open past this rank's
         # death, and its peers would wait for the child to exit to see it.
-        detach_on_fork(generation, _live_sockets)
+        detach_on_fork(generation, Generation.sockets)
     generation.flight = open_flight(
         {name: made[name].group for name in request.layout.role_names},
         enabled=flight_enabled(request.layout), generation=request.number,
@@ -156,13 +156,6 @@ def make_generation(request: GenerationRequest, local_error: CommGroupsError | N
             if made[name].adapter.severs:
                 recorder.watch = generation
     return generation
-
-def _live_sockets(generation: Any) -> list[SocketRef]:
-    """Every socket of ``generation``'s groups while they exist (none once released)."""
-    if generation.ended in ("released", "destroyed"):
-        return []
-    return [ref for role in (*generation.roles.values(), *generation.dim_groups.values())
-            for ref in role.sockets]
 
 
 def _descriptors_opened(request: GenerationRequest, order: Sequence[RolePlan],
