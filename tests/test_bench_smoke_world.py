@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from commgroups.bench import smoke_config
 from commgroups.cli import main
 
 pytestmark = pytest.mark.world
@@ -32,11 +31,33 @@ def _numbers(cell: Any) -> list[float]:
     return []
 
 
-def test_bench_smoke_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+class _Counting:
+    def __init__(self) -> None:
+        self.total = 0
+        self.done = 0
+
+    def add_total(self, units: int) -> None:
+        self.total += units
+
+    def advance(self, units: int = 1) -> None:
+        self.done += units
+
+    def describe(self, text: str) -> None:
+        pass
+
+
+# One smoke run for every check of it: a run takes 40-50 s on 2 cores (two runs took half of the
+# suite's slowest minute).
+def test_bench_smoke_json_and_plots_and_progress(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "bench.json"
     plots = tmp_path / "plots"
+    progress = _Counting()  # --no-progress's bar: the run announces its total, then advances
+    monkeypatch.setattr("commgroups.bench.progress.NullProgress", lambda: progress)
     assert main(["bench", "--smoke", "--no-progress", "--json", str(out), "--plot", str(plots),
                  "--markdown", str(tmp_path / "bench.md")]) == 0
+    assert progress.total == progress.done > 0
     data = json.loads(out.read_text())
     for key in ("async_and_wait_overhead_ratio", "creation_ratio_vs_devicemesh"):
         assert isinstance(data[key], float) and math.isfinite(data[key]) and data[key] > 0, key
@@ -100,26 +121,3 @@ def test_bench_smoke_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert sorted(p.name for p in plots.glob("*.png")) == [
         "async_and_wait.png", "checkpoint.png", "creation.png", "memory.png", "planning.png"]
     assert "async_and_wait_overhead_ratio" in capsys.readouterr().out
-
-
-class _Counting:
-    def __init__(self) -> None:
-        self.total = 0
-        self.done = 0
-
-    def add_total(self, units: int) -> None:
-        self.total += units
-
-    def advance(self, units: int = 1) -> None:
-        self.done += units
-
-    def describe(self, text: str) -> None:
-        pass
-
-
-def test_progress_total_matches_the_work() -> None:
-    from commgroups.bench import run_bench
-
-    progress = _Counting()
-    run_bench(smoke_config(), progress)
-    assert progress.total == progress.done > 0
