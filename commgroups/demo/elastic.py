@@ -140,15 +140,15 @@ def elastic_rank(rank: int, world_size: int, post: Callable[[Any], None],
     the same world (nobody lost) and go on, as a training job would.
 
     Returns this rank's place (member, spare, dropped), its losses by step, every rebuild's report
-    and timings (``rebuilds``; ``rebuild``: the last), the step it last resumed from with the
-    shards it held then, and its final shards.
+    and timings (``rebuilds``, oldest first), the step it last resumed from with the shards it
+    held then, and its final shards.
     """
     registry = GroupRegistry(run.layout, create_timeout_s=60).create()
     model = _build(registry)
     if run.start_shards:
         _load(model, run.start_shards[registry.members.index(rank)])
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
-    result: dict[str, Any] = {"losses": {}, "rebuild": None, "rebuilds": []}
+    result: dict[str, Any] = {"losses": {}, "rebuilds": []}
     held: dict[int, dict[str, np.ndarray]] = {}  # step -> this rank's shards at its start
     step = run.start_step
     while step < run.steps:
@@ -171,10 +171,9 @@ def elastic_rank(rank: int, world_size: int, post: Callable[[Any], None],
             report = registry.rebuild(alive, timeout=run.rebuild_timeout_s)
             # gloo prefixes its messages with a source path in brackets: keep what follows.
             text = str(error).rsplit("] ", 1)[-1]
-            result["rebuild"] = {"error": f"{type(error).__name__}: {text[:160]}",
-                                 "noticed_s": noticed, "report": report,
-                                 "text": report.describe(), "failed_step": step}
-            result["rebuilds"].append(result["rebuild"])
+            result["rebuilds"].append({"error": f"{type(error).__name__}: {text[:160]}",
+                                       "noticed_s": noticed, "report": report,
+                                       "text": report.describe(), "failed_step": step})
             if report.place != "member":
                 result["place"] = report.place
                 registry.close()
@@ -226,12 +225,12 @@ def run_elastic_demo(layout: Layout, steps: int, kill_rank: int, kill_step: int,
     if failed or not members:
         return 1
     first = members[min(members)]
-    rebuild = first["rebuild"]
     _say("")
-    if rebuild is None:
+    if not first["rebuilds"]:
         _say(f"no rank was lost ({kill_step=} >= {steps=}?)")
         return 1
-    for earlier in first["rebuilds"][:-1]:
+    *earlier_ones, rebuild = first["rebuilds"]
+    for earlier in earlier_ones:
         _say(f"an earlier rebuild (generation {earlier['report'].generation}, step "
              f"{earlier['failed_step']}) lost {list(earlier['report'].lost) or 'nobody'}: "
              f"{earlier['error'][:100]}")
