@@ -45,8 +45,8 @@ def _interrupted_while_waiting(watch: Any, call: Callable[[], object],
     """Interrupt ``watch`` at 0.5 s (the liveness listener's part, without the sever, which
     would end the call at once) and run ``call``, a collective the peer never joins: its error
     (of type ``caught``) and how long it waited."""
+    start = time.monotonic()  # before the timer, which may run first on a loaded machine
     threading.Timer(INTERRUPTED_AT_S, lambda: setattr(watch, "interrupted", True)).start()
-    start = time.monotonic()
     out: dict[str, Any] = {}
     try:
         call()
