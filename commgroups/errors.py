@@ -39,6 +39,7 @@ __all__ = [
     "InvalidViewError",
     "LayoutError",
     "LeftOutError",
+    "LossInterruptedError",
     "LayoutFileError",
     "LayoutMismatchError",
     "MegatronUnavailableError",
@@ -263,6 +264,12 @@ class ReplanError(CommGroupsError, ValueError):
 
 class AgreementTimeoutError(CommGroupsError, TimeoutError):
     """Not every rank reached the fingerprint agreement in time (a rank died or never called create)."""
+
+
+class LossInterruptedError(CommGroupsError, RuntimeError):
+    """A wait for every rank (torchtitan's timeout switch) ended because a rank-loss report
+    interrupted the registry's generation: a rank that died before arriving never will. Fails as
+    the generation's collectives do, in about a second rather than after the wait's timeout."""
 
 
 class BackendUnavailableError(CommGroupsError, RuntimeError):

@@ -43,6 +43,7 @@ from commgroups.errors import (
     WorldSizeMismatchError,
 )
 from commgroups.generation import (
+    STORE_PREFIX,
     Generation,
     GenerationRequest,
     dims_needing_groups,
@@ -165,6 +166,7 @@ class GroupRegistry:
         self._creator = threading.current_thread()  # owns the role handles (RoleCollectives)
         self._creator_site = ""
         self._on_rebuilt: list[Callable[[RebuildReport], None]] = []
+        self._barrier_calls: dict[tuple[int, str], int] = {}  # by generation and name
 
     # ------------------------------------------------------------------------------- creation
     @serialized
@@ -291,6 +293,34 @@ class GroupRegistry:
         for callback in list(self._on_rebuilt):
             callback(report)
         return report
+
+    def store_barrier(self, name: str, *, timeout: float | timedelta | None = None) -> None:
+        """Every member of the current generation reaches ``name`` before any leaves, through
+        the job's store: no collective on any group (torchtitan's timeout switch, which stock
+        runs as a default-group barrier). Blocks; every member calls it, with the same names in
+        the same order (the n-th call of a name meets the n-th on every rank).
+
+        A rank lost before it arrived never will: a loss report of the current generation that
+        reaches this rank ends the wait with :class:`~commgroups.errors.LossInterruptedError`
+        within milliseconds (with the heartbeat on; off, nothing reports), not after
+        ``timeout``. Otherwise ``timeout`` (default: ``create_timeout_s``) raises
+        :class:`~commgroups.errors.AgreementTimeoutError` naming the ranks that never arrived.
+        Three store requests per rank, and one connection for the wait.
+        """
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ArgumentError(f"name: a barrier's name is non-empty text without '/', got "
+                                f"{name!r}; fix: give a name such as 'set_pg_timeouts'",
+                                field="name")
+        generation = self._live()
+        seconds = self.create_timeout_s if timeout is None else limits.check_timeout(
+            timeout.total_seconds() if isinstance(timeout, timedelta) else timeout, "timeout")
+        counted = (generation.number, name)  # a rebuilt generation counts afresh
+        calls = self._barrier_calls[counted] = self._barrier_calls.get(counted, 0) + 1
+        members = self.members
+        self._recovery.store_barrier(
+            f"{STORE_PREFIX}/barrier/{self._recovery.registry_id}/{generation.number}/{name}/"
+            f"{calls}", members.index(self._rank), members, timedelta(seconds=seconds),
+            f"store_barrier({name!r})", generation.number)
 
     def on_rebuilt(self, callback: Callable[[RebuildReport], None]) -> Callable[[], None]:
         """Call ``callback(report)`` on this rank at the end of each successful :meth:`rebuild`,

@@ -23,10 +23,15 @@ import torch.distributed as dist
 
 from commgroups import GroupRegistry, torch_internals
 from commgroups.creation.agreement import store_barrier
-from commgroups.errors import LeftOutError, RebuildError
+from commgroups.errors import (
+    AgreementTimeoutError,
+    LeftOutError,
+    LossInterruptedError,
+    RebuildError,
+)
 from tests.test_generation import _group_count
 from tests.test_rebuild import hsdp_layout
-from tests.worlds import connected_barrier, run_world
+from tests.worlds import connected_barrier, explain, run_world
 
 pytestmark = pytest.mark.world
 
@@ -89,6 +94,53 @@ def test_a_killed_rank_is_replaced_in_seconds_with_production_timeouts(
         assert result["members"] == tuple(sorted(members))
         assert result["sum"] == float(len(members))  # the new checkpoint group works
         assert result["rebuilt_at"] - killed_at < WELL_UNDER_THE_TIMEOUT_S, (rank, result)
+
+
+def _store_barrier_after_a_loss(rank: int, world: int) -> dict[str, Any]:
+    # Nobody is in a collective when rank 3 goes: no socket sees it, the beat reports it (every
+    # 0.5 s here; reported after 10 dead_after_s unmoved: 20-50 s at the defaults).
+    registry = GroupRegistry(hsdp_layout(timeout_s=PRODUCTION_TIMEOUT_S),
+                             create_timeout_s=PRODUCTION_TIMEOUT_S, heartbeat_s=0.5,
+                             dead_after_s=0.5).create()
+    missing = ""
+    if rank != 1:  # rank 1 never calls this one: the others name it when their second is up
+        try:
+            registry.store_barrier("without-1", timeout=1)
+        except AgreementTimeoutError as error:
+            missing = str(error)
+    registry.store_barrier("before")  # every rank arrives: it returns
+    connected_barrier(registry, rank, world, victim=3)  # rank 3's process is gone after it
+    started = time.monotonic()
+    try:
+        registry.store_barrier("after")  # rank 3 never arrives; its 600 s are never waited
+    except LossInterruptedError as error:
+        outcome = str(error)
+    else:
+        outcome = "passed"
+    waited_s = time.monotonic() - started
+    report = registry.rebuild()
+    if report.place == "member":  # the rebuilt generation counts its barriers afresh
+        registry.store_barrier("after", timeout=60)
+    registry.close()
+    return {"outcome": outcome, "waited_s": waited_s, "place": report.place, "missing": missing}
+
+
+def test_a_store_barrier_ends_on_the_loss_report_not_its_timeout() -> None:
+    """torchtitan's timeout switch waits in this barrier: a rank lost before it arrived made the
+    others wait out the 300 s of create_timeout_s (the restart test's torchtitan job took 341 s
+    instead of 45 s)."""
+    results = run_world(_store_barrier_after_a_loss, 4, timeout=180, expect_errors=True)
+    survivors = results[:3]
+    assert all(isinstance(result, dict) for result in survivors), explain(results)
+    for rank, result in enumerate(survivors):
+        assert result["outcome"].startswith(
+            f"rank {rank}: a rank-loss report in generation 0 ended the wait for every rank at "
+            "store_barrier('after')"), result
+        assert result["waited_s"] < WELL_UNDER_THE_TIMEOUT_S, result
+        assert result["missing"] == "" if rank == 1 else result["missing"].startswith(
+            f"rank {rank}: not every rank reached store_barrier('without-1') within 1s; ranks "
+            "that never arrived: [1]"), result
+    assert [result["place"] for result in survivors] == ["member", "member", "dropped"]
 
 
 LONG_DEAD_AFTER_S = 60.0  # an unanswered report alone would count as death only after this

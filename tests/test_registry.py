@@ -23,3 +23,9 @@ def test_registry_usage_errors_without_a_world() -> None:
         cg.GroupRegistry(cg.Layout(dims={"cp": 4}), creation_mode="fastest")
     with pytest.raises(TypeError, match="Layout"):
         cg.GroupRegistry({"dims": {"cp": 4}})  # type: ignore[arg-type]
+    for name in ("", "a/b", 3):
+        with pytest.raises(errors.ArgumentError, match="name: a barrier's name") as caught:
+            registry.store_barrier(name)  # type: ignore[arg-type]
+        assert caught.value.field == "name"
+    with pytest.raises(errors.RegistryNotCreatedError, match="create"):
+        registry.store_barrier("set_pg_timeouts")

@@ -318,22 +318,25 @@ def store_calls(store: Store, rank: int, started: float, what: str) -> Iterator[
 
 def store_barrier(
     store: Store, name: str, rank: int, world_size: int, timeout: timedelta, what: str,
-    started: float | None = None,
+    started: float | None = None, members: Sequence[int] | None = None,
 ) -> None:
     """Every rank reaches ``name`` before any leaves; O(1) store operations per rank.
 
-    The one store barrier (torchtitan's timeout switch; repository tooling). ``timeout`` counts from
-    ``started`` (``time.monotonic()``; default: now). A rank that does not arrive in time makes the
-    others raise :class:`~commgroups.errors.AgreementTimeoutError` naming it; a store that stops
-    answering raises :class:`~commgroups.errors.StoreUnreachableError`.
+    The one store barrier (:meth:`~commgroups.GroupRegistry.store_barrier`; repository
+    tooling). ``timeout`` counts from ``started`` (``time.monotonic()``; default: now). A rank
+    that does not arrive in time makes the others raise
+    :class:`~commgroups.errors.AgreementTimeoutError` naming it; a store that stops answering
+    raises :class:`~commgroups.errors.StoreUnreachableError`. ``members``: the global rank at
+    each position, where ``rank`` and ``world_size`` count positions (a rebuilt generation);
+    errors name global ranks.
     """
     started = time.monotonic() if started is None else started
-    with store_calls(store, rank, started, what):
+    with store_calls(store, rank if members is None else members[rank], started, what):
         store.set(f"{name}/{rank}", "1")
         if store.add(f"{name}/count", 1) == world_size:
             store.set(f"{name}/all", "1")
         _wait(store, [f"{name}/all"], timeout, started, world_size, rank, key=f"{name}/",
-              what=what)
+              what=what, members=members)
 
 
 def _wait(
@@ -345,6 +348,7 @@ def _wait(
     rank: int,
     key: str = "digest/",
     what: str = "GroupRegistry.create()",
+    members: Sequence[int] | None = None,
 ) -> None:
     remaining = timeout.total_seconds() - (time.monotonic() - started)
     try:
@@ -353,6 +357,8 @@ def _wait(
         if time.monotonic() - started < timeout.total_seconds() - 0.05:
             raise  # not a timeout: the store itself failed (store_calls names its host)
         missing = _missing_ranks(store, world_size, key)
+        if members is not None:
+            rank, missing = members[rank], [members[m] for m in missing]
         raise AgreementTimeoutError(
             f"rank {rank}: not every rank reached {what} within {timeout.total_seconds():g}s; "
             f"ranks that never arrived: {format_ranks(missing) if missing else 'unknown'}; "

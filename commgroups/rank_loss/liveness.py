@@ -439,6 +439,11 @@ class Liveness:
             self._answer(generation, self._shared)
             self._handle_loss(generation, self._read_suspects(generation, self._shared))
 
+    def heard(self, generation: int) -> bool:
+        """Whether this rank heard a loss report of ``generation`` (its own included). Local."""
+        with self._lock:
+            return generation in self._interrupted
+
     def report(self, generation: int, reason: str,
                suspects: Collection[int] | None = None) -> bool:
         """Report a loss in ``generation`` to every rank; True if it was the first report.

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]  # re-exported
 
 from commgroups import torch_internals
+from commgroups.creation.agreement import store_barrier
 from commgroups.creation.role_groups import CreationContext
 from commgroups.creation.shrink import Spine, prepare_spine
 from commgroups.errors import RebuildError
@@ -37,6 +38,7 @@ from commgroups.planning.plan import plan
 from commgroups.rank_loss.check_in import check_in, check_in_window, forget_check_ins, record_made
 from commgroups.rank_loss.liveness import Liveness, own_connection
 from commgroups.rank_loss.local_peers import this_process
+from commgroups.rank_loss.loss_barrier import LossBarriers
 from commgroups.rank_loss.rebuild_report import RebuildReport
 from commgroups.rank_loss.replan import alive_ranks, replan_arrays
 
@@ -85,6 +87,8 @@ class Recovery:
     starter: threading.Event | None = None
     """Set once the thread that starts generation 0's background threads is done
     (:meth:`start_threads`); None once waited for."""
+    barriers: LossBarriers = field(default_factory=LossBarriers)
+    """The store barriers this rank waits in (:meth:`store_barrier`), which a loss report ends."""
 
     # ------------------------------------------------------------------------------- heartbeat
     def start_threads(self, current: Generation, members: Sequence[int], heartbeat_s: float | None,
@@ -128,6 +132,7 @@ class Recovery:
                             self.rank, number, "it" if suspects is None
                             else f"its groups holding ranks {sorted(suspects)}")
                 generation.interrupt(self._kept(generation, from_thread=True), suspects)
+            self.barriers.wake(store, number, self.rank)
 
         # The listener's own connection is made by its thread, later still.
         self.liveness = Liveness(lambda: _connected(own_connection(store, timeout)), store,
@@ -176,6 +181,21 @@ class Recovery:
         finally:
             done.set()
         liveness.run_beats()
+
+    def store_barrier(self, name: str, position: int, members: Sequence[int],
+                      timeout: timedelta, what: str, number: int) -> None:
+        """Every rank of generation ``number`` (``members``; ``position``: this rank's index)
+        reaches ``name``, a key of the job's store, before any leaves; a loss report of that
+        generation ends the wait (:class:`~commgroups.rank_loss.loss_barrier.LossBarriers`).
+        Without a heartbeat nothing reports: a plain store barrier."""
+        self.wait_started()
+        store = torch_internals.default_store()
+        if self.liveness is None:
+            store_barrier(store, name, position, len(members), timeout, what, members=members)
+            return
+        liveness = self.liveness
+        self.barriers.wait(store, name, position, members, timeout, what, number,
+                           liveness.heard)
 
     def wait_started(self) -> None:
         """Wait for the starter thread (:meth:`start_threads`), if one still runs; every verb

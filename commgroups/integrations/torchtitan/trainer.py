@@ -36,7 +36,6 @@ import torch.distributed as dist
 
 from commgroups.audit.records import AUDIT_DIR_ENV
 from commgroups.collectives.async_wait import AsyncWaitDist, async_and_wait_scope
-from commgroups.creation.agreement import store_barrier
 from commgroups.integrations.fsdp import async_and_wait_comms, install_async_and_wait_comms
 from commgroups.integrations.spmd import current_dist
 from commgroups.integrations.torchtitan.checkpoint import RegistryCheckpointManager
@@ -200,15 +199,12 @@ class RegistryTrainer(Trainer):
         """torchtitan's ``set_pg_timeouts`` for registry groups: no default-group barrier.
 
         Like stock, every rank first reaches this point (so none times out under the shorter
-        timeout while a slow peer still runs under the long one), here through the store.
+        timeout while a slow peer still runs under the long one), here through the store
+        (:meth:`~commgroups.GroupRegistry.store_barrier`). A rank lost before it arrived never
+        will: the loss report ends the wait within milliseconds, where stock waits out its
+        barrier's timeout (``comm.init_timeout_seconds``, 300 s by default).
         """
-        store = default_store()
-        rank = dist.get_rank()
-        # The n-th call on every rank meets under the same key (no process-wide counter).
-        generation = store.add(f"commgroups/torchtitan/timeouts/generation/{rank}", 1)
-        store_barrier(store, f"commgroups/torchtitan/timeouts/{generation}",
-                      rank, dist.get_world_size(),
-                      timedelta(seconds=self.registry.create_timeout_s), "set_pg_timeouts")
+        self.registry.store_barrier("set_pg_timeouts")
         self.registry.set_timeout(timeout)
         set_group_timeout(default_group(), timeout)
 
