@@ -98,9 +98,12 @@ def _killed_with_a_forked_child(rank: int, world_size: int) -> dict[str, Any]:
         cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo"),
     ])
     # No heartbeat: the peers' sockets are the only way the death can reach them.
+    before = {link for _, link in open_sockets().items()}
     registry = cg.GroupRegistry(layout, create_timeout_s=60, heartbeat_s=None).create()
     cp = registry.collectives("cp")
     cp.all_reduce(torch.ones(4))
+    known = before | {link for made in registry._current.roles.values()
+                      for _, link in made.sockets}
     # What torch's DataLoader does for each worker (num_workers > 0 on Linux, through
     # multiprocessing, which refuses to here: the test's ranks are daemonic): a forked process,
     # holding every descriptor the fork gave it, that outlives its rank for a while.
@@ -110,6 +113,9 @@ def _killed_with_a_forked_child(rank: int, world_size: int) -> dict[str, Any]:
         os._exit(0)
     store = torch_internals.default_store()
     store.set(f"tests/child/{rank}", str(child))
+    # For a failure's message: the sockets the victim knew at the fork (open before creation,
+    # or recorded by the ledger); any other its child still holds kept the death from its peers.
+    store.set(f"tests/known/{rank}", " ".join(sorted(known)))
     victim = world_size - 1
     connected_barrier(registry, rank, world_size, victim=victim)  # the victim exits in there
     victims_child = int(store.get(f"tests/child/{victim}"))
@@ -118,12 +124,30 @@ def _killed_with_a_forked_child(rank: int, world_size: int) -> dict[str, Any]:
         cp.all_reduce(torch.ones(4))
         return {"error": None}
     except cg.errors.RoleCollectiveError as error:
+        held = _sockets_of(victims_child) - set(store.get(f"tests/known/{victim}").decode().split())
         return {"timeout": isinstance(error, cg.errors.RoleTimeoutError),
-                "seconds": time.monotonic() - started, "message": str(error),
+                "seconds": time.monotonic() - started,
+                "message": f"{error} (sockets the victim's child holds that the victim did not "
+                           f"record: {sorted(held)})",
                 "child_alive": not _gone(victims_child), "victims_child": victims_child}
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
+
+
+def _sockets_of(pid: int) -> set[str]:
+    """The sockets (``socket:[inode]``) process ``pid`` holds."""
+    links = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # gone
+        return set()
+    for name in names:
+        try:
+            links.add(os.readlink(f"/proc/{pid}/fd/{name}"))
+        except OSError:
+            continue
+    return {link for link in links if link.startswith("socket:")}
 
 
 def test_a_rank_killed_while_its_forked_child_lives_fails_its_peers_at_once() -> None:
