@@ -619,3 +619,39 @@ def test_a_torch_dump_that_holds_a_class_is_refused(tmp_path: Path) -> None:
     (tmp_path / "nccl_trace_rank_0").write_text(json.dumps(
         {"entries": [], "pg_config": {"0": {"name": "0", "ranks": "[0, 1]"}}}))
     assert load_torch_dumps(tmp_path)[0].ranks == {"0": [0, 1]}
+
+
+def test_a_large_groups_join_counters_released_meanwhile_never_hold_the_shared_connection(
+) -> None:
+    """Beyond 93 members the counters are read in one multi_get, which waits for a missing key:
+    released between the check and it, it waited out the store's timeout on the job's shared
+    connection. On a real TCPStore: the read ends within its own short wait, as counters gone."""
+    from datetime import timedelta
+
+    from commgroups.flight_recorder import publisher as publisher_module
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=20))
+    members = list(range(100))  # 4 counters
+    ask = StatusPublisher(server, "t/", 0, dict).ask_group("cp", 0, "all_reduce#1",
+                                                           members=members)
+    reader = StatusPublisher(server, "t/", 1, dict)
+    assert len(reader.joined(ask.key, len(members))) == 4  # every counter there: one multi_get
+    original_check = server.check
+
+    class Releasing:  # the check answers, then the last member's release lands
+        def __getattr__(self, name: str) -> Any:
+            return getattr(server, name)
+
+        def check(self, keys: list[str]) -> bool:
+            found = bool(original_check(keys))
+            for key in keys:
+                server.delete_key(key)
+            return found
+
+    reader._reader = None
+    reader.store = Releasing()  # type: ignore[assignment]
+    started = time.monotonic()
+    assert reader.joined(ask.key, len(members)) == [0, 0, 0, 0]
+    waited = time.monotonic() - started
+    assert waited < publisher_module.JOINED_WAIT_S + 1.5, waited  # not the store's 20 s
+    assert server.check(["t/requests"])  # the shared connection still answers at once

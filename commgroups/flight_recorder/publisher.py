@@ -33,6 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any, NamedTuple
 
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
@@ -74,6 +75,10 @@ counters for a group of 65,536, read in one request."""
 
 _EVENT_SHIFT = 32
 _BLOCK_MASK = (1 << BLOCK_MEMBERS) - 1
+
+JOINED_WAIT_S = 2.0
+"""The longest :meth:`StatusPublisher.joined`'s one-request read of a large group's join
+counters waits (they exist when it starts: only a release deleting them meanwhile makes it wait)."""
 
 SHARE_GRACE_S = 0.2
 """How long a member that joined an ask still waits for the asker's diagnosis once its
@@ -175,6 +180,8 @@ class StatusPublisher:
         self._subscribe: Callable[[str, Callable[[dict[str, Any]], None] | None], None] | None = None
         self._every: Callable[[str, float, Callable[[], object] | None], None] | None = None
         self._known: Callable[[int], None] | None = None
+        self._reader: Store | None = None  # a large group's join counters' reads (_read_all)
+        self._reader_lock = threading.Lock()
 
     @property
     def poll_s(self) -> float:
@@ -524,6 +531,8 @@ class StatusPublisher:
         thread = self._thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             thread.join(timeout=max(1.0, 2 * self.interval_s))
+        with self._reader_lock:
+            self._reader = None  # its connection closes with it
         if release:
             self.release(members)
 
@@ -590,17 +599,35 @@ class StatusPublisher:
         ``multi_get``, which waits then reads), or one per counter where the asker has not
         created them all (it died first).
 
-        The ``multi_get`` waits out the store's timeout, on the job's shared connection, if the
-        last member's release deletes the counters between the check and it (a member judged
-        lost while it still collects); groups of up to 93 members never take that path."""
+        The ``multi_get`` would wait for counters that the last member's release deleted
+        between the check and it (a member judged lost while it still collects): it runs on a
+        connection of its own that waits :data:`JOINED_WAIT_S` at most (the job's shared one,
+        every thread's requests behind it, waited out the store's timeout), and the counters
+        are then read one by one, as gone."""
         keys = [f"{key}/joined/{block}" for block in range(-(-members // BLOCK_MEMBERS))]
         if not keys:
             return []
+        values = None
         if len(keys) > 3 and self.store.check(keys):
-            values = [bytes(value) for value in self.store.multi_get(keys)]
-        else:
+            values = self._read_all(keys)
+        if values is None:
             values = [read_bytes_if_present(self.store, name) or b"0" for name in keys]
         return [int(value) & _BLOCK_MASK for value in values]
+
+    def _read_all(self, keys: list[str]) -> list[bytes] | None:
+        """``keys``' values in one ``multi_get``, on a connection of this publisher's (made at
+        the first such read) that waits at most :data:`JOINED_WAIT_S`; None where one went
+        meanwhile (the connection is then dropped: a timed-out wait may still be answered on
+        it) or where the store cannot clone."""
+        with self._reader_lock:
+            try:
+                if self._reader is None:
+                    self._reader = self.store.clone()  # type: ignore[attr-defined,unused-ignore]
+                    self._reader.set_timeout(timedelta(seconds=JOINED_WAIT_S))
+                return [bytes(value) for value in self._reader.multi_get(keys)]
+            except (RuntimeError, AttributeError, NotImplementedError):  # gone; no clone
+                self._reader = None
+                return None
 
 
 def _reached(answer: Mapping[str, Any], role: str, failed: Mapping[str, Any]) -> bool:
