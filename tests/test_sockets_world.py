@@ -102,8 +102,7 @@ def _killed_with_a_forked_child(rank: int, world_size: int) -> dict[str, Any]:
     registry = cg.GroupRegistry(layout, create_timeout_s=60, heartbeat_s=None).create()
     cp = registry.collectives("cp")
     cp.all_reduce(torch.ones(4))
-    known = before | {link for made in registry._current.roles.values()
-                      for _, link in made.sockets}
+    recorded = {link for made in registry._current.roles.values() for _, link in made.sockets}
     # What torch's DataLoader does for each worker (num_workers > 0 on Linux, through
     # multiprocessing, which refuses to here: the test's ranks are daemonic): a forked process,
     # holding every descriptor the fork gave it, that outlives its rank for a while.
@@ -113,9 +112,11 @@ def _killed_with_a_forked_child(rank: int, world_size: int) -> dict[str, Any]:
         os._exit(0)
     store = torch_internals.default_store()
     store.set(f"tests/child/{rank}", str(child))
-    # For a failure's message: the sockets the victim knew at the fork (open before creation,
-    # or recorded by the ledger); any other its child still holds kept the death from its peers.
-    store.set(f"tests/known/{rank}", " ".join(sorted(known)))
+    # For a failure's message: the sockets the victim had before creation, and those its
+    # ledger recorded (its child lets go of these); any other socket the child still holds
+    # kept the death from the peers, and so does a recorded one it did not let go of.
+    store.set(f"tests/before/{rank}", " ".join(sorted(before)))
+    store.set(f"tests/recorded/{rank}", " ".join(sorted(recorded)))
     victim = world_size - 1
     connected_barrier(registry, rank, world_size, victim=victim)  # the victim exits in there
     victims_child = int(store.get(f"tests/child/{victim}"))
@@ -124,11 +125,14 @@ def _killed_with_a_forked_child(rank: int, world_size: int) -> dict[str, Any]:
         cp.all_reduce(torch.ones(4))
         return {"error": None}
     except cg.errors.RoleCollectiveError as error:
-        held = _sockets_of(victims_child) - set(store.get(f"tests/known/{victim}").decode().split())
+        held = _sockets_of(victims_child) - set(store.get(f"tests/before/{victim}").decode().split())
+        victims = set(store.get(f"tests/recorded/{victim}").decode().split())
         return {"timeout": isinstance(error, cg.errors.RoleTimeoutError),
                 "seconds": time.monotonic() - started,
-                "message": f"{error} (sockets the victim's child holds that the victim did not "
-                           f"record: {sorted(held)})",
+                "message": f"{error} (the victim's child holds, of the sockets the victim opened "
+                           f"since before creation, recorded ones: {sorted(held & victims)}, "
+                           f"unrecorded ones: {sorted(held - victims)}; it recorded "
+                           f"{len(victims)})",
                 "child_alive": not _gone(victims_child), "victims_child": victims_child}
     finally:
         os.kill(child, signal.SIGKILL)
