@@ -97,11 +97,10 @@ def test_a_killed_rank_is_replaced_in_seconds_with_production_timeouts(
 
 
 def _store_barrier_after_a_loss(rank: int, world: int) -> dict[str, Any]:
-    # Nobody is in a collective when rank 3 goes: no socket sees it, the beat reports it (every
-    # 0.5 s here; reported after 10 dead_after_s unmoved: 20-50 s at the defaults).
+    # Nobody is in a collective when rank 3 goes: no socket sees it, and the beat's backstop
+    # would report it 10-30 s later at these defaults. Its host's ranks see it in /proc.
     registry = GroupRegistry(hsdp_layout(timeout_s=PRODUCTION_TIMEOUT_S),
-                             create_timeout_s=PRODUCTION_TIMEOUT_S, heartbeat_s=0.5,
-                             dead_after_s=0.5).create()
+                             create_timeout_s=PRODUCTION_TIMEOUT_S).create()
     missing = ""
     if rank != 1:  # rank 1 never calls this one: the others name it when their second is up
         try:
@@ -125,10 +124,13 @@ def _store_barrier_after_a_loss(rank: int, world: int) -> dict[str, Any]:
     return {"outcome": outcome, "waited_s": waited_s, "place": report.place, "missing": missing}
 
 
+BARRIER_ENDS_WITHIN_S = 5.0
+
+
 def test_a_store_barrier_ends_on_the_loss_report_not_its_timeout() -> None:
     """torchtitan's timeout switch waits in this barrier: a rank lost before it arrived made the
     others wait out the 300 s of create_timeout_s (the restart test's torchtitan job took 341 s
-    instead of 45 s)."""
+    instead of 45 s). Every rank here shares the host: the dead one is seen in /proc."""
     results = run_world(_store_barrier_after_a_loss, 4, timeout=180, expect_errors=True)
     survivors = results[:3]
     assert all(isinstance(result, dict) for result in survivors), explain(results)
@@ -136,7 +138,8 @@ def test_a_store_barrier_ends_on_the_loss_report_not_its_timeout() -> None:
         assert result["outcome"].startswith(
             f"rank {rank}: a rank-loss report in generation 0 ended the wait for every rank at "
             "store_barrier('after')"), result
-        assert result["waited_s"] < WELL_UNDER_THE_TIMEOUT_S, result
+        # A look every 0.2 s, then the report's round trip: well under the backstop's 10 s.
+        assert result["waited_s"] < BARRIER_ENDS_WITHIN_S, result
         assert result["missing"] == "" if rank == 1 else result["missing"].startswith(
             f"rank {rank}: not every rank reached store_barrier('without-1') within 1s; ranks "
             "that never arrived: [1]"), result

@@ -439,6 +439,21 @@ class Liveness:
             self._answer(generation, self._shared)
             self._handle_loss(generation, self._read_suspects(generation, self._shared))
 
+    def local_deaths(self) -> list[int]:
+        """The members of the watched generation on this host whose process is gone, from
+        ``/proc`` against the host's key (read once here where :meth:`learn_host` has not
+        yet: one request); empty where this rank has no process entry."""
+        if self._host_peers is None and self._process is not None:
+            with contextlib.suppress(Exception):  # the store's host is gone: nothing to say
+                self.learn_host()
+        peers = self._host_peers
+        with self._lock:
+            members = self._members
+        if peers is None:
+            return []
+        return sorted(peer for peer, (pid, start) in peers.items()
+                      if peer != self.rank and peer in members and gone(pid, start))
+
     def heard(self, generation: int) -> bool:
         """Whether this rank heard a loss report of ``generation`` (its own included). Local."""
         with self._lock:

@@ -8,11 +8,18 @@ every waiting rank within milliseconds of the loss report that the rank's listen
 
 The protocol: a waiting rank lists the barrier as pending, looks whether a report of its
 generation was heard already, and waits on a connection of its own (the job's shared connection
-stays free for the beat, and for the wake). The listener's thread, on a report of that
-generation, writes the barrier's ``all`` key as :data:`LOST` through the shared connection; the
-wait returns, reads it and raises :class:`~commgroups.errors.LossInterruptedError`. A report
-heard before the barrier was listed is caught by the look; one heard after finds it listed.
-Costs nothing while no rank is lost; one request per waiting rank when one is.
+stays free for the beat, and for the wake), from a thread of its own. The listener's thread, on a
+report of that generation, writes the barrier's ``all`` key as :data:`LOST` through the shared
+connection; the wait returns, reads it and raises
+:class:`~commgroups.errors.LossInterruptedError`. A report heard before the barrier was listed
+is caught by the look; one heard after finds it listed.
+
+Nobody is in a collective while it waits, so no socket sees a peer die; the heartbeat's
+backstop reports it after ten ``dead_after_s`` without a beat (10-30 s at the defaults). So the
+waiting rank looks, every :data:`LOCAL_LOOK_S`, whether a member on its own host has died
+(``/proc``, against the host's key: no store request) and reports it: a loss on a waiting
+rank's host ends the barrier within a look. Costs nothing while no rank is lost; a report and
+one request per waiting rank when one is.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ logger = logging.getLogger(__name__)
 LOST = "lost"
 """The value of a barrier's ``all`` key that a loss report wrote (every rank arrived: ``1``)."""
 
+LOCAL_LOOK_S = 0.2
+"""How often a waiting rank looks for a member dead on its host (``/proc`` reads only)."""
+
 
 @dataclass
 class LossBarriers:
@@ -48,11 +58,15 @@ class LossBarriers:
 
     def wait(self, store: Store, name: str, position: int, members: Sequence[int],
              timeout: timedelta, what: str, generation: int,
-             heard: Callable[[int], bool]) -> None:
+             heard: Callable[[int], bool],
+             local_deaths: Callable[[], Sequence[int]] = lambda: (),
+             report: Callable[[Sequence[int]], object] = lambda dead: None) -> None:
         """Wait until every rank of ``members`` reached ``name`` (``position``: this rank's
         index there), or until a loss report of ``generation`` (``heard``: whether this rank
         heard one already) ends the wait with :class:`~commgroups.errors.LossInterruptedError`.
-        Errors otherwise as :func:`~commgroups.creation.agreement.store_barrier`'s."""
+        Meanwhile, every :data:`LOCAL_LOOK_S`, ``local_deaths()`` (members dead on this host)
+        are reported (``report``). Errors otherwise as
+        :func:`~commgroups.creation.agreement.store_barrier`'s."""
         waiter = own_connection(store, timeout)
         if waiter is None:  # not a TCPStore: no listener hears reports either
             store_barrier(store, name, position, len(members), timeout, what, members=members)
@@ -62,12 +76,45 @@ class LossBarriers:
         try:
             if heard(generation):
                 raise _interrupted(members[position], what, generation)
-            store_barrier(waiter, name, position, len(members), timeout, what, members=members)
+            self._wait_looking(waiter, name, position, members, timeout, what, local_deaths,
+                               report)
             if bytes(waiter.get(f"{name}/all")).decode() == LOST:
                 raise _interrupted(members[position], what, generation)
         finally:
             with self.lock:
                 del self.pending[name]
+
+    @staticmethod
+    def _wait_looking(waiter: Store, name: str, position: int, members: Sequence[int],
+                      timeout: timedelta, what: str,
+                      local_deaths: Callable[[], Sequence[int]],
+                      report: Callable[[Sequence[int]], object]) -> None:
+        """The store barrier on ``waiter``, from a thread of its own, while this one looks for
+        deaths on this host (a report of one wakes the barrier: :meth:`wake`)."""
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def arrive_and_wait() -> None:
+            try:
+                store_barrier(waiter, name, position, len(members), timeout, what,
+                              members=members)
+            except BaseException as error:  # raised on the caller's thread below
+                failed.append(error)
+            finally:
+                done.set()
+
+        threading.Thread(target=arrive_and_wait, name="commgroups-store-barrier",
+                         daemon=True).start()
+        reported: set[int] = set()
+        while not done.wait(LOCAL_LOOK_S):
+            dead = [rank for rank in local_deaths() if rank not in reported]
+            if dead:
+                logger.info("store barrier %s: ranks %s on this host are gone: reporting them",
+                            name, dead)
+                reported.update(dead)
+                report(dead)
+        if failed:
+            raise failed[0]
 
     def wake(self, store: Store, generation: int, rank: int) -> None:
         """On the listener's thread, for a loss report of ``generation``: end every barrier

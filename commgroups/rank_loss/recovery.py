@@ -194,8 +194,11 @@ class Recovery:
             store_barrier(store, name, position, len(members), timeout, what, members=members)
             return
         liveness = self.liveness
-        self.barriers.wait(store, name, position, members, timeout, what, number,
-                           liveness.heard)
+        self.barriers.wait(
+            store, name, position, members, timeout, what, number, liveness.heard,
+            liveness.local_deaths,
+            lambda dead: liveness.report(number, f"ranks {list(dead)} are gone from this host "
+                                         f"(rank {self.rank} waited at {what})", dead))
 
     def wait_started(self) -> None:
         """Wait for the starter thread (:meth:`start_threads`), if one still runs; every verb
