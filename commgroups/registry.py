@@ -302,12 +302,13 @@ class GroupRegistry:
 
         A rank lost before it arrived never will: a loss report of the current generation that
         reaches this rank ends the wait with :class:`~commgroups.errors.LossInterruptedError`
-        within milliseconds (with the heartbeat on; off, nothing reports), not after
-        ``timeout``. Nobody is in a collective here, so no socket sees a death: a waiting rank
-        reports a member dead on its own host (``/proc``, every 0.2 s), and the heartbeat's
-        backstop one on another host. Otherwise ``timeout`` (default: ``create_timeout_s``) raises
-        :class:`~commgroups.errors.AgreementTimeoutError` naming the ranks that never arrived.
-        Three store requests per rank, and one connection for the wait.
+        within milliseconds, not after ``timeout``. Nobody is in a collective here, so no
+        socket sees a death: a waiting rank reports a member dead on its own host (``/proc``,
+        every 0.2 s), and the heartbeat's backstop one on another host (with the heartbeat off
+        nothing reports: a plain store barrier). Otherwise ``timeout`` (default:
+        ``create_timeout_s``) raises :class:`~commgroups.errors.AgreementTimeoutError` naming
+        the ranks that never arrived. Five store requests per rank (each deletes its arrival
+        once through: two keys stay per call), and one connection for the wait.
         """
         if not isinstance(name, str) or not name or "/" in name:
             raise ArgumentError(f"name: a barrier's name is non-empty text without '/', got "

@@ -61,6 +61,10 @@ def test_a_rank_that_never_comes_is_named_on_the_callers_thread() -> None:
 def test_everyone_arrived_returns() -> None:
     barriers = LossBarriers()
     reports: list[Sequence[int]] = []
-    barriers.wait(_store(), "b", 0, (0,), timedelta(seconds=5), "the switch", 0,
+    store = _store()
+    barriers.wait(store, "b", 0, (0,), timedelta(seconds=5), "the switch", 0,
                   lambda generation: False, lambda: [], reports.append)
     assert reports == [] and barriers.pending == {}
+    # Its arrival goes once through (only a timeout's naming reads it); the count and the
+    # verdict stay: two keys per call, whatever the world's size.
+    assert not store.check(["b/0"]) and store.check(["b/count", "b/all"])

@@ -18,8 +18,8 @@ Nobody is in a collective while it waits, so no socket sees a peer die; the hear
 backstop reports it after ten ``dead_after_s`` without a beat (10-30 s at the defaults). So the
 waiting rank looks, every :data:`LOCAL_LOOK_S`, whether a member on its own host has died
 (``/proc``, against the host's key: no store request) and reports it: a loss on a waiting
-rank's host ends the barrier within a look. Costs nothing while no rank is lost; a report and
-one request per waiting rank when one is.
+rank's host ends the barrier within a look. No store request while no rank is lost (a thread
+for the wait, and reads of ``/proc``); a report and one request per waiting rank when one is.
 """
 
 from __future__ import annotations
@@ -78,7 +78,10 @@ class LossBarriers:
                 raise _interrupted(members[position], what, generation)
             self._wait_looking(waiter, name, position, members, timeout, what, local_deaths,
                                report)
-            if bytes(waiter.get(f"{name}/all")).decode() == LOST:
+            passed = bytes(waiter.get(f"{name}/all")).decode() != LOST
+            with contextlib.suppress(RuntimeError):  # only a timeout's naming reads it
+                waiter.delete_key(f"{name}/{position}")
+            if not passed:
                 raise _interrupted(members[position], what, generation)
         finally:
             with self.lock:
@@ -112,7 +115,8 @@ class LossBarriers:
                 logger.info("store barrier %s: ranks %s on this host are gone: reporting them",
                             name, dead)
                 reported.update(dead)
-                report(dead)
+                with contextlib.suppress(RuntimeError):  # the store went: the wait says so
+                    report(dead)
         if failed:
             raise failed[0]
 
