@@ -315,8 +315,8 @@ class GroupRegistry:
                                 f"{name!r}; fix: give a name such as 'set_pg_timeouts'",
                                 field="name")
         generation = self._live()
-        seconds = self.create_timeout_s if timeout is None else limits.check_timeout(
-            timeout.total_seconds() if isinstance(timeout, timedelta) else timeout, "timeout")
+        seconds = (self.create_timeout_s if timeout is None
+                   else limits.check_timeout(timeout, "timeout"))
         counted = (generation.number, name)  # a rebuilt generation counts afresh
         calls = self._barrier_calls[counted] = self._barrier_calls.get(counted, 0) + 1
         members = self.members
@@ -480,8 +480,7 @@ class GroupRegistry:
         if role is not None:
             self.spec(role)
         generation = self._live()
-        seconds = limits.check_timeout(
-            timeout.total_seconds() if isinstance(timeout, timedelta) else timeout, "timeout")
+        seconds = limits.check_timeout(timeout, "timeout")
         new = timedelta(seconds=seconds)
         names = self.role_names if role is None else (role,)
         generation.set_timeout(names, new, dims_too=role is None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import reprlib
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from commgroups import errors
@@ -151,9 +152,11 @@ def check_timeout(value: Any, field: str) -> float:
     For arguments (the registry's timeouts, command-line options); a layout's ``timeout_s`` is
     checked by its spec and raises a LayoutError.
 
-    A timeout is an int or float (not a bool, not text), finite, within
-    [:data:`MIN_TIMEOUT_S`, :data:`MAX_TIMEOUT_S`].
+    A timeout is an int or float (not a bool, not text), or a ``timedelta`` (its seconds),
+    finite, within [:data:`MIN_TIMEOUT_S`, :data:`MAX_TIMEOUT_S`].
     """
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise errors.ArgumentError(
             f"{field}: a timeout is a number of seconds, got {type(value).__name__} "

@@ -403,8 +403,7 @@ def check_in_window(timeout: float | timedelta | None, layout: Layout,
     Example: roles of 3 s and 600 s -> a 900 s window; roles of 3 s only -> 5 s.
     """
     if timeout is not None:
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        return timedelta(seconds=limits.check_timeout(seconds, "timeout"))
+        return timedelta(seconds=limits.check_timeout(timeout, "timeout"))
     given = [role.timeout_s for role in layout.roles if role.timeout_s is not None]
     given += [value.total_seconds() for value in overrides.values()]
     if not given:

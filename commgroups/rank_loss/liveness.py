@@ -63,7 +63,7 @@ from commgroups.rank_loss.host_relay import HELLO, HostRelay, RelayFeed, relay_a
 from commgroups.rank_loss.local_peers import ProcessId, gone, host_key, parse_peers
 from commgroups.util.store_reads import read_if_present, read_numbers
 
-__all__ = ["Liveness", "OnLoss", "answer", "answered", "own_connection"]
+__all__ = ["Liveness", "OnLoss", "answer", "answered", "gone_peers", "own_connection"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +120,14 @@ def answer(store: Store, generation: int, rank: int) -> bool:
     return True
 
 
+def gone_peers(peers: Mapping[int, tuple[int, int]], rank: int,
+               members: Collection[int]) -> list[int]:
+    """The ``members`` among a host's ``peers`` (rank -> process, :func:`~commgroups.rank_loss.
+    local_peers.parse_peers`), ``rank`` aside, whose process is gone (``/proc``), ascending."""
+    return sorted(peer for peer, (pid, start) in peers.items()
+                  if peer != rank and peer in members and gone(pid, start))
+
+
 def confirm_local_deaths(store: Store, generation: int, rank: int, members: Collection[int],
                          host: str, peers: Mapping[int, tuple[int, int]] | None = None
                          ) -> list[int]:
@@ -132,8 +140,7 @@ def confirm_local_deaths(store: Store, generation: int, rank: int, members: Coll
         if value is None:
             return []
         peers = parse_peers(value)
-    dead = sorted(peer for peer, (pid, start) in peers.items()
-                  if peer != rank and peer in members and gone(pid, start))
+    dead = gone_peers(peers, rank, members)
     if dead:
         store.append(  # type: ignore[attr-defined,unused-ignore]  # not in some stubs
             f"lost/{generation}/dead", "".join(f"{peer}," for peer in dead))
@@ -449,10 +456,7 @@ class Liveness:
         peers = self._host_peers
         with self._lock:
             members = self._members
-        if peers is None:
-            return []
-        return sorted(peer for peer, (pid, start) in peers.items()
-                      if peer != self.rank and peer in members and gone(pid, start))
+        return [] if peers is None else gone_peers(peers, self.rank, members)
 
     def heard(self, generation: int) -> bool:
         """Whether this rank heard a loss report of ``generation`` (its own included). Local."""
