@@ -132,7 +132,7 @@ class RegistryTrainer(Trainer):
         debug = self.config.debug
         if debug.seed is not None or dist.get_world_size() == 1:
             return
-        debug.seed = agree_on_seed(default_store(), dist.get_rank())
+        debug.seed = agree_on_seed(self.registry)
 
     def _install_async_and_wait(self) -> None:
         roles = self.registry.layout.roles
@@ -246,18 +246,25 @@ class RegistryTrainer(Trainer):
                 registry.close()
 
 
-def agree_on_seed(store: Any, rank: int) -> int:
-    """Rank 0's seed (from its RNG state, as torchtitan takes it) on every rank, through ``store``.
+def agree_on_seed(registry: GroupRegistry) -> int:
+    """The first member's seed (from its RNG state, as torchtitan takes it) on every member of
+    ``registry``'s current generation, through the job's store.
 
     No collective at all, so no group carries traffic that is not its role's (torchtitan
     broadcasts it on the default group). The n-th call on every rank meets under the same key (no
-    process-wide counter: each rank counts its own calls in the store).
+    process-wide counter: each rank counts its own calls in the store). The wait is
+    :meth:`GroupRegistry.store_barrier`'s: a member lost before it published ends it with
+    :class:`~commgroups.errors.LossInterruptedError`, a member that never comes with
+    :class:`~commgroups.errors.AgreementTimeoutError` after ``create_timeout_s``, not a read
+    that waits out the store's own timeout on the job's shared connection.
     """
-    generation = store.add(f"commgroups/torchtitan/seed/generation/{rank}", 1)
-    key = f"commgroups/torchtitan/seed/{generation}"
-    if rank == 0:
+    store, rank = default_store(), dist.get_rank()
+    number = store.add(f"commgroups/torchtitan/seed/generation/{rank}", 1)
+    key = f"commgroups/torchtitan/seed/{number}"
+    if rank == registry.members[0]:
         seed = torch.get_rng_state()[:8].clone()
         store.set(key, str(int(seed.view(torch.uint64).item())))
+    registry.store_barrier("torchtitan-seed")  # the first member's set is in before it arrives
     return int(store.get(key).decode())
 
 
