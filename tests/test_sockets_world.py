@@ -18,7 +18,7 @@ import commgroups as cg
 from commgroups import torch_internals
 from commgroups.creation.descriptor_table import table_size
 from commgroups.creation.sockets import SUPPORTED, gloo_sockets, open_sockets
-from tests.worlds import _gone, connected_barrier, run_world
+from tests.worlds import _gone, connected_barrier, explain, run_world
 
 pytestmark = [pytest.mark.world,
               pytest.mark.skipif(not SUPPORTED, reason="needs /proc/self/fd (Linux)")]
@@ -162,7 +162,7 @@ def test_a_rank_killed_while_its_forked_child_lives_fails_its_peers_at_once() ->
                 if isinstance(result, dict) and "victims_child" in result}:
         os.kill(pid, signal.SIGKILL)  # an orphan now: nobody else ends it
     for result in results[:3]:
-        assert isinstance(result, dict), result
+        assert isinstance(result, dict), explain(results)
         assert result.get("error", "x") is not None, result  # raised, did not hang
         assert not result["timeout"], result["message"]  # the sockets closed: no timeout
         assert result["child_alive"], result  # while the victim's child still held its copies

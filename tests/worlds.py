@@ -126,5 +126,5 @@ def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
             return stat.read().rpartition(")")[2].split()[0] in ("Z", "X")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # the read of one reaped after the open: ESRCH
         return True
