@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from commgroups.rank_loss.host_relay import (
     CONNECT_WITHIN_S,
     HELLO,
     SILENT_S,
+    TICK_S,
     HostRelay,
     RelayFeed,
     relay_address,
@@ -137,6 +140,77 @@ def test_a_feed_hears_ticks_between_events_and_ends_when_the_relay_closes(port: 
     assert time.monotonic() - started < SILENT_S  # the socket closed: no silence waited
     _emit(port, {"k": "wake"})
     assert relay.done.wait(5.0)
+
+
+def test_a_feed_that_ends_without_its_goodbye_is_reported_with_its_process(port: int) -> None:
+    """How a relay hears a death on its host while nobody is in a collective: a dying process's
+    sockets close without the goodbye a closing listener sends (``RelayFeed.close``)."""
+    lost: list[int] = []
+    relay = HostRelay(_address(port), PrefixStore(_ns(port), _tcp(port)), 1, lambda: False,
+                      on_feed_lost=lost.append)
+    assert relay.start()
+    polite, rude = RelayFeed.connect(relay.address), RelayFeed.connect(relay.address)
+    assert polite is not None and rude is not None
+    assert polite.receive(lambda: False) == rude.receive(lambda: False) == (HELLO, b"1")
+    polite.close()  # its listener closed it: its process lives
+    time.sleep(3 * TICK_S)
+    assert lost == [] and until(lambda: not relay.serving or len(relay._feeds) == 1)
+    rude._socket.close()  # as a killed process's socket ends
+    assert until(lambda: lost == [os.getpid()], within_s=2.0)  # the socket's peer: this test
+    time.sleep(3 * TICK_S)
+    assert lost == [os.getpid()] and not relay.serving  # once, and both feeds dropped
+    relay.close()
+    _emit(port, {"k": "wake"})
+    assert relay.done.wait(5.0)
+
+
+def test_a_relay_tells_its_feeds_when_its_rank_left_and_when_it_closes(port: int) -> None:
+    relay = HostRelay(_address(port), PrefixStore(_ns(port), _tcp(port)), 1, lambda: False)
+    assert relay.start()
+    feed = RelayFeed.connect(relay.address)
+    assert feed is not None and feed.receive(lambda: False) == (HELLO, b"1")
+    relay.leave()  # its registry closed: it relays on, and its process's end is no loss
+    _emit(port, {"k": "ask", "n": 1})
+    got = feed.receive(lambda: False)
+    assert got is not None and got[0] == 1 and feed.relay_left
+    late = RelayFeed.connect(relay.address)  # a feed that connects after is told too
+    assert late is not None and late.receive(lambda: False) == (HELLO, b"2")
+    stop_at = time.monotonic() + 3 * TICK_S
+    assert late.receive(lambda: time.monotonic() > stop_at) is None and late.relay_left
+    relay.close()
+    assert feed.receive(lambda: False) is None and feed.ending == "bye"
+    _emit(port, {"k": "wake"})
+    assert relay.done.wait(5.0)
+
+
+def test_a_feed_whose_relay_ends_without_a_bye_says_so(port: int) -> None:
+    """A relay whose process died: its socket closes with no BYE (a stand-in server here)."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(_address(port))
+    server.listen(1)
+    feed = RelayFeed.connect(_address(port))
+    assert feed is not None
+    connection, _ = server.accept()
+    connection.sendall(struct.pack("!qI", HELLO, 1) + b"1")
+    connection.close()
+    server.close()
+    assert feed.receive(lambda: False) == (HELLO, b"1")
+    assert feed.receive(lambda: False) is None and feed.ending == "closed"
+    assert not feed.relay_left
+
+
+def test_a_live_process_is_never_reported_gone(port: int) -> None:
+    live = _liveness(port, 0, [])
+    live.watch(0, [0, 1])
+    here = this_process()
+    assert here is not None
+    started = time.monotonic()
+    assert not live.report_if_gone(1, (here.pid, here.start), "a test")
+    assert time.monotonic() - started >= 0.4  # looked for its end a while
+    assert not live.heard(0)
+    assert live.report_if_gone(1, (_NO_SUCH_PID, 1), "a test")
+    assert PrefixStore(_ns(port), _tcp(port)).check(["lost/0"])  # the report is in
+    live.close()
 
 
 def test_a_relay_whose_registry_closed_ends_when_the_events_go_under_it(port: int) -> None:

@@ -194,3 +194,54 @@ def test_a_listener_goes_back_to_its_relay_once_it_answers_again(port: int) -> N
     finally:
         process.kill()
         process.join(10)
+
+
+BACKSTOP_S = 10.0  # the beat's first report of a silent rank: ten dead_after_s (1 s) at least
+
+
+def _idle_when_one_goes(rank: int, world: int, who: str, how: str) -> dict[str, Any]:
+    """Every rank idle (no collective, no barrier) while ``who`` (the host's relay, or a rank
+    it feeds) is SIGKILLed, or closes its registry and exits: when do the others hear a loss?"""
+    registry = GroupRegistry(hsdp_layout({"dp_replicate": world // 2, "dp_shard": 2}),
+                             create_timeout_s=30).create()
+    relay = _relay_rank(registry, rank, world)
+    victim = relay if who == "relay" else max(set(range(world)) - {relay})
+    store = torch_internals.default_store()
+    store_barrier(store, "tests/idle", rank, world, timedelta(seconds=30), "idle")
+    if rank == victim:
+        if how == "closed":
+            registry.close()  # its feed says goodbye (or its relay, bye) as it closes
+        store.set("tests/gone_at", repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)  # the same end either way: no atexit hook runs
+    live = registry._recovery.liveness
+    assert live is not None
+    deadline = time.monotonic() + (2.0 if how == "closed" else BACKSTOP_S * 0.8)
+    while not live.heard(0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    heard_at = time.time()
+    gone_at = float(store.get("tests/gone_at"))
+    suspects = live._interrupted.get(0, set())
+    registry.close()
+    return {"victim": victim, "heard": live.heard(0), "after_s": heard_at - gone_at,
+            "suspects": None if suspects is None else sorted(suspects)}
+
+
+@pytest.mark.parametrize(("who", "how"), [("fed", "killed"), ("relay", "killed"),
+                                          ("fed", "closed"), ("relay", "closed")])
+def test_a_death_on_the_host_is_reported_at_once_while_every_rank_is_idle(who: str,
+                                                                          how: str) -> None:
+    # Nobody reads a socket to the dead rank (no collective, no store barrier): before, only
+    # the beat's backstop reported it, 10 s or more later. Now its host's relay hears its
+    # feed close without a goodbye (or the feeds their relay's), and /proc confirms it. A rank
+    # that closed its registry first said goodbye: its end is no loss.
+    results = run_world(_idle_when_one_goes, 4, who, how, timeout=120, expect_errors=True)
+    survivors = [result for result in results if isinstance(result, dict)]
+    assert len(survivors) == 3, results
+    victim = survivors[0]["victim"]
+    for result in survivors:
+        assert result["victim"] == victim, results
+        if how == "closed":
+            assert not result["heard"], result
+        else:
+            assert result["heard"] and result["suspects"] == [victim], result
+            assert result["after_s"] < BACKSTOP_S / 4, result

@@ -42,7 +42,7 @@ from commgroups.creation.descriptor_table import FDS, lowest_free, open_descript
 
 __all__ = ["GLOO_OTHER_DESCRIPTORS", "SUPPORTED", "SocketLedger", "SocketRef", "detach",
            "detach_on_fork", "gloo_descriptors", "gloo_sockets", "new_sockets", "open_sockets",
-           "sever"]
+           "sever", "socket_ref"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,12 @@ def _socket_link(fd: int) -> str | None:
     except OSError:  # closed since listed
         return None
     return f"socket:[{status.st_ino}]" if stat.S_ISSOCK(status.st_mode) else None
+
+
+def socket_ref(fd: int) -> SocketRef | None:
+    """Descriptor ``fd`` as a :data:`SocketRef` if it is an open socket, else None."""
+    link = _socket_link(fd)
+    return None if link is None else (fd, link)
 
 
 def _sockets_among(numbers: Iterable[int]) -> dict[int, str]:

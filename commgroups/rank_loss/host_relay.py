@@ -15,6 +15,15 @@ sends each event to every connected :class:`RelayFeed`, as it read it, plus a ti
 :data:`TICK_S` (a second thread, which touches no store). The relay's own listener is a feed like
 its peers'.
 
+A death on the host is reported at once, whoever is idle: a feed whose socket closes without
+its goodbye (:data:`GOODBYE`, sent by every close of a live listener) tells the relay that its
+process may have died; the relay's ``on_feed_lost`` hears the process id (the socket's peer
+credentials) and its owner reports the loss once ``/proc`` confirms the process gone. Likewise
+a listener whose relay's socket closes without the relay's :data:`BYE` looks for the relay's
+process. Without this only the heartbeat's backstop (10-30 s) saw a rank die while no peer
+was in a collective with it (a rank's sockets to its peers close at its death, but a socket
+nobody reads tells nobody).
+
 When the relay fails, nothing is missed: a feed whose socket closed (the relay's process died, or
 it closed its registry) or that heard nothing, not even a tick, for :data:`SILENT_S` (its process
 stopped, or it holds the GIL in C) ends, and its listener goes back to the store at its own next
@@ -25,8 +34,12 @@ store what it did without a relay. A feed is told the first event the relay forw
 
 Frames on the socket: ``!qI`` (the event's number, the payload's length), then the payload (the
 event's JSON as stored). Number :data:`TICK` carries nothing; :data:`HELLO` carries the first
-number forwarded, as text. The socket is Linux's abstract namespace (no file to leave behind
-when a process is killed), named from the registry's namespace, the host and the relay's process.
+number forwarded, as text; :data:`BYE` (nothing) says the relay closes and its process lives;
+:data:`LEFT` (nothing) that its rank's registry closed (it relays on for its host: its
+process's end is no loss).
+A feed sends only :data:`GOODBYE`, once, as it closes. The socket is Linux's abstract
+namespace (no file to leave behind when a process is killed), named from the registry's
+namespace, the host and the relay's process.
 """
 
 from __future__ import annotations
@@ -48,8 +61,8 @@ from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported
 from commgroups.rank_loss.local_peers import gone
 from commgroups.util.store_reads import read_bytes_if_present
 
-__all__ = ["CONNECT_WITHIN_S", "HELLO", "SILENT_S", "TICK", "TICK_S", "HostRelay", "RelayFeed",
-           "relay_address", "relay_of"]
+__all__ = ["BYE", "CONNECT_WITHIN_S", "GOODBYE", "HELLO", "LEFT", "SILENT_S", "TICK", "TICK_S",
+           "HostRelay", "RelayFeed", "peer_pid", "relay_address", "relay_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +85,12 @@ goes back to the store."""
 
 TICK = 0
 HELLO = -1
+BYE = -2
+LEFT = -3
+
+GOODBYE = b"\x01"
+"""What a feed sends as its listener closes it (its process lives): the relay then drops it
+without reporting anything."""
 
 _FRAME = struct.Struct("!qI")
 _FOREVER = timedelta(days=365)
@@ -105,14 +124,46 @@ def _frame(number: int, payload: bytes = b"") -> bytes:
     return _FRAME.pack(number, len(payload)) + payload
 
 
+_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_pid(connection: socket.socket) -> int | None:
+    """The process id of a Unix socket's peer (``SO_PEERCRED``, Linux), or None."""
+    try:
+        raw = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
+    except (OSError, AttributeError):
+        return None
+    return int(_CREDENTIALS.unpack(raw)[0])
+
+
+def _said_goodbye(feed: socket.socket) -> bool:
+    """Whether ``feed`` sent :data:`GOODBYE` (read without waiting; a closed or reset socket
+    with nothing left unread did not)."""
+    try:
+        return bool(feed.recv(16, socket.MSG_DONTWAIT))
+    except OSError:
+        return False
+
+
+def _close_quietly(connection: socket.socket, last: bytes = b"") -> None:
+    """Send ``last`` where it fits at once, then close ``connection``."""
+    with contextlib.suppress(OSError):
+        if last:
+            connection.setblocking(False)
+            connection.send(last)
+    with contextlib.suppress(OSError):
+        connection.close()
+
+
 class HostRelay:
     """The relay's side: a forwarder thread connects to the store (a connection of its own,
     under the registry's namespace), waits for each event from ``first`` on and sends it to
     every connected feed; a second thread accepts feeds (each told :data:`HELLO` the next
-    number forwarded) and ticks. The forwarder ends after the last member's ``close`` event,
-    or after any event once ``stop()`` (this rank's registry closed) and no feed is left;
-    :meth:`close` ends both threads at once (the forwarder's store wait at the next event, as
-    the listener's does).
+    number forwarded), ticks, and hears a feed close: without its :data:`GOODBYE`,
+    ``on_feed_lost(pid)`` runs on a thread of its own. The forwarder ends after the last
+    member's ``close`` event, or after any event once ``stop()`` (this rank's registry closed)
+    and no feed is left; :meth:`close` ends both threads at once (the forwarder's store wait at
+    the next event, as the listener's does).
 
     Args:
         address: :func:`relay_address`.
@@ -123,18 +174,23 @@ class HostRelay:
         stop: whether this rank's liveness stopped: checked after each event (it forwards
             while a feed is left).
         on_done: called from the forwarder's thread as it ends, after :attr:`done` is set.
+        on_feed_lost: called with a feed's process id (its socket's peer) where the feed closed
+            without its goodbye or failed: its process may have died (the callee looks).
     """
 
     def __init__(self, address: str, store: Store | Callable[[], Store], first: int,
-                 stop: Callable[[], bool], on_done: Callable[[], None] = lambda: None) -> None:
+                 stop: Callable[[], bool], on_done: Callable[[], None] = lambda: None,
+                 on_feed_lost: Callable[[int], None] | None = None) -> None:
         self.address = address
         self._on_done: Callable[[], None] | None = on_done
+        self._on_feed_lost = on_feed_lost
         self._store: Store | Callable[[], Store] | None = store
         self._next = first
         self._stop = stop
         self._lock = threading.Lock()  # the feeds and _next: the forwarder and the acceptor
-        self._feeds: list[socket.socket] = []
+        self._feeds: dict[socket.socket, int | None] = {}  # each feed's process id
         self._closed = threading.Event()
+        self._left = False  # the feeds were told LEFT (leave())
         self.done = threading.Event()
         """Set once the forwarder's thread ended (its store wait returned)."""
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -161,29 +217,60 @@ class HostRelay:
         with self._lock:
             return bool(self._feeds)
 
+    def sockets(self) -> list[int]:
+        """The descriptors of the relay's listening socket and its feeds (a forked child lets
+        go of them: :func:`~commgroups.creation.sockets.detach_on_fork`). No lock: also read
+        in a forked child, where the thread that held it is gone."""
+        return [self._server.fileno(), *(feed.fileno() for feed in list(self._feeds))]
+
     def close(self) -> None:
-        """Stop accepting and ticking, and close every feed (their listeners go back to the
-        store at once, at their own next event). Idempotent."""
+        """Stop accepting and ticking, and close every feed, each told :data:`BYE` first
+        (their listeners go back to the store at once, at their own next event, and report
+        nothing). Idempotent."""
         with self._lock:
             self._closed.set()
-            feeds, self._feeds = self._feeds, []
+            feeds, self._feeds = self._feeds, {}
         for feed in feeds:
-            with contextlib.suppress(OSError):
-                feed.close()
+            _close_quietly(feed, _frame(BYE))
         with contextlib.suppress(OSError):
             self._server.close()
 
-    def _send_all(self, data: bytes) -> None:
-        """Send ``data`` to every feed (under the lock); drop a feed that does not take it."""
-        kept = []
-        for feed in self._feeds:
+    def leave(self) -> None:
+        """This rank's registry closed: tell every feed (:data:`LEFT`), and every feed that
+        connects from now on, that this process's end is no loss. Idempotent; the relay goes on
+        relaying."""
+        with self._lock:
+            if self._left or self._closed.is_set():
+                return
+            self._left = True
+            lost = self._send_all(_frame(LEFT))
+        self._lost(lost)
+
+    def _send_all(self, data: bytes) -> list[int]:
+        """Send ``data`` to every feed (under the lock); drop a feed that does not take it.
+        Returns the process ids of those dropped without their goodbye."""
+        kept: dict[socket.socket, int | None] = {}
+        lost = []
+        for feed, pid in self._feeds.items():
             try:
                 feed.sendall(data)
-                kept.append(feed)
+                kept[feed] = pid
             except OSError:
-                with contextlib.suppress(OSError):
-                    feed.close()
+                if pid is not None and not _said_goodbye(feed):
+                    lost.append(pid)
+                _close_quietly(feed)
         self._feeds = kept
+        return lost
+
+    def _lost(self, pids: list[int]) -> None:
+        """Tell ``on_feed_lost`` of each, each on a thread of its own (it looks at ``/proc``
+        and reports through the store: never on the forwarder's or the ticks' thread)."""
+        callback = self._on_feed_lost
+        if callback is None or self._closed.is_set():
+            return
+        for pid in pids:
+            threading.Thread(target=callback, args=(pid,), name="commgroups-relay-lost",
+                             daemon=True).start()
 
     def _forward(self) -> None:
         try:
@@ -225,9 +312,10 @@ class HostRelay:
             if raw is None or self._closed.is_set():
                 return
             with self._lock:
-                self._send_all(_frame(self._next, raw))
+                lost = self._send_all(_frame(self._next, raw))
                 self._next += 1
                 left = bool(self._feeds)
+            self._lost(lost)
             # Every listener ends at the last member's close; a relay whose own registry closed
             # goes on for its host's ranks still listening (else each would open a connection
             # and wait on the store: 57,344 connections as a 65,536-rank job ends), and ends at
@@ -238,36 +326,77 @@ class HostRelay:
     def _serve(self) -> None:
         next_tick = time.monotonic() + TICK_S
         while not self._closed.is_set():
+            if not self._left and self._stop():  # the owner's leave() may not have come
+                self.leave()
+            with self._lock:
+                feeds = [feed for feed in self._feeds if feed.fileno() >= 0]
             try:
-                ready, _, _ = select.select([self._server], [], [],
+                ready, _, _ = select.select([self._server, *feeds], [], [],
                                             max(0.0, next_tick - time.monotonic()))
-                if ready:
-                    feed, _ = self._server.accept()
-                    feed.settimeout(SEND_TIMEOUT_S)
-                    with self._lock:
-                        try:
-                            if self._closed.is_set():  # close() emptied the feeds already
-                                raise OSError("the relay closed")
-                            feed.sendall(_frame(HELLO, str(self._next).encode()))
-                            self._feeds.append(feed)
-                        except OSError:
-                            feed.close()
-            except (OSError, ValueError):  # closed under us
+            except (OSError, ValueError):  # closed under us: the relay, or a feed just dropped
+                if self._closed.is_set():
+                    return
+                continue
+            try:
+                for connection in ready:
+                    if connection is self._server:
+                        self._accept()
+                    else:
+                        self._hear(connection)
+            except (OSError, ValueError):  # the listening socket closed under us
                 return
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + TICK_S
                 with self._lock:
-                    self._send_all(_frame(TICK))
+                    lost = self._send_all(_frame(TICK))
+                self._lost(lost)
+
+    def _accept(self) -> None:
+        feed, _ = self._server.accept()
+        feed.settimeout(SEND_TIMEOUT_S)
+        with self._lock:
+            try:
+                if self._closed.is_set():  # close() emptied the feeds already
+                    raise OSError("the relay closed")
+                feed.sendall(_frame(HELLO, str(self._next).encode())
+                             + (_frame(LEFT) if self._left else b""))
+                self._feeds[feed] = peer_pid(feed)
+            except OSError:
+                feed.close()
+
+    def _hear(self, feed: socket.socket) -> None:
+        """A feed is readable: its goodbye (its listener closed it), or its end without one
+        (its process may have died): dropped either way."""
+        with self._lock:
+            if feed not in self._feeds:
+                return  # dropped meanwhile
+            pid = self._feeds.pop(feed)
+        lost = pid is not None and not _said_goodbye(feed)
+        _close_quietly(feed)
+        if lost:
+            assert pid is not None
+            self._lost([pid])
 
 
 class RelayFeed:
     """A listener's side of its host's relay: :meth:`receive` gives the next event (number and
     its stored JSON) or the relay's :data:`HELLO`, and None once the relay failed or went quiet
-    for :data:`SILENT_S` (then the caller listens on the store)."""
+    for :data:`SILENT_S` (then the caller listens on the store; :attr:`ending` says which)."""
 
     def __init__(self, connection: socket.socket) -> None:
         self._socket = connection
         self._buffer = b""
+        self.ending = ""
+        """Why :meth:`receive` returned None: ``bye`` (the relay closed, its process lives),
+        ``closed`` (its socket closed without that: its process may have died), ``silent``
+        (nothing for :data:`SILENT_S`), ``stopped`` (the caller's ``stop()``); empty before."""
+        self.relay_left = False
+        """Whether the relay said :data:`LEFT`: its rank's registry closed, so its process's end
+        is no loss."""
+
+    def fileno(self) -> int:
+        """The socket's descriptor (-1 once closed)."""
+        return self._socket.fileno()
 
     @classmethod
     def connect(cls, address: str, within_s: float = CONNECT_WITHIN_S,
@@ -287,8 +416,9 @@ class RelayFeed:
             time.sleep(0.02)
 
     def receive(self, stop: Callable[[], bool]) -> tuple[int, bytes] | None:
-        """The next frame other than a tick: ``(number, payload)``; None where the relay's
-        socket closed or was silent for :data:`SILENT_S`, or ``stop()`` (checked every tick)."""
+        """The next frame other than a tick (or :data:`LEFT`, noted): ``(number, payload)``;
+        None where the relay's socket closed or was silent for :data:`SILENT_S`, or ``stop()``
+        (checked every tick); :attr:`ending` says which."""
         heard = time.monotonic()
         while not stop():
             if len(self._buffer) >= _FRAME.size:
@@ -297,11 +427,18 @@ class RelayFeed:
                     payload = self._buffer[_FRAME.size:_FRAME.size + size]
                     self._buffer = self._buffer[_FRAME.size + size:]
                     heard = time.monotonic()
+                    if number == BYE:
+                        self.ending = "bye"
+                        return None
+                    if number == LEFT:
+                        self.relay_left = True
+                        continue
                     if number != TICK:
                         return number, payload
                     continue
             left = heard + SILENT_S - time.monotonic()
             if left <= 0:
+                self.ending = "silent"
                 return None
             try:
                 ready, _, _ = select.select([self._socket], [], [], min(left, TICK_S))
@@ -309,13 +446,15 @@ class RelayFeed:
                     continue
                 chunk = self._socket.recv(1 << 16)
             except (OSError, ValueError):
-                return None
+                chunk = b""
             if not chunk:
+                self.ending = "closed"
                 return None
             self._buffer += chunk
+        self.ending = "stopped"
         return None
 
     def close(self) -> None:
-        """Close the socket (the relay drops this feed at its next send)."""
-        with contextlib.suppress(OSError):
-            self._socket.close()
+        """Say :data:`GOODBYE` and close the socket (the relay drops this feed without reporting
+        anything; a feed of a process that died closes without it)."""
+        _close_quietly(self._socket, GOODBYE)

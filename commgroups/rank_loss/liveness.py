@@ -26,7 +26,10 @@ Two daemon threads per registry (:class:`Liveness`):
    Where the registry asks for it (``relay=True``: it does), a host's listeners hear events
    through its relay instead (:mod:`~commgroups.rank_loss.host_relay`): one rank per host waits
    and reads, and hands each event to the others over a local socket; a listener whose relay
-   dies or goes quiet goes back to the store at its own next event.
+   dies or goes quiet goes back to the store at its own next event. Those sockets also say
+   when a process of the host dies, idle or not: the relay reports a member whose feed closed
+   without its goodbye, a listener its relay, once ``/proc`` shows the process gone
+   (:meth:`Liveness.report_if_gone`): milliseconds, where the beat below takes 10-30 s.
 
 2. **the beat** (the backstop, every ``interval_s``, on the job's shared connection): adds 1 to
    ``beat/<rank>`` and reads its ring
@@ -51,6 +54,7 @@ import atexit
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -59,6 +63,7 @@ from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]  # re-exported
 
+from commgroups.creation.sockets import SocketRef, detach_on_fork, socket_ref
 from commgroups.rank_loss.host_relay import HELLO, HostRelay, RelayFeed, relay_address, relay_of
 from commgroups.rank_loss.local_peers import ProcessId, gone, host_key, parse_peers
 from commgroups.util.store_reads import read_if_present, read_numbers
@@ -77,6 +82,10 @@ REJOIN_AFTER_S = 10.0
 after an event, once this long has passed (and again after as long): a relay slow for a moment
 on loaded cores must not cost its host the relay for the registry's life. A relay still stopped
 holds that one event up by the feed's silence (0.5 s)."""
+
+GONE_WITHIN_S = 0.5
+"""How long a process whose relay socket closed without a goodbye is looked for in ``/proc``
+before it counts as alive: a dying process closes its sockets before it leaves ``/proc``."""
 
 REPORT = 1 << 32
 """What each loss report adds to its generation's counter (``lost/<g>``); each answer adds 1.
@@ -222,6 +231,9 @@ class Liveness:
         self.relayed = False
         """Whether the listener hears events through the host's relay now (not the store)."""
         self._relay_address: str | None = None  # the host's relay's, once this rank read it
+        # The host's relay's rank and process, where it is another rank's (report_if_gone).
+        self._relay_process: tuple[int, tuple[int, int]] | None = None
+        self._feed: RelayFeed | None = None  # the listener's feed from the relay, while it hears it
         # prepare_relay()'s answer, the address the listener joins (None inside: no relay);
         # None: not prepared, the listener reads the host's key itself
         self._prepared: tuple[str | None] | None = None
@@ -259,6 +271,9 @@ class Liveness:
         :meth:`anchor`; the beat is left to the caller (:meth:`run_beats`, on a thread of its
         own)."""
         atexit.register(self._settle)  # unregistered when the listener ends
+        # A forked child (a DataLoader worker) holding the relay's sockets would hide this
+        # process's death from its host's relay (or from the relay's feeds) until it exits.
+        detach_on_fork(self, Liveness.relay_sockets)
         self._listener = threading.Thread(target=self._connect_and_listen,
                                           name=f"commgroups-listen-{self.rank}", daemon=True)
         self._listener.start()
@@ -375,12 +390,14 @@ class Liveness:
             address = relay_address(self._namespace, self._process.host, relay, pid, start)
             self._relay_address = address
             if relay != self.rank:
+                self._relay_process = (relay, (pid, start))
                 return address
             if self._stop.is_set():  # the registry closed before its listener started
                 return None
             connect, namespace = self._connect, self._namespace
             server = HostRelay(address, lambda: PrefixStore(namespace, connect()), self._next,
-                               self._stop.is_set, on_done=self._unsettle)
+                               self._stop.is_set, on_done=self._unsettle,
+                               on_feed_lost=self._feed_lost)
             if not server.start():
                 return None
             self._relay = server
@@ -400,6 +417,53 @@ class Liveness:
         feed = RelayFeed.connect(address, stop=self._stop.is_set)
         self.relayed = feed is not None
         return feed
+
+    def relay_sockets(self) -> list[SocketRef]:
+        """The sockets of the host's relay this rank holds: its feed, and the relay's own where
+        this rank is it. Read in a forked child too (no lock: the threads that held one are
+        gone there)."""
+        numbers = []
+        feed, relay = self._feed, self._relay
+        if feed is not None:
+            numbers.append(feed.fileno())
+        if relay is not None:
+            numbers += relay.sockets()
+        return [ref for number in numbers if number >= 0 and (ref := socket_ref(number))]
+
+    def _feed_lost(self, pid: int) -> None:
+        """The host's relay (this rank) lost a feed without its goodbye: the process ``pid``
+        may have died. Its own thread (the relay's ``on_feed_lost``)."""
+        if pid == os.getpid():
+            return  # this process's own listener: it is closing, or this process is ending
+        peers = self._host_peers
+        if peers is None or all(process[0] != pid for process in peers.values()):
+            with contextlib.suppress(Exception):  # the store's host is gone: nothing to say
+                self.learn_host()
+            peers = self._host_peers or {}
+        for rank, process in peers.items():
+            if process[0] == pid:
+                self.report_if_gone(rank, process, "its host's relay lost its feed")
+
+    def report_if_gone(self, rank: int, process: tuple[int, int], why: str) -> bool:
+        """Report ``rank`` lost in the watched generation where it is a member and its process
+        (pid, start time) leaves ``/proc`` within :data:`GONE_WITHIN_S`; True if it did.
+        Blocks (up to that long, then the report's requests on the job's shared connection):
+        call it from a thread of its own."""
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while not gone(*process):
+            if time.monotonic() >= deadline or self._stop.is_set():
+                return False
+            time.sleep(0.01)
+        with self._lock:
+            watched, members = self._watched, self._members
+        if watched is None or rank not in members or self._stop.is_set():
+            return False
+        try:
+            self.report(watched[0], f"rank {rank}'s process is gone ({why})", {rank})
+        except Exception as error:  # the store's host is gone: the job's next call says so
+            logger.debug("rank %d: reporting rank %d failed: %r", self.rank, rank, error)
+            return False
+        return True
 
     def publish_process(self) -> None:
         """Say, once, which process this rank is, under its host's key (local_peers): a peer
@@ -554,9 +618,13 @@ class Liveness:
     def _halt(self) -> None:
         """Stop the threads' loops: the listener's at its next event (at once where it hears
         the host's relay), the beat's at once. This rank's relay goes on for its host's ranks
-        still listening (:class:`~commgroups.rank_loss.host_relay.HostRelay`)."""
+        still listening (:class:`~commgroups.rank_loss.host_relay.HostRelay`), which it tells
+        at once that this rank left (its process's end is then no loss)."""
         self._stop.set()
         self._wake.set()
+        relay = self._relay
+        if relay is not None:
+            relay.leave()
 
     def subscribe(self, prefix: str, handler: Callable[[dict[str, Any]], None] | None) -> None:
         """Call ``handler(event)`` from the thread on each ``ask`` event for ``prefix`` (None:
@@ -653,14 +721,19 @@ class Liveness:
         else block on the store for it (no timeout: a timed-out store wait costs a request and
         makes torch print two warnings, every time); handle it, repeat."""
         failures = 0
+        self._feed = feed
         while not self._stop.is_set():
             try:
                 if feed is not None:
                     if not self._take_relayed(feed):
+                        ending = "left" if feed.relay_left else feed.ending
                         feed.close()
+                        self._feed = None
                         feed, self.relayed = None, False
                         if self._stop.is_set():
                             break
+                        if ending in ("closed", "silent"):  # not its goodbye: did it die?
+                            self._look_for_the_relay()
                         logger.debug("rank %d: the host's relay is gone or quiet: listening on "
                                      "the store from event %d", self.rank, self._next)
                         self._rejoin_at = time.monotonic() + self.rejoin_after_s
@@ -672,7 +745,7 @@ class Liveness:
                 self.take(self._next)
                 self._next += 1
                 failures = 0
-                feed = self._rejoin()
+                feed = self._feed = self._rejoin()
             except Exception as error:  # a store hiccup must not kill the listener
                 if self._stop.is_set():
                     return
@@ -686,6 +759,16 @@ class Liveness:
                 self._stop.wait(0.5)
         if feed is not None:
             feed.close()
+
+    def _look_for_the_relay(self) -> None:
+        """The relay's socket closed or went quiet without its goodbye: on a thread of its own
+        (never the listener's, which goes back to the store now), report the relay's rank if
+        its process is gone."""
+        relay = self._relay_process
+        if relay is not None:
+            threading.Thread(target=self.report_if_gone,
+                             args=(relay[0], relay[1], "its relay's socket closed"),
+                             name=f"commgroups-relay-gone-{self.rank}", daemon=True).start()
 
     def _rejoin(self) -> RelayFeed | None:
         """The host's relay's feed again, where this listener is on the store (its relay was
