@@ -54,6 +54,7 @@ import atexit
 import contextlib
 import json
 import logging
+import multiprocessing.util
 import os
 import threading
 import time
@@ -234,6 +235,7 @@ class Liveness:
         # The host's relay's rank and process, where it is another rank's (report_if_gone).
         self._relay_process: tuple[int, tuple[int, int]] | None = None
         self._feed: RelayFeed | None = None  # the listener's feed from the relay, while it hears it
+        self._exit_finalizer: multiprocessing.util.Finalize | None = None  # see _settle_at_exit
         # prepare_relay()'s answer, the address the listener joins (None inside: no relay);
         # None: not prepared, the listener reads the host's key itself
         self._prepared: tuple[str | None] | None = None
@@ -270,7 +272,7 @@ class Liveness:
         is it, unless :meth:`prepare_relay` started it; then the relay's feed), after
         :meth:`anchor`; the beat is left to the caller (:meth:`run_beats`, on a thread of its
         own)."""
-        atexit.register(self._settle)  # unregistered when the listener ends
+        self._settle_at_exit(True)  # undone when the listener ends
         # A forked child (a DataLoader worker) holding the relay's sockets would hide this
         # process's death from its host's relay (or from the relay's feeds) until it exits.
         detach_on_fork(self, Liveness.relay_sockets)
@@ -282,6 +284,23 @@ class Liveness:
         """Wait until the first beat was sent (or tried), by :meth:`run_beats`; True once it
         was."""
         return self._announced.wait(timeout_s)
+
+    def _settle_at_exit(self, wanted: bool) -> None:
+        """Have :meth:`_settle` run as this process ends normally, or no longer: through
+        ``atexit``, and through multiprocessing's exit finalizers, which a process it forked or
+        forkserved runs before its ``os._exit`` where ``atexit`` hooks never run. Either way the
+        listener's socket to its host's relay then closes with its goodbye: an end of a rank
+        that did not close its registry is no loss to its host's relay, as long as it ended
+        through Python (``test_host_relay_world``: a rank's function that returned)."""
+        if wanted:
+            atexit.register(self._settle)
+            self._exit_finalizer = multiprocessing.util.Finalize(
+                None, self._settle, exitpriority=0)
+        else:
+            atexit.unregister(self._settle)
+            finalizer, self._exit_finalizer = self._exit_finalizer, None
+            if finalizer is not None:
+                finalizer.cancel()
 
     def _settle(self) -> None:
         """At interpreter exit, before daemon threads are frozen: let the listener end first.
@@ -296,6 +315,7 @@ class Liveness:
         listener = self._listener
         if listener is None:  # registered by start_listener() just before it makes the thread
             return
+        self._settle_at_exit(False)  # once: atexit's run and multiprocessing's would both come
         self._halt()
         relay = self._relay
         if relay is not None:  # this process ends: its host's listeners go back to the store
@@ -329,7 +349,7 @@ class Liveness:
             relay = self._relay
             if relay is not None:
                 relay.close()
-            atexit.unregister(self._settle)
+            self._settle_at_exit(False)
             return
         # Never on the job's shared connection from this thread: the main thread may hold it in
         # a blocking wait (a rebuild's check-in) that needs this listener's answer.
@@ -362,7 +382,7 @@ class Liveness:
         stopped forwarding (each thread calls this as it ends): the registry may go."""
         relay = self._relay
         if self._listened.is_set() and (relay is None or relay.done.is_set()):
-            atexit.unregister(self._settle)
+            self._settle_at_exit(False)
 
     def prepare_relay(self) -> None:
         """Before :meth:`start_listener`, where nothing else waits on the job's shared
