@@ -511,7 +511,8 @@ class GroupRegistry:
                                             async_and_wait=self.spec(role).async_and_wait,
                                             owner=self._creator, owner_site=self._creator_site,
                                             flight=flight.recorder.role(role) if flight else None,
-                                            watch=live if severs else None)
+                                            watch=live if severs else None,
+                                            losses=live.loss_text)
         return handles[role]
 
     @serialized

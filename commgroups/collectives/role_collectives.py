@@ -42,7 +42,7 @@ from commgroups.errors import (
 )
 from commgroups.flight_recorder.entries import FlightEntry
 from commgroups.flight_recorder.recorder import RoleRecorder
-from commgroups.util.error_text import first_fitting
+from commgroups.util.error_text import backend_words, first_fitting
 
 __all__ = ["RoleCollectives"]
 
@@ -96,7 +96,7 @@ class RoleCollectives:
     def __init__(self, group: dist.ProcessGroup, *, role: str, async_and_wait: bool,
                  owner: threading.Thread | None = None, owner_site: str = "",
                  flight: RoleRecorder | None = None, watch: InterruptWatch | None = None,
-                 ) -> None:
+                 losses: Callable[[dist.ProcessGroup], str | None] | None = None) -> None:
         if not isinstance(group, dist.ProcessGroup):
             raise TypeError(
                 f"RoleCollectives for role {role!r} needs a ProcessGroup, got "
@@ -118,6 +118,7 @@ class RoleCollectives:
         """The role's flight recorder (None: off); every call is recorded in it."""
         # Set for gloo groups, whose wait() blocks this thread: it watches for interruption.
         self._interrupt = None if watch is None else (group, watch)
+        self._losses = losses  # the loss reports covering the group, in words (or None)
 
     def close(self, reason: str) -> None:
         """Refuse every later call with :class:`RegistryClosedError` saying ``reason``.
@@ -226,8 +227,17 @@ class RoleCollectives:
             if entry is not None:
                 self.flight.end(entry, error)
             if self.flight.diagnose is not None:
-                return self.flight.diagnose(failure, entry)
-        return failure
+                failure = self.flight.diagnose(failure, entry)
+        # After the diagnosis, which a loss report ends early: the report says why.
+        lost = self._losses(self.group) if self._losses is not None else None
+        if lost is None:
+            return failure
+        head = (f"role {self.role!r}: {op} #{seq} on group {self.group.group_name!r} was "
+                f"interrupted: {lost}; fix: call registry.rebuild() on every survivor")
+        return RoleCollectiveError(
+            first_fitting(f"{head} (the backend: {backend_words(failure.cause or text, 100)})",
+                          head),
+            role=self.role, op=op, seq=seq, cause=failure.cause, flight=failure.flight)
 
     @contextmanager
     def _named(self, op: str) -> Iterator[None]:

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import tempfile
 import threading
 import weakref
@@ -37,6 +36,7 @@ from commgroups.flight_recorder.publisher import (
     collect,
 )
 from commgroups.flight_recorder.recorder import FlightRecorder
+from commgroups.util.error_text import backend_words
 
 __all__ = ["DIAGNOSIS", "DIR_ENV_VAR", "LOSS_SHORTEST_S", "SHARE_SLACK_S", "FlightSession",
            "dump_file_name", "open_flight"]
@@ -48,7 +48,6 @@ DIR_ENV_VAR = "COMMGROUPS_FLIGHT_DIR"
 
 _MAX_TEXT = 300  # commgroups' error texts stay this short; the details are in ``flight``
 _MAX_CAUSE = 80  # of which the backend's own words of a failure (a gloo message is one line)
-_GLOO_SOURCE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")
 
 DIAGNOSIS = "commgroups_diagnosis"
 """Set (True) on the log record of a diagnosis, for a filter that wants it at another level (the
@@ -407,7 +406,7 @@ def _rewritten(failure: RoleCollectiveError, diagnosis: Diagnosis) -> RoleCollec
     room = _MAX_TEXT - len(head) - len(verb) - 2 - len(tail)
     # A failure other than a timeout keeps the backend's words (a closed connection, a refused
     # op) where the ranks apart leave room: they explain it, the ranks come first.
-    words = "" if timed_out else _GLOO_SOURCE.sub("", failure.cause)  # gloo's opens with its source
+    words = "" if timed_out else backend_words(failure.cause, len(failure.cause))
     spare = min(_MAX_CAUSE, room - len(body) - 2)
     if words and spare >= 24:
         verb += f": {words if len(words) <= spare else words[:spare - 4] + ' ...'}"

@@ -55,6 +55,7 @@ from commgroups.flight_recorder.session import FlightSession
 from commgroups.layout.specs import Layout
 from commgroups.planning.plan import Plan
 from commgroups.util.error_text import listed
+from commgroups.util.text_table import format_ranks
 
 if TYPE_CHECKING:
     from commgroups.collectives.role_collectives import RoleCollectives
@@ -158,6 +159,9 @@ class Generation:
     :meth:`release`, :meth:`destroy`."""
     interrupted: bool = False
     """:meth:`interrupt` ran: the groups are aborted or severed, none carries traffic any more."""
+    reported_lost: list[frozenset[int] | None] = field(default_factory=list)
+    """The ranks each loss report that reached this generation named (None: nobody in
+    particular); see :meth:`note_loss` and :meth:`loss_text`."""
     aborted: set[int] = field(default_factory=set)
     """``id()`` of each group aborted already (abort runs once per group)."""
     flight: FlightSession | None = None
@@ -169,6 +173,27 @@ class Generation:
     flight_events: list[int] = field(default_factory=list)
     """After :meth:`release` on the last rank to release its flight recorder: the listener
     events its asks sent, to delete once every listener is past them (the rank-loss side)."""
+
+    def note_loss(self, suspects: frozenset[int] | None) -> None:
+        """A loss report of this generation named ``suspects`` (None: nobody in particular).
+        From the listener's thread, before it interrupts the generation."""
+        self.reported_lost.append(suspects)
+
+    def loss_text(self, group: dist.ProcessGroup) -> str | None:
+        """Why a call on ``group`` failed where a loss report covers it (it names a member of
+        ``group``, or nobody in particular): the ranks reported lost, as an error's words; None
+        where no report covers the group (its failure is its own)."""
+        reports = list(self.reported_lost)
+        if not reports:
+            return None
+        if any(named is None for named in reports):
+            return f"a rank loss was reported in generation {self.number}"
+        members = set(dist.get_process_group_ranks(group))
+        lost = sorted(set().union(*(named for named in reports if named is not None)) & members)
+        if not lost:
+            return None
+        which = f"rank {lost[0]} was" if len(lost) == 1 else f"ranks {format_ranks(lost)} were"
+        return f"{which} reported lost in generation {self.number}"
 
     def abandon(self, group: dist.ProcessGroup, work: Any) -> None:
         """Keep ``work``, a call on ``group`` that survived this generation's interruption, from

@@ -131,6 +131,7 @@ class Recovery:
                 logger.info("rank %d: a loss was reported in generation %d: interrupting %s",
                             self.rank, number, "it" if suspects is None
                             else f"its groups holding ranks {sorted(suspects)}")
+                generation.note_loss(suspects)  # a call that fails now says why
                 generation.interrupt(self._kept(generation, from_thread=True), suspects)
             self.barriers.wake(store, number, self.rank)
 

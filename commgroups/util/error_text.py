@@ -6,12 +6,23 @@ of a layout, the fields two ranks disagree on, known names) lists what fits and 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
-__all__ = ["MAX_ERROR_CHARS", "first_fitting", "fit_lines", "listed"]
+__all__ = ["MAX_ERROR_CHARS", "backend_words", "first_fitting", "fit_lines", "listed"]
 
 MAX_ERROR_CHARS = 300
 """The longest error text commgroups writes (``tests/test_error_texts.py`` holds every one to it)."""
+
+
+_GLOO_SOURCE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")
+
+
+def backend_words(cause: str, width: int) -> str:
+    """A backend's own error line, without gloo's source location (``[.../pair.cc:553] ``), cut
+    to ``width`` characters (``...`` ending a cut one)."""
+    words = _GLOO_SOURCE.sub("", cause)
+    return words if len(words) <= width else words[:width - 4] + " ..."
 
 
 def first_fitting(*candidates: str) -> str:
