@@ -1,5 +1,5 @@
 """Where ``GroupRegistry.create()`` spends its time on real gloo ranks:
-``python benchmarks/creation_phases.py [--world 8] [--worlds 10] [--warm]``.
+``python benchmarks/creation_phases.py [--world 8] [--worlds 10] [--warm | --first]``.
 
 Two tables from fresh gloo worlds (one per repetition, as ``commgroups bench`` does):
 
@@ -15,10 +15,13 @@ Two tables from fresh gloo worlds (one per repetition, as ``commgroups bench`` d
   ranks that disagree hang): they only measure what each part costs.
 
 ``--warm``: each process first creates one registry and one DeviceMesh, so every variant runs
-warm code (the bench's figure is a process's first of each). A probe for the creation floor
-(benchmarks/README.md, docs/guide.md "Creation happens in `create()`"), not a scenario of the
-bench: its phases are timed, and its parts turned off, by replacing the registry's internal
-functions.
+warm code (the bench's figure is a process's first of each). ``--first``: instead, each variant
+is the first creation in a fresh world of its own (as the bench's first-creation table), the
+variants alternating, ``--worlds`` of each; the one table then gives each variant's paired ratio
+to DeviceMesh, which is what turning each part off buys where it counts (a job's one creation).
+A probe for the creation floor (benchmarks/README.md, docs/guide.md "Creation happens in
+`create()`"), not a scenario of the bench: its phases are timed, and its parts turned off, by
+replacing the registry's internal functions.
 """
 
 from __future__ import annotations
@@ -126,6 +129,49 @@ def _measure(rank: int, world: int, progress: Any, repetition: int,
     return out
 
 
+FIRST_VARIANTS = ("devicemesh", "registry", "registry, no heartbeat or flight",
+                  "registry, quiet, no socket ledger", "registry, quiet, no ledger or agreement",
+                  "devicemesh + own fsdp", "new_group loop")
+
+
+def _measure_first(rank: int, world: int, progress: Any, variant: str) -> float:
+    """``variant`` as the first creation in this fresh world: the slowest rank's seconds."""
+    import torch
+    import torch.distributed as dist
+
+    from commgroups.bench import creation
+
+    layout = creation.bench_layout(world)
+    warm_up = dist.new_group(group_desc="warm-up")
+    dist.barrier(group=warm_up)  # type: ignore[arg-type]  # every rank is a member
+    dist.barrier()
+    start = time.perf_counter()
+    kept = _create(variant, layout)
+    slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    if hasattr(kept, "_recovery"):  # the registry's start-up, untimed, as the bench's settle()
+        kept._recovery.wait_started()
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    dist.barrier()
+    return float(slowest.item())
+
+
+def _first(world: int, worlds: int) -> None:
+    from commgroups.bench.world import run_world
+
+    times: dict[str, list[float]] = {variant: [] for variant in FIRST_VARIANTS}
+    for repetition in range(worlds):
+        shift = repetition % len(FIRST_VARIANTS)
+        for variant in FIRST_VARIANTS[shift:] + FIRST_VARIANTS[:shift]:
+            times[variant].append(run_world(_measure_first, world, variant,
+                                            grow_table=False)[0])
+    print(f"the first creation in a fresh world, {world} gloo ranks, {worlds} worlds each: "
+          "slowest rank, median ms; paired ratio to devicemesh, median [min-max]")
+    for variant in FIRST_VARIANTS:
+        paired = sorted(a / b for a, b in zip(times[variant], times["devicemesh"]))
+        print(f"  {variant:40s} {statistics.median(times[variant]) * 1e3:6.1f}  "
+              f"{statistics.median(paired):.2f} [{paired[0]:.2f}-{paired[-1]:.2f}]")
+
+
 def main(argv: list[str]) -> int:
     """Measure and print both tables."""
     sys.path.insert(0, str(ROOT))  # the source tree's commgroups when it is not installed
@@ -134,9 +180,15 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=8, help="gloo ranks (default 8)")
     parser.add_argument("--worlds", type=int, default=10, help="fresh worlds (default 10)")
-    parser.add_argument("--warm", action="store_true",
-                        help="every variant on warm code (a registry and a DeviceMesh first)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--warm", action="store_true",
+                      help="every variant on warm code (a registry and a DeviceMesh first)")
+    mode.add_argument("--first", action="store_true",
+                      help="each variant the first creation in a fresh world of its own")
     args = parser.parse_args(argv)
+    if args.first:
+        _first(args.world, args.worlds)
+        return 0
     runs: dict[str, list[list[float]]] = {variant: [] for variant in VARIANTS}
     for repetition in range(args.worlds):
         for variant, values in run_world(_measure, args.world, repetition,
