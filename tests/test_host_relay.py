@@ -147,7 +147,7 @@ def test_a_feed_that_ends_without_its_goodbye_is_reported_with_its_process(port:
     sockets close without the goodbye a closing listener sends (``RelayFeed.close``)."""
     lost: list[int] = []
     relay = HostRelay(_address(port), PrefixStore(_ns(port), _tcp(port)), 1, lambda: False,
-                      on_feed_lost=lost.append)
+                      on_feed_lost=lambda pid, dying: lost.append(pid))
     assert relay.start()
     polite, rude = RelayFeed.connect(relay.address), RelayFeed.connect(relay.address)
     assert polite is not None and rude is not None
@@ -299,6 +299,30 @@ def test_a_hosts_ranks_go_back_to_the_store_when_its_relay_fails(port: int) -> N
         live.close(3)
     assert until(lambda: all(not live.listening for live in lives))
     assert relay._relay.done.wait(5.0)
+
+
+@pytest.mark.parametrize("dying", [False, True], ids=["normal-exit", "unhandled-exception"])
+def test_a_process_dying_of_an_exception_says_no_goodbye_at_exit(port: int, dying: bool,
+                                                                  monkeypatch: Any) -> None:
+    """What each rank's exit hook (``Liveness._settle``) leaves its host's relay: a goodbye
+    after a normal end (with or without close()), none where Python's top level printed an
+    unhandled exception (``sys.last_value``): a rank that crashed in a step is a loss, which
+    its host's relay reports at once (a process of this test is never gone: the relay's
+    callback is replaced by a list here)."""
+    lives = _hosts_ranks(port, [])
+    relay, fed = lives[0], lives[1]
+    assert relay._relay is not None
+    lost: list[tuple[int, bool]] = []
+    relay._relay._on_feed_lost = lambda pid, said: lost.append((pid, said))
+    if dying:
+        monkeypatch.setattr("sys.last_value", RuntimeError("a step failed"), raising=False)
+    fed._settle()
+    time.sleep(3 * TICK_S)
+    assert lost == ([(os.getpid(), True)] if dying else [])  # said so: reported without a look
+    monkeypatch.delattr("sys.last_value", raising=False)
+    for live in (relay, lives[2]):
+        live.close(3)
+    assert until(lambda: all(not live.listening for live in lives))
 
 
 def test_a_rank_that_anchored_before_its_relay_reads_the_earlier_events_from_the_store(

@@ -36,8 +36,9 @@ Frames on the socket: ``!qI`` (the event's number, the payload's length), then t
 event's JSON as stored). Number :data:`TICK` carries nothing; :data:`HELLO` carries the first
 number forwarded, as text; :data:`BYE` (nothing) says the relay closes and its process lives;
 :data:`LEFT` (nothing) that its rank's registry closed (it relays on for its host: its
-process's end is no loss).
-A feed sends only :data:`GOODBYE`, once, as it closes. The socket is Linux's abstract
+process's end is no loss); :data:`DIED` (nothing) that its process is ending of an unhandled
+exception (a loss: reported at once, without waiting for ``/proc``).
+A feed sends only :data:`GOODBYE` (or :data:`DYING`), once, as it closes. The socket is Linux's abstract
 namespace (no file to leave behind when a process is killed), named from the registry's
 namespace, the host and the relay's process.
 """
@@ -61,8 +62,8 @@ from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported
 from commgroups.rank_loss.local_peers import gone
 from commgroups.util.store_reads import read_bytes_if_present
 
-__all__ = ["BYE", "CONNECT_WITHIN_S", "GOODBYE", "HELLO", "LEFT", "SILENT_S", "TICK", "TICK_S",
-           "HostRelay", "RelayFeed", "peer_pid", "relay_address", "relay_of"]
+__all__ = ["BYE", "CONNECT_WITHIN_S", "DIED", "DYING", "GOODBYE", "HELLO", "LEFT", "SILENT_S",
+           "TICK", "TICK_S", "HostRelay", "RelayFeed", "peer_pid", "relay_address", "relay_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +88,15 @@ TICK = 0
 HELLO = -1
 BYE = -2
 LEFT = -3
+DIED = -4
 
 GOODBYE = b"\x01"
 """What a feed sends as its listener closes it (its process lives): the relay then drops it
 without reporting anything."""
+
+DYING = b"\x02"
+"""What a feed sends as it closes where its process is ending of an unhandled exception: the
+relay reports its rank lost at once (its process may take a while to leave ``/proc``)."""
 
 _FRAME = struct.Struct("!qI")
 _FOREVER = timedelta(days=365)
@@ -136,13 +142,21 @@ def peer_pid(connection: socket.socket) -> int | None:
     return int(_CREDENTIALS.unpack(raw)[0])
 
 
-def _said_goodbye(feed: socket.socket) -> bool:
-    """Whether ``feed`` sent :data:`GOODBYE` (read without waiting; a closed or reset socket
-    with nothing left unread did not)."""
+def _last_word(feed: socket.socket) -> bytes:
+    """What ``feed`` sent as it closed (:data:`GOODBYE`, :data:`DYING`), read without waiting;
+    empty where it sent nothing (a closed or reset socket with nothing left unread)."""
     try:
-        return bool(feed.recv(16, socket.MSG_DONTWAIT))
+        return feed.recv(16, socket.MSG_DONTWAIT)
     except OSError:
-        return False
+        return b""
+
+
+def _loss(pid: int | None, word: bytes) -> tuple[int, bool] | None:
+    """The loss a feed's end tells of: its process id and whether it said it is dying; None
+    where it said goodbye (or its process is unknown)."""
+    if pid is None or GOODBYE in word:
+        return None
+    return pid, DYING in word
 
 
 def _close_quietly(connection: socket.socket, last: bytes = b"") -> None:
@@ -160,10 +174,11 @@ class HostRelay:
     under the registry's namespace), waits for each event from ``first`` on and sends it to
     every connected feed; a second thread accepts feeds (each told :data:`HELLO` the next
     number forwarded), ticks, and hears a feed close: without its :data:`GOODBYE`,
-    ``on_feed_lost(pid)`` runs on a thread of its own. The forwarder ends after the last
-    member's ``close`` event, or after any event once ``stop()`` (this rank's registry closed)
-    and no feed is left; :meth:`close` ends both threads at once (the forwarder's store wait at
-    the next event, as the listener's does).
+    ``on_feed_lost(pid, dying)`` runs on a thread of its own (``dying``: it said
+    :data:`DYING`). The forwarder ends after the last member's ``close`` event, or after any
+    event once ``stop()`` (this rank's registry closed) and no feed is left; :meth:`close` ends
+    both threads at once (the forwarder's store wait at the next event, as the listener's
+    does).
 
     Args:
         address: :func:`relay_address`.
@@ -174,13 +189,14 @@ class HostRelay:
         stop: whether this rank's liveness stopped: checked after each event (it forwards
             while a feed is left).
         on_done: called from the forwarder's thread as it ends, after :attr:`done` is set.
-        on_feed_lost: called with a feed's process id (its socket's peer) where the feed closed
-            without its goodbye or failed: its process may have died (the callee looks).
+        on_feed_lost: called with a feed's process id (its socket's peer) and whether it said it
+            is dying, where the feed closed without its goodbye or failed: its process may have
+            died (the callee looks, unless it said so).
     """
 
     def __init__(self, address: str, store: Store | Callable[[], Store], first: int,
                  stop: Callable[[], bool], on_done: Callable[[], None] = lambda: None,
-                 on_feed_lost: Callable[[int], None] | None = None) -> None:
+                 on_feed_lost: Callable[[int, bool], None] | None = None) -> None:
         self.address = address
         self._on_done: Callable[[], None] | None = on_done
         self._on_feed_lost = on_feed_lost
@@ -223,15 +239,16 @@ class HostRelay:
         in a forked child, where the thread that held it is gone."""
         return [self._server.fileno(), *(feed.fileno() for feed in list(self._feeds))]
 
-    def close(self) -> None:
+    def close(self, dying: bool = False) -> None:
         """Stop accepting and ticking, and close every feed, each told :data:`BYE` first
         (their listeners go back to the store at once, at their own next event, and report
-        nothing). Idempotent."""
+        nothing; ``dying``: :data:`DIED` instead, this process ends of an unhandled exception,
+        and they report it at once). Idempotent."""
         with self._lock:
             self._closed.set()
             feeds, self._feeds = self._feeds, {}
         for feed in feeds:
-            _close_quietly(feed, _frame(BYE))
+            _close_quietly(feed, _frame(DIED if dying else BYE))
         with contextlib.suppress(OSError):
             self._server.close()
 
@@ -246,9 +263,9 @@ class HostRelay:
             lost = self._send_all(_frame(LEFT))
         self._lost(lost)
 
-    def _send_all(self, data: bytes) -> list[int]:
+    def _send_all(self, data: bytes) -> list[tuple[int, bool]]:
         """Send ``data`` to every feed (under the lock); drop a feed that does not take it.
-        Returns the process ids of those dropped without their goodbye."""
+        Returns the losses of those dropped without their goodbye (:func:`_loss`)."""
         kept: dict[socket.socket, int | None] = {}
         lost = []
         for feed, pid in self._feeds.items():
@@ -256,20 +273,21 @@ class HostRelay:
                 feed.sendall(data)
                 kept[feed] = pid
             except OSError:
-                if pid is not None and not _said_goodbye(feed):
-                    lost.append(pid)
+                loss = _loss(pid, _last_word(feed))
+                if loss is not None:
+                    lost.append(loss)
                 _close_quietly(feed)
         self._feeds = kept
         return lost
 
-    def _lost(self, pids: list[int]) -> None:
+    def _lost(self, losses: list[tuple[int, bool]]) -> None:
         """Tell ``on_feed_lost`` of each, each on a thread of its own (it looks at ``/proc``
         and reports through the store: never on the forwarder's or the ticks' thread)."""
         callback = self._on_feed_lost
         if callback is None or self._closed.is_set():
             return
-        for pid in pids:
-            threading.Thread(target=callback, args=(pid,), name="commgroups-relay-lost",
+        for pid, dying in losses:
+            threading.Thread(target=callback, args=(pid, dying), name="commgroups-relay-lost",
                              daemon=True).start()
 
     def _forward(self) -> None:
@@ -371,11 +389,10 @@ class HostRelay:
             if feed not in self._feeds:
                 return  # dropped meanwhile
             pid = self._feeds.pop(feed)
-        lost = pid is not None and not _said_goodbye(feed)
+        loss = _loss(pid, _last_word(feed))
         _close_quietly(feed)
-        if lost:
-            assert pid is not None
-            self._lost([pid])
+        if loss is not None:
+            self._lost([loss])
 
 
 class RelayFeed:
@@ -388,8 +405,9 @@ class RelayFeed:
         self._buffer = b""
         self.ending = ""
         """Why :meth:`receive` returned None: ``bye`` (the relay closed, its process lives),
-        ``closed`` (its socket closed without that: its process may have died), ``silent``
-        (nothing for :data:`SILENT_S`), ``stopped`` (the caller's ``stop()``); empty before."""
+        ``died`` (its process is ending of an unhandled exception), ``closed`` (its socket
+        closed without either: its process may have died), ``silent`` (nothing for
+        :data:`SILENT_S`), ``stopped`` (the caller's ``stop()``); empty before."""
         self.relay_left = False
         """Whether the relay said :data:`LEFT`: its rank's registry closed, so its process's end
         is no loss."""
@@ -427,8 +445,8 @@ class RelayFeed:
                     payload = self._buffer[_FRAME.size:_FRAME.size + size]
                     self._buffer = self._buffer[_FRAME.size + size:]
                     heard = time.monotonic()
-                    if number == BYE:
-                        self.ending = "bye"
+                    if number in (BYE, DIED):
+                        self.ending = "bye" if number == BYE else "died"
                         return None
                     if number == LEFT:
                         self.relay_left = True
@@ -454,7 +472,8 @@ class RelayFeed:
         self.ending = "stopped"
         return None
 
-    def close(self) -> None:
+    def close(self, dying: bool = False) -> None:
         """Say :data:`GOODBYE` and close the socket (the relay drops this feed without reporting
-        anything; a feed of a process that died closes without it)."""
-        _close_quietly(self._socket, GOODBYE)
+        anything; a feed of a process that died closes without it); ``dying``: say
+        :data:`DYING` instead (this process ends of an unhandled exception: reported at once)."""
+        _close_quietly(self._socket, DYING if dying else GOODBYE)

@@ -56,6 +56,7 @@ import json
 import logging
 import multiprocessing.util
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -236,6 +237,7 @@ class Liveness:
         self._relay_process: tuple[int, tuple[int, int]] | None = None
         self._feed: RelayFeed | None = None  # the listener's feed from the relay, while it hears it
         self._exit_finalizer: multiprocessing.util.Finalize | None = None  # see _settle_at_exit
+        self._dying = False  # this process ends of an unhandled exception (_settle): no goodbye
         # prepare_relay()'s answer, the address the listener joins (None inside: no relay);
         # None: not prepared, the listener reads the host's key itself
         self._prepared: tuple[str | None] | None = None
@@ -311,15 +313,21 @@ class Liveness:
         through C++ frames: "terminate called without an active exception", SIGABRT, a job
         that finished marked failed (seen under torchrun, torch 2.13). Usually the close event
         has come and this returns at once; else it waits up to 2 s for it, then wakes the
-        listeners itself (one read each)."""
+        listeners itself (one read each).
+
+        A process dying of an unhandled exception (``sys.last_value`` set: Python's top level
+        printed it) says no goodbye to its host's relay, nor its relay ``left``/``bye``: its end
+        is a loss, which its host reports at once (a rank that crashed in a step, under
+        torchrun); a normal end, with or without ``close()``, is none."""
         listener = self._listener
         if listener is None:  # registered by start_listener() just before it makes the thread
             return
         self._settle_at_exit(False)  # once: atexit's run and multiprocessing's would both come
+        self._dying = getattr(sys, "last_value", None) is not None
         self._halt()
         relay = self._relay
         if relay is not None:  # this process ends: its host's listeners go back to the store
-            relay.close()
+            relay.close(dying=self._dying)
         listener.join(timeout=2.0)
         if listener.is_alive() or (relay is not None and not relay.done.is_set()):
             with contextlib.suppress(RuntimeError):  # the store's host is gone: nothing wakes
@@ -450,9 +458,10 @@ class Liveness:
             numbers += relay.sockets()
         return [ref for number in numbers if number >= 0 and (ref := socket_ref(number))]
 
-    def _feed_lost(self, pid: int) -> None:
+    def _feed_lost(self, pid: int, dying: bool) -> None:
         """The host's relay (this rank) lost a feed without its goodbye: the process ``pid``
-        may have died. Its own thread (the relay's ``on_feed_lost``)."""
+        may have died (``dying``: it said it is ending). Its own thread (the relay's
+        ``on_feed_lost``)."""
         if pid == os.getpid():
             return  # this process's own listener: it is closing, or this process is ending
         peers = self._host_peers
@@ -462,15 +471,17 @@ class Liveness:
             peers = self._host_peers or {}
         for rank, process in peers.items():
             if process[0] == pid:
-                self.report_if_gone(rank, process, "its host's relay lost its feed")
+                self.report_if_gone(rank, process, "its host's relay lost its feed", dying)
 
-    def report_if_gone(self, rank: int, process: tuple[int, int], why: str) -> bool:
+    def report_if_gone(self, rank: int, process: tuple[int, int], why: str,
+                       dying: bool = False) -> bool:
         """Report ``rank`` lost in the watched generation where it is a member and its process
-        (pid, start time) leaves ``/proc`` within :data:`GONE_WITHIN_S`; True if it did.
-        Blocks (up to that long, then the report's requests on the job's shared connection):
-        call it from a thread of its own."""
+        (pid, start time) leaves ``/proc`` within :data:`GONE_WITHIN_S` (``dying``: it said it
+        is ending of an unhandled exception, no look); True if it did. Blocks (up to that long,
+        then the report's requests on the job's shared connection): call it from a thread of
+        its own."""
         deadline = time.monotonic() + GONE_WITHIN_S
-        while not gone(*process):
+        while not dying and not gone(*process):
             if time.monotonic() >= deadline or self._stop.is_set():
                 return False
             time.sleep(0.01)
@@ -643,7 +654,7 @@ class Liveness:
         self._stop.set()
         self._wake.set()
         relay = self._relay
-        if relay is not None:
+        if relay is not None and not self._dying:
             relay.leave()
 
     def subscribe(self, prefix: str, handler: Callable[[dict[str, Any]], None] | None) -> None:
@@ -747,13 +758,13 @@ class Liveness:
                 if feed is not None:
                     if not self._take_relayed(feed):
                         ending = "left" if feed.relay_left else feed.ending
-                        feed.close()
+                        feed.close(dying=self._dying)  # stopped as the process ends
                         self._feed = None
                         feed, self.relayed = None, False
                         if self._stop.is_set():
                             break
-                        if ending in ("closed", "silent"):  # not its goodbye: did it die?
-                            self._look_for_the_relay()
+                        if ending in ("closed", "silent", "died"):  # did it die?
+                            self._look_for_the_relay(at_once=ending == "died")
                         logger.debug("rank %d: the host's relay is gone or quiet: listening on "
                                      "the store from event %d", self.rank, self._next)
                         self._rejoin_at = time.monotonic() + self.rejoin_after_s
@@ -778,16 +789,16 @@ class Liveness:
                     return
                 self._stop.wait(0.5)
         if feed is not None:
-            feed.close()
+            feed.close(dying=self._dying)
 
-    def _look_for_the_relay(self) -> None:
+    def _look_for_the_relay(self, at_once: bool) -> None:
         """The relay's socket closed or went quiet without its goodbye: on a thread of its own
         (never the listener's, which goes back to the store now), report the relay's rank if
-        its process is gone."""
+        its process is gone (``at_once``: it said it is dying)."""
         relay = self._relay_process
         if relay is not None:
             threading.Thread(target=self.report_if_gone,
-                             args=(relay[0], relay[1], "its relay's socket closed"),
+                             args=(relay[0], relay[1], "its relay's socket closed", at_once),
                              name=f"commgroups-relay-gone-{self.rank}", daemon=True).start()
 
     def _rejoin(self) -> RelayFeed | None:
