@@ -344,8 +344,6 @@ class HostRelay:
     def _serve(self) -> None:
         next_tick = time.monotonic() + TICK_S
         while not self._closed.is_set():
-            if not self._left and self._stop():  # the owner's leave() may not have come
-                self.leave()
             with self._lock:
                 feeds = [feed for feed in self._feeds if feed.fileno() >= 0]
             try:
