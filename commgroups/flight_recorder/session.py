@@ -406,10 +406,10 @@ def _rewritten(failure: RoleCollectiveError, diagnosis: Diagnosis) -> RoleCollec
     room = _MAX_TEXT - len(head) - len(verb) - 2 - len(tail)
     # A failure other than a timeout keeps the backend's words (a closed connection, a refused
     # op) where the ranks apart leave room: they explain it, the ranks come first.
-    words = "" if timed_out else backend_words(failure.cause, len(failure.cause))
     spare = min(_MAX_CAUSE, room - len(body) - 2)
+    words = "" if timed_out else backend_words(failure.cause, spare)
     if words and spare >= 24:
-        verb += f": {words if len(words) <= spare else words[:spare - 4] + ' ...'}"
+        verb += f": {words}"
         room -= len(verb) - len("failed")
     if len(body) > room:
         body = body[: max(0, room - 4)] + " ..."
