@@ -303,9 +303,10 @@ class GroupRegistry:
         A rank lost before it arrived never will: a loss report of the current generation that
         reaches this rank ends the wait with :class:`~commgroups.errors.LossInterruptedError`
         within milliseconds, not after ``timeout``. Nobody is in a collective here, so no
-        socket sees a death: a waiting rank reports a member dead on its own host (``/proc``,
-        every 0.2 s), and the heartbeat's backstop one on another host (with the heartbeat off
-        nothing reports: a plain store barrier). Otherwise ``timeout`` (default:
+        socket of a group sees a death: the dead rank's host relay reports it, a waiting rank
+        reports a member dead on its own host (``/proc``, every 0.2 s), and the heartbeat's
+        backstop a rank alone on its host or a host gone whole (with the heartbeat off nothing
+        reports: a plain store barrier). Otherwise ``timeout`` (default:
         ``create_timeout_s``) raises :class:`~commgroups.errors.AgreementTimeoutError` naming
         the ranks that never arrived. Five store requests per rank (each deletes its arrival
         once through: two keys stay per call), and one connection for the wait.

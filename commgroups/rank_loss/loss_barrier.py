@@ -14,9 +14,11 @@ connection; the wait returns, reads it and raises
 :class:`~commgroups.errors.LossInterruptedError`. A report heard before the barrier was listed
 is caught by the look; one heard after finds it listed.
 
-Nobody is in a collective while it waits, so no socket sees a peer die; the heartbeat's
-backstop reports it after ten ``dead_after_s`` without a beat (10-30 s at the defaults). So the
-waiting rank looks, every :data:`LOCAL_LOOK_S`, whether a member on its own host has died
+Nobody is in a collective while it waits, so no socket of a group sees a peer die; the dead
+rank's host relay reports it (:mod:`~commgroups.rank_loss.host_relay`), and the heartbeat's
+backstop a rank alone on its host after ten ``dead_after_s`` without a beat (10-30 s at the
+defaults). Besides, the waiting rank looks, every :data:`LOCAL_LOOK_S`, whether a member on its
+own host has died
 (``/proc``, against the host's key: no store request) and reports it: a loss on a waiting
 rank's host ends the barrier within a look. No store request while no rank is lost (a thread
 for the wait, and reads of ``/proc``); a report and one request per waiting rank when one is.
