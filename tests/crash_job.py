@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported
 
 import commgroups as cg
-from commgroups.creation.agreement import store_barrier
+from tests.worlds import relay_rank
 
 HEARD_WITHIN_S = 8.0  # the beat's backstop would report after 10 s at the earliest
 
@@ -35,15 +35,7 @@ def main() -> None:
     registry = cg.GroupRegistry(cg.Layout(dims={"dp_shard": world}), create_timeout_s=60).create()
     live = registry._recovery.liveness
     assert live is not None
-    registry._recovery.wait_started()
-    deadline = time.monotonic() + 10
-    while not live.relayed and time.monotonic() < deadline:  # every listener on the relay
-        time.sleep(0.02)
-    is_relay = live._relay is not None
-    if is_relay:
-        store.set("crash/relay", str(rank))
-    store_barrier(store, "crash/idle", rank, world, timedelta(seconds=60), "idle")
-    relay = int(store.get("crash/relay"))
+    relay = relay_rank(registry, rank, world)  # every listener on the relay, then a barrier
     crashing = relay if os.environ["CRASH"] == "relay" else max(set(range(world)) - {relay})
     if rank == crashing:
         store.set("crash/at", repr(time.time()))

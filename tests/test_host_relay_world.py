@@ -24,7 +24,7 @@ from commgroups.rank_loss.liveness import Liveness
 from commgroups.rank_loss.local_peers import host_key, this_process
 from tests.polling import until
 from tests.test_rebuild import hsdp_layout
-from tests.worlds import connected_barrier, run_world
+from tests.worlds import connected_barrier, relay_rank, run_world
 
 pytestmark = [pytest.mark.world,
               pytest.mark.skipif(this_process() is None, reason="no /proc: not Linux")]
@@ -72,26 +72,10 @@ def test_a_feed_whose_relay_stopped_ends_within_the_silence(port: int) -> None:
         process.join(10)
 
 
-def _relay_rank(registry: GroupRegistry, rank: int, world: int) -> int:
-    """Which rank relays for this host (every rank of the world is on it), once every rank
-    hears events through it."""
-    live = registry._recovery.liveness
-    assert live is not None
-    deadline = time.monotonic() + 10.0
-    while not live.relayed:
-        assert time.monotonic() < deadline, f"rank {rank} never reached its host's relay"
-        time.sleep(0.02)
-    store = torch_internals.default_store()
-    if live._relay is not None:
-        store.set("tests/relay", str(rank))
-    store_barrier(store, "tests/relayed", rank, world, timedelta(seconds=30), "relayed")
-    return int(store.get("tests/relay"))
-
-
 def _relay_lost(rank: int, world: int, how: str) -> dict[str, Any]:
     layout = hsdp_layout({"dp_replicate": world // 2, "dp_shard": 2})
     registry = GroupRegistry(layout, create_timeout_s=30).create()
-    relay = _relay_rank(registry, rank, world)
+    relay = relay_rank(registry, rank, world)
     store = torch_internals.default_store()
     if how == "killed":
         connected_barrier(registry, rank, world, victim=relay)  # it exits; the rest go on
@@ -204,7 +188,7 @@ def _idle_when_one_goes(rank: int, world: int, who: str, how: str) -> dict[str, 
     it feeds) is SIGKILLed, or closes its registry and exits: when do the others hear a loss?"""
     registry = GroupRegistry(hsdp_layout({"dp_replicate": world // 2, "dp_shard": 2}),
                              create_timeout_s=30).create()
-    relay = _relay_rank(registry, rank, world)
+    relay = relay_rank(registry, rank, world)
     victim = relay if who == "relay" else max(set(range(world)) - {relay})
     store = torch_internals.default_store()
     store_barrier(store, "tests/idle", rank, world, timedelta(seconds=30), "idle")

@@ -128,3 +128,19 @@ def _gone(pid: int) -> bool:
             return stat.read().rpartition(")")[2].split()[0] in ("Z", "X")
     except (FileNotFoundError, ProcessLookupError):  # the read of one reaped after the open: ESRCH
         return True
+
+
+def relay_rank(registry: GroupRegistry, rank: int, world: int) -> int:
+    """Which rank relays for this host (every rank of the world is on it), once every rank
+    hears events through it."""
+    live = registry._recovery.liveness
+    assert live is not None
+    deadline = time.monotonic() + 10.0
+    while not live.relayed:
+        assert time.monotonic() < deadline, f"rank {rank} never reached its host's relay"
+        time.sleep(0.02)
+    store = torch_internals.default_store()
+    if live._relay is not None:
+        store.set("tests/relay", str(rank))
+    store_barrier(store, "tests/relayed", rank, world, timedelta(seconds=30), "relayed")
+    return int(store.get("tests/relay"))
