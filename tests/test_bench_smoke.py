@@ -7,12 +7,13 @@ Its tests that start processes are in ``tests/test_bench_smoke_world.py`` (marke
 
 from __future__ import annotations
 
+import doctest
 import json
 from pathlib import Path
 
 import pytest
 
-from commgroups.bench import smoke_config
+from commgroups.bench import smoke_config, stats
 from commgroups.bench.stats import Summary, interleaved, paired_ratios, summarize
 from commgroups.cli import main
 from commgroups.layout.specs import HcclOptions, Layout, RoleOptions, RoleSpec
@@ -22,7 +23,16 @@ from commgroups.planning.memory import SPLIT_PARENT, estimate_memory
 def test_stats_helpers() -> None:
     assert summarize([3.0, 1.0, 2.0]) == Summary(2.0, 1.5, 2.5, 3)
     assert paired_ratios([2.0, 3.0], [1.0, 0.0]) == [2.0]
-    assert [interleaved(("a", "b", "c"), r)[0] for r in range(3)] == ["a", "b", "c"]
+    assert doctest.testmod(stats).failed == 0
+    variants = ("a", "b", "c", "d", "e")
+    orders = [interleaved(variants, r) for r in range(2 * len(variants))]
+    assert all(sorted(order) == list(variants) for order in orders)
+    for first in variants:  # every pair in both orders equally often, every variant first twice
+        assert sum(order[0] == first for order in orders) == 2
+        for second in variants:
+            if first != second:
+                before = [order.index(first) < order.index(second) for order in orders]
+                assert sum(before[:2]) == 1 and sum(before) == len(variants)
     assert smoke_config().gloo_worlds == (4,)
 
 

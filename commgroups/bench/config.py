@@ -18,6 +18,8 @@ class BenchConfig:
     gloo_worlds: tuple[int, ...]
     """Real gloo worlds (4 and 8 ranks) for creation and checkpoint metadata."""
     creation_repetitions: int
+    """Fresh gloo worlds per size, each creating every variant once (even: the order is
+    counterbalanced over pairs of repetitions, :func:`~commgroups.bench.stats.interleaved`)."""
     first_creation_repetitions: int
     """Fresh worlds per gloo world size and variant for the first creation in a process."""
     fake_worlds: tuple[int, ...]
@@ -58,8 +60,8 @@ def full_config() -> BenchConfig:
     return BenchConfig(
         name="full",
         gloo_worlds=(4, 8),
-        creation_repetitions=15,
-        first_creation_repetitions=9,
+        creation_repetitions=16,
+        first_creation_repetitions=10,
         fake_worlds=(1024, 8192, 65536),
         fake_repetitions=7,
         plan_worlds=(1024, 8192, 65536, 262144, 1048576),
@@ -85,8 +87,8 @@ def quick_config() -> BenchConfig:
     return BenchConfig(
         name="quick",
         gloo_worlds=(4, 8),
-        creation_repetitions=9,
-        first_creation_repetitions=3,
+        creation_repetitions=8,
+        first_creation_repetitions=4,
         fake_worlds=(1024, 8192, 65536),
         fake_repetitions=3,
         # The 1,048,576-rank plan (2 s a repetition, DeviceMesh's side 1.2 s of it) is the full

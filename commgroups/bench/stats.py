@@ -62,10 +62,23 @@ def paired_ratios(numerators: Sequence[float], denominators: Sequence[float]) ->
 
 
 def interleaved(variants: Sequence[str], repetition: int) -> list[str]:
-    """The variants in the order to run them in repetition ``repetition``: rotated every time, so
-    no variant always runs first (warm caches) or last (after the others' garbage)."""
-    shift = repetition % len(variants)
-    return [*variants[shift:], *variants[:shift]]
+    """The variants in the order to run them in repetition ``repetition``, counterbalanced: a
+    rotation, run forward in even repetitions and backward in odd ones, rotated one further every
+    two. Over every two repetitions each variant runs once before and once after each other
+    variant, and over ``2 * len(variants)`` each runs first twice, so a paired ratio carries no
+    order effect: whatever runs first warms the code the others then run (torch's group
+    creation), and what runs last runs after the others' garbage.
+
+    A rotation alone was not balanced for a pair: with 5 variants, one ran before another in 3
+    repetitions of 5 (creation on 4 gloo ranks, 20 worlds: the registry read 1.53x DeviceMesh
+    where it ran first, 0.97x where it ran after; 1.21x pooled, from 60% of its pairs run first).
+
+    >>> [interleaved("abc", r) for r in range(4)]
+    [['a', 'b', 'c'], ['c', 'b', 'a'], ['b', 'c', 'a'], ['a', 'c', 'b']]
+    """
+    shift = (repetition // 2) % len(variants)
+    order = [*variants[shift:], *variants[:shift]]
+    return order[::-1] if repetition % 2 else order
 
 
 @dataclass
