@@ -38,7 +38,12 @@ from typing import Any, NamedTuple
 
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
-from commgroups.util.store_reads import read_bytes_if_present, read_if_present, read_numbers
+from commgroups.util.store_reads import (
+    append_numbers,
+    read_bytes_if_present,
+    read_if_present,
+    read_numbers,
+)
 
 __all__ = ["ANSWER_LOOK_S", "ANSWER_QUIET_S", "ANSWER_WAIT_PER_MEMBER_S", "BLOCK_MEMBERS",
            "DEFAULT_INTERVAL_S", "LOSS_SHORTEST_S", "REFRESH_S", "REQUEST_POLLS_PER_INTERVAL",
@@ -412,8 +417,7 @@ class StatusPublisher:
             return
         with self._lock:
             if not self._released:  # released meanwhile: the append would leave a key
-                # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
-                self.store.append(f"{self.prefix}events", f"{number},")  # type: ignore[attr-defined,unused-ignore]
+                append_numbers(self.store, f"{self.prefix}events", [number])
 
     def _take_share(self, key: str, diagnosis: dict[str, Any]) -> None:
         """Keep the asker's diagnosis of ``key`` where this rank answered that ask (a member

@@ -53,7 +53,7 @@ from commgroups.creation.agreement import store_calls
 from commgroups.errors import LeftOutError, RebuildError
 from commgroups.layout import limits
 from commgroups.layout.specs import Layout
-from commgroups.util.store_reads import read_if_present
+from commgroups.util.store_reads import append_numbers, parse_numbers, read_if_present
 
 __all__ = ["Answers", "CheckIn", "check_in", "check_in_window", "forget_check_ins", "record_made",
            "window_slack_s"]
@@ -145,8 +145,7 @@ class CheckIn:
         if self._push:
             assert self.liveness is not None
             self.liveness.expect(self.prefix, self._heard)  # before joining: nothing is missed
-        # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
-        self.store.append(_JOINED, f"{self.rank},")  # type: ignore[attr-defined,unused-ignore]
+        append_numbers(self.store, _JOINED, [self.rank])
         count = int(self.store.add(_COUNT, 1))
         if count >= DECIDED_MARK:  # decided before this rank listened: read, never pushed
             self._early = self._decided()
@@ -265,8 +264,7 @@ class CheckIn:
         return tuple(sorted(self.members - out))
 
     def _read_joined(self) -> frozenset[int]:
-        text = bytes(self.store.get(_JOINED)).decode()
-        return frozenset(int(part) for part in text.split(",") if part) & self.members
+        return frozenset(parse_numbers(bytes(self.store.get(_JOINED)).decode())) & self.members
 
     def _decide(self, joined: frozenset[int]) -> frozenset[int]:
         """Propose the members not in ``joined`` as out; returns what holds (ours, or older)."""

@@ -68,7 +68,12 @@ from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-
 from commgroups.creation.sockets import SocketRef, detach_on_fork, socket_ref
 from commgroups.rank_loss.host_relay import HELLO, HostRelay, RelayFeed, relay_address, relay_of
 from commgroups.rank_loss.local_peers import ProcessId, gone, host_key, parse_peers
-from commgroups.util.store_reads import read_if_present, read_numbers
+from commgroups.util.store_reads import (
+    append_numbers,
+    parse_numbers,
+    read_if_present,
+    read_numbers,
+)
 
 __all__ = ["Liveness", "OnLoss", "answer", "answered", "gone_peers", "own_connection"]
 
@@ -116,8 +121,7 @@ def answer(store: Store, generation: int, rank: int) -> bool:
     to the answers' list (``store``: the registry's namespace), which only a deciding rank reads,
     then one add to the report's counter. Returns whether it answered (False: the report was
     released already)."""
-    # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
-    store.append(f"lost/{generation}/here", f"{rank},")  # type: ignore[attr-defined,unused-ignore]
+    append_numbers(store, f"lost/{generation}/here", [rank])
     # The add after the append: a decider that sees the counter move finds the answer listed.
     # It also tells whether the report still exists: every report adds REPORT, so an add that
     # returns less found it released (once every survivor checked in; a listener that lagged on
@@ -153,8 +157,7 @@ def confirm_local_deaths(store: Store, generation: int, rank: int, members: Coll
         peers = parse_peers(value)
     dead = gone_peers(peers, rank, members)
     if dead:
-        store.append(  # type: ignore[attr-defined,unused-ignore]  # not in some stubs
-            f"lost/{generation}/dead", "".join(f"{peer}," for peer in dead))
+        append_numbers(store, f"lost/{generation}/dead", dead)
     return dead
 
 
@@ -167,7 +170,7 @@ def _suspects(token: str) -> set[int] | None:
     """A report's suspects (``"1,5"``; ``"*"``: everyone, None)."""
     if token == "*":
         return None
-    return {int(rank) for rank in token.split(",") if rank}
+    return set(parse_numbers(token))
 
 
 
@@ -593,8 +596,7 @@ class Liveness:
         first = int(store.add(f"lost/{generation}", REPORT)) < 2 * REPORT
         if new:  # the event carries the suspects: no listener reads ``who`` for them
             number = self._emit(store, {"k": "loss", "g": generation, "s": token})
-            # Store.append: at runtime on 2.10-2.15, missing from some releases' stubs.
-            store.append(f"lost/{generation}/events", f"{number},")  # type: ignore[attr-defined,unused-ignore]
+            append_numbers(store, f"lost/{generation}/events", [number])
         if first:
             logger.info("rank %d: reported a loss in generation %d (%s; suspects: %s)",
                         self.rank, generation, reason, token)
