@@ -13,7 +13,13 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 from commgroups.bench.control_plane import CountingStore
 from commgroups.errors import LeftOutError
 from commgroups.layout.specs import Layout, RoleSpec
-from commgroups.rank_loss.check_in import CheckIn, check_in_window, window_slack_s
+from commgroups.rank_loss.check_in import (
+    CheckIn,
+    check_in_window,
+    forget_check_ins,
+    record_made,
+    window_slack_s,
+)
 from commgroups.rank_loss.liveness import Liveness, answer
 from tests.test_rebuild import hsdp_layout
 
@@ -101,3 +107,28 @@ def test_a_rank_that_checks_in_after_the_decision_learns_it_from_its_own_add() -
     with pytest.raises(LeftOutError, match="rank 2: checked in to rebuild"):
         late.outcome(late.await_decision())  # read at once, at its join: no wait for a window
     assert follower.outcome(follower.await_decision()) == (0, 1)
+
+
+def test_only_the_first_rank_in_reads_the_made_key_and_a_rank_a_generation_late_is_out() -> None:
+    server = _store()
+    members, window = [0, 1, 2], timedelta(seconds=10)
+    record_made(server, "made", 0, 3)  # generation 0 is the one being left
+    first = CountingStore(server)
+    decider = CheckIn(first, "gen1/0/", 0, members, window, expected=[0, 1], made_key="made")
+    assert decider.join()
+    assert first.requests == 3  # the append, the add, the made-generation read
+    counted = CountingStore(server)
+    follower = CheckIn(counted, "gen1/0/", 1, members, window, expected=[0, 1], made_key="made")
+    assert not follower.join()
+    assert counted.requests == 2  # a follower's add finds the check-in live: no read
+    assert decider.look() == frozenset({2})
+    assert follower.outcome(follower.await_decision()) == (0, 1)
+    # Generation 1 was made by ranks 0 and 1, and a generation later its check-in's keys went.
+    record_made(server, "made", 1, 2)
+    forget_check_ins(server, "gen1/", 1)
+    late = CheckIn(server, "gen1/0/", 2, members, window, expected=[0, 1], made_key="made",
+                   generation=0)
+    with pytest.raises(LeftOutError, match="generation 1 was made by 2 ranks without it"):
+        late.join()  # at once, not after its window
+    keys = PrefixStore("gen1/0/", server)
+    assert not keys.check(["joined"]) and not keys.check(["count"])  # its own keys went too

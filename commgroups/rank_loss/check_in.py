@@ -29,8 +29,11 @@ after the decision is out and raises :class:`~commgroups.errors.LeftOutError` (t
 rebuilt without it); it never forms a world of its own. Only the store is used (no process
 group: the old groups hold a dead rank).
 
-Cost per follower, whatever the job's size: three requests of constant size (the made-generation
-read, the append, the add), plus its listener's two for the decision event (the wait, the read).
+Cost per follower, whatever the job's size: two requests of constant size (the append, the add),
+plus its listener's two for the decision event (the wait, the read; one per host with the host
+relay). The first rank in also reads the made-generation key: its add alone cannot tell a fresh
+check-in from one whose keys were forgotten a generation after its decision (every later rank's
+add finds the check-in live, or decided: :data:`DECIDED_MARK`).
 The decider adds :data:`DECIDED_MARK` to the counter as it decides, so a follower's own add says
 whether it came after the decision (then it reads ``decided``: it is out) or before (then the
 pushed event reaches it). The decider's reads of the two lists (O(N) bytes, one rank) happen
@@ -55,8 +58,8 @@ from commgroups.layout import limits
 from commgroups.layout.specs import Layout
 from commgroups.util.store_reads import append_numbers, parse_numbers, read_if_present
 
-__all__ = ["Answers", "CheckIn", "check_in", "check_in_window", "forget_check_ins", "record_made",
-           "window_slack_s"]
+__all__ = ["Answers", "CheckIn", "check_in", "check_in_window", "close_check_in_attempt",
+           "forget_check_ins", "open_check_in_attempt", "record_made", "window_slack_s"]
 
 _JOINED = "joined"
 _COUNT = "count"
@@ -135,13 +138,12 @@ class CheckIn:
         self._early: frozenset[int] | None = None
 
     def join(self) -> bool:
-        """Check in (two requests, a third where a generation was made since: the
-        made-generation read); True where this rank is the first in (the decider).
+        """Check in (two requests; the first rank in reads the made-generation key too); True
+        where this rank is the first in (the decider).
 
         Raises LeftOutError at once where a generation newer than ours was made already."""
         self.started = self._answers_at = time.monotonic()
         self.deadline = self.started + self.window.total_seconds()
-        self._left_out_by_made()
         if self._push:
             assert self.liveness is not None
             self.liveness.expect(self.prefix, self._heard)  # before joining: nothing is missed
@@ -149,6 +151,21 @@ class CheckIn:
         count = int(self.store.add(_COUNT, 1))
         if count >= DECIDED_MARK:  # decided before this rank listened: read, never pushed
             self._early = self._decided()
+        elif count == 1:
+            # First in: a live check-in, or one decided so long ago that its keys were forgotten
+            # (forget_check_ins, a generation later) and this add made them anew. Only the
+            # made-generation key tells; every later rank's add found a live, undecided
+            # check-in (a newer generation needs this one decided), so only this rank reads it.
+            # A rank that also came in after the forgetting, between this add and the delete
+            # below, waits as a follower and reads the key as its window ends.
+            try:
+                self._left_out_by_made()
+            except LeftOutError:
+                self._stop_listening()
+                for key in (_JOINED, _COUNT):  # made anew by this rank's append and add
+                    with contextlib.suppress(RuntimeError):
+                        self.store.delete_key(key)
+                raise
         # Otherwise the decider's add of DECIDED_MARK comes after this rank's, and its event after
         # that: the listener, expecting since before the add, hears it.
         return count == 1
@@ -357,6 +374,21 @@ def check_in(
         else:
             out = attempt.await_decision()
     return attempt.outcome(out)
+
+
+def open_check_in_attempt(root: Store, prefix: str) -> int:
+    """The check-in attempt under ``prefix`` that is open now (0 until one failed; one request):
+    every rank that checks in toward a generation uses it, whatever failed where before (a count
+    kept per rank drifted apart under load, and two attempts decided two worlds: a split). The
+    attempt's keys are under ``prefix + f"{attempt}/"``."""
+    return int(root.add(f"{prefix}open", 0))
+
+
+def close_check_in_attempt(root: Store, prefix: str, attempt: int) -> None:
+    """After attempt ``attempt`` under ``prefix`` was decided and then failed here: open the next
+    one, for every rank (once, whoever closes it first; a store that died is left alone)."""
+    with contextlib.suppress(RuntimeError):
+        root.compare_set(f"{prefix}open", str(attempt), str(attempt + 1))
 
 
 def record_made(root: Store, made_key: str, generation: int, size: int) -> None:

@@ -35,7 +35,14 @@ from commgroups.creation.shrink import Spine, prepare_spine
 from commgroups.errors import RebuildError
 from commgroups.generation import STORE_PREFIX, Generation, dims_needing_groups, make_generation
 from commgroups.planning.plan import plan
-from commgroups.rank_loss.check_in import check_in, check_in_window, forget_check_ins, record_made
+from commgroups.rank_loss.check_in import (
+    check_in,
+    check_in_window,
+    close_check_in_attempt,
+    forget_check_ins,
+    open_check_in_attempt,
+    record_made,
+)
 from commgroups.rank_loss.liveness import Liveness, own_connection
 from commgroups.rank_loss.local_peers import this_process
 from commgroups.rank_loss.loss_barrier import LossBarriers
@@ -288,10 +295,8 @@ class Recovery:
             survivors = known
         else:
             root = torch_internals.default_store()
-            # The attempt is the store's, not this rank's: every rank that checks in toward g+1
-            # uses the one open attempt, whatever failed where before (a count kept per rank
-            # drifted apart under load, and two attempts decided two worlds: a split).
-            attempt = self._open_attempt(root, current.number + 1)
+            # The attempt is the store's, not this rank's (open_check_in_attempt says why).
+            attempt = open_check_in_attempt(root, self._rebuild_prefix(current.number + 1))
             prefix = f"{self._rebuild_prefix(current.number + 1)}{attempt}/"
             survivors = np.asarray(check_in(
                 root, prefix, self.rank, members, window,
@@ -438,18 +443,12 @@ class Recovery:
             self.spine.close()
             self.spine = None
 
-    def _open_attempt(self, root: Store, generation: int) -> int:
-        """The check-in attempt toward ``generation`` that is open now (0 until one failed)."""
-        return int(root.add(f"{self._rebuild_prefix(generation)}open", 0))
-
     def _close_attempt(self, generation: int) -> None:
         """After a decided attempt failed here: open the next one, for every rank (once)."""
         if str(dist.get_backend()) == "fake":
             return
-        root = torch_internals.default_store()
-        key = f"{self._rebuild_prefix(generation)}open"
-        with contextlib.suppress(RuntimeError):  # the store's host died: the retry will say so
-            root.compare_set(key, str(self.attempts), str(self.attempts + 1))
+        close_check_in_attempt(torch_internals.default_store(), self._rebuild_prefix(generation),
+                               self.attempts)
 
     def _rebuild_prefix(self, generation: int) -> str:
         """The store namespace of the check-ins toward ``generation`` (one per attempt below it)."""
