@@ -17,6 +17,7 @@ from typing import Any
 __all__ = [
     "AgreementTimeoutError",
     "ArgumentError",
+    "AttemptClosed",
     "AuditFileError",
     "BackendUnavailableError",
     "BenchDependencyError",
@@ -450,6 +451,14 @@ class TitanSeamError(CommGroupsError, RuntimeError):
 
 class BenchDependencyError(CommGroupsError):
     """An optional dependency of ``commgroups bench`` is missing."""
+
+
+class AttemptClosed(Exception):  # a signal between two functions, not an error
+    """A rank checked in to a rebuild's check-in attempt that was closed (decided, then its
+    generation failed to be made): :func:`commgroups.rank_loss.check_in.check_in_at_open_attempt`
+    catches it and checks in at the open attempt. It never reaches the user; deliberately not a
+    :class:`CommGroupsError` (nor a ``RuntimeError``, which the store's guard would take for the
+    store failing)."""
 
 
 class WorldInitError(RuntimeError):

@@ -4,6 +4,7 @@ tests/test_check_in_world.py)."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -11,12 +12,16 @@ import pytest
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]  # re-exported
 
 from commgroups.bench.control_plane import CountingStore
-from commgroups.errors import LeftOutError
+from commgroups.errors import AttemptClosed, LeftOutError
 from commgroups.layout.specs import Layout, RoleSpec
 from commgroups.rank_loss.check_in import (
+    CLOSED_MARK,
     CheckIn,
+    check_in_at_open_attempt,
     check_in_window,
+    close_check_in_attempt,
     forget_check_ins,
+    open_check_in_attempt,
     record_made,
     window_slack_s,
 )
@@ -132,3 +137,48 @@ def test_only_the_first_rank_in_reads_the_made_key_and_a_rank_a_generation_late_
         late.join()  # at once, not after its window
     keys = PrefixStore("gen1/0/", server)
     assert not keys.check(["joined"]) and not keys.check(["count"])  # its own keys went too
+
+
+def test_a_rank_that_checks_in_to_a_closed_attempt_is_sent_on_to_the_open_one() -> None:
+    server = _store()
+    members, window = [0, 1, 2], timedelta(seconds=10)
+    # Attempt 0 toward generation 1: ranks 0 and 1 in, decided without 2; then making the
+    # generation failed on both, and each closed the attempt.
+    decider = CheckIn(server, "gen1/0/", 0, members, window, expected=[0, 1])
+    assert decider.join()
+    follower = CheckIn(server, "gen1/0/", 1, members, window, expected=[0, 1])
+    assert not follower.join()
+    assert decider.look() == frozenset({2})
+    close_check_in_attempt(server, "gen1/", 0)
+    close_check_in_attempt(server, "gen1/", 0)  # the second closer moves nothing further
+    assert open_check_in_attempt(server, "gen1/") == 1
+    # Rank 2 closed nothing: it starts at attempt 0 unread, and its own add there sends it on.
+    late = CheckIn(server, "gen1/0/", 2, members, window, expected=[0, 1, 2])
+    with pytest.raises(AttemptClosed):
+        late.join()
+    # The retry of ranks 0 and 1 reads the open attempt (they closed one); rank 2 is sent on to
+    # it: all three meet in attempt 1, one world.
+    results: dict[int, tuple[tuple[int, ...], int]] = {}
+
+    def rank(number: int, first: int) -> None:
+        results[number] = check_in_at_open_attempt(
+            server.clone(), "gen1/", first, number, members, window, expected=[0, 1, 2])
+
+    threads = [threading.Thread(target=rank, args=(0, open_check_in_attempt(server, "gen1/"))),
+               threading.Thread(target=rank, args=(1, open_check_in_attempt(server, "gen1/"))),
+               threading.Thread(target=rank, args=(2, 0))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert results == {r: ((0, 1, 2), 1) for r in members}
+
+
+def test_an_attempt_marked_closed_whose_closer_died_before_moving_on_is_moved_on() -> None:
+    server = _store()
+    members, window = [0, 1], timedelta(seconds=10)
+    # The closer's mark landed; its move of the open attempt never did.
+    PrefixStore("gen1/0/", server).add("count", CLOSED_MARK)
+    assert check_in_at_open_attempt(server, "gen1/", 0, 0, members, window,
+                                    expected=[0]) == ((0,), 1)
+    assert open_check_in_attempt(server, "gen1/") == 1

@@ -19,9 +19,10 @@ What runs, per world size N (one fresh key namespace each):
    relay hands it over
    (:mod:`~commgroups.rank_loss.host_relay`: one wait and one read per host of
    :data:`RANKS_PER_HOST`) and answers it (``Liveness.take``, the listener's own code),
-   reads the open check-in attempt and checks in, as ``Recovery.rebuild`` does
-   (:func:`~commgroups.rank_loss.check_in.open_check_in_attempt`, :meth:`CheckIn.join`, whose
-   first rank in also reads the made-generation key) and waits for the decision
+   checks in, as ``Recovery.rebuild`` does
+   (:func:`~commgroups.rank_loss.check_in.check_in_at_open_attempt`: attempt 0, which nobody
+   closed; :meth:`CheckIn.join`, whose first rank in also reads the made-generation key) and
+   waits for the decision
    (:meth:`CheckIn.await_decision`); the first rank in decides (:meth:`CheckIn.look`, in its
    own thread). Reported: requests per rank, store bytes, and
    report -> decided.
@@ -75,7 +76,7 @@ from commgroups.flight_recorder.publisher import (
     answer_waits,
     collect,
 )
-from commgroups.rank_loss.check_in import CheckIn, open_check_in_attempt
+from commgroups.rank_loss.check_in import CheckIn
 from commgroups.rank_loss.liveness import Liveness
 from commgroups.rank_loss.local_peers import this_process
 from commgroups.util.store_reads import read_bytes_if_present
@@ -283,10 +284,10 @@ def _loss(port: int, namespace: str, ranks: Sequence[int], members: int, victim:
     keys = PrefixStore(namespace, shared)
     hosts = _take_through_relays(lives.values(), loss_event, keys)  # answer, then interrupt
     for rank, live in lives.items():
-        # As Recovery.rebuild: the open attempt's number (one request), then the check-in, with
-        # the key a rank a generation late learns it is out from (the first rank in reads it).
-        attempt = open_check_in_attempt(shared, f"{namespace}check/")
-        check = CheckIn(shared, f"{namespace}check/{attempt}/", rank, every,
+        # As Recovery.rebuild (check_in_at_open_attempt): attempt 0, which no rank closed here
+        # (a rank that closed one reads the open attempt first), with the key a rank a
+        # generation late learns it is out from (the first rank in reads it).
+        check = CheckIn(shared, f"{namespace}check/0/", rank, every,
                         timedelta(seconds=_WINDOW_S), None, live, f"{namespace}made", 0)
         if check.join():
             decider = threading.Thread(target=_decide, args=(check, decided_at), daemon=True)

@@ -53,12 +53,13 @@ from typing import Any, Protocol
 from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported
 
 from commgroups.creation.agreement import store_calls
-from commgroups.errors import LeftOutError, RebuildError
+from commgroups.errors import AttemptClosed, LeftOutError, RebuildError
 from commgroups.layout import limits
 from commgroups.layout.specs import Layout
 from commgroups.util.store_reads import append_numbers, parse_numbers, read_if_present
 
-__all__ = ["Answers", "CheckIn", "check_in", "check_in_window", "close_check_in_attempt",
+__all__ = ["CLOSED_MARK", "DECIDED_MARK", "Answers", "CheckIn", "check_in",
+           "check_in_at_open_attempt", "check_in_window", "close_check_in_attempt",
            "forget_check_ins", "open_check_in_attempt", "record_made", "window_slack_s"]
 
 _JOINED = "joined"
@@ -68,9 +69,16 @@ _EVENT = "event"  # the number of the listener event that pushed the decision
 _POLL_S = 0.02  # between the decider's looks: the decision waits at most this much longer
 _POLL_FOLLOWER_S = 0.05  # between a follower's reads of the decision, without a listener
 _REREAD_S = 0.25  # the decider's lists at most this often while more ranks answered than joined
+_MAX_CLOSED_ATTEMPTS = 100  # a rank sent on this often: something closes attempts in a loop
 DECIDED_MARK = 1 << 32
 """What the decider adds to the check-in's counter once its decision holds: a rank whose own
 add returns at least this checked in after the decision (check-ins stay below it)."""
+CLOSED_MARK = 1 << 40
+"""What each rank that closes an attempt (:func:`close_check_in_attempt`: it was decided, then
+its generation failed to be made) adds to the attempt's counter: a rank whose own add returns at
+least this checked in to a closed attempt (:class:`AttemptClosed`). Check-ins and the decider's
+one :data:`DECIDED_MARK` stay below it; 2**20 closing ranks stay below 2**63."""
+
 
 
 class Answers(Protocol):
@@ -141,7 +149,8 @@ class CheckIn:
         """Check in (two requests; the first rank in reads the made-generation key too); True
         where this rank is the first in (the decider).
 
-        Raises LeftOutError at once where a generation newer than ours was made already."""
+        Raises LeftOutError at once where a generation newer than ours was made already, and
+        AttemptClosed where this attempt was closed (its generation failed to be made)."""
         self.started = self._answers_at = time.monotonic()
         self.deadline = self.started + self.window.total_seconds()
         if self._push:
@@ -149,6 +158,9 @@ class CheckIn:
             self.liveness.expect(self.prefix, self._heard)  # before joining: nothing is missed
         append_numbers(self.store, _JOINED, [self.rank])
         count = int(self.store.add(_COUNT, 1))
+        if count >= CLOSED_MARK:  # decided, and its generation failed: the next one is open
+            self._stop_listening()
+            raise AttemptClosed(self.prefix)
         if count >= DECIDED_MARK:  # decided before this rank listened: read, never pushed
             self._early = self._decided()
         elif count == 1:
@@ -356,6 +368,8 @@ def check_in(
 
     Raises:
         LeftOutError: this rank checked in after the set was decided without it.
+        AttemptClosed: this attempt was decided and then closed (:func:`close_check_in_attempt`):
+            check in again at the open one.
         RebuildError: the window ended with the ranks in a minority of the live members (nothing
             decided).
         StoreUnreachableError: the store stopped answering (its host died).
@@ -377,18 +391,63 @@ def check_in(
 
 
 def open_check_in_attempt(root: Store, prefix: str) -> int:
-    """The check-in attempt under ``prefix`` that is open now (0 until one failed; one request):
-    every rank that checks in toward a generation uses it, whatever failed where before (a count
-    kept per rank drifted apart under load, and two attempts decided two worlds: a split). The
-    attempt's keys are under ``prefix + f"{attempt}/"``."""
+    """The check-in attempt under ``prefix`` that is open now (0 until one failed; one request).
+    The attempt's keys are under ``prefix + f"{attempt}/"``.
+
+    Every rank that checks in toward a generation uses the store's open attempt, whatever failed
+    where before (a count kept per rank drifted apart under load, and two attempts decided two
+    worlds: a split). A rank that closed none toward it need not read it: it checks in to attempt
+    0, and its own add there says whether that was closed (:class:`AttemptClosed`), as
+    :func:`check_in_at_open_attempt` does."""
     return int(root.add(f"{prefix}open", 0))
 
 
 def close_check_in_attempt(root: Store, prefix: str, attempt: int) -> None:
-    """After attempt ``attempt`` under ``prefix`` was decided and then failed here: open the next
-    one, for every rank (once, whoever closes it first; a store that died is left alone)."""
+    """After attempt ``attempt`` under ``prefix`` was decided and then failed here: mark it closed
+    (:data:`CLOSED_MARK` on its counter: a rank that checks in to it later is sent on), then open
+    the next one, for every rank (once, whoever moves it first; a store that died is left
+    alone). In that order: a rank sent on never finds the open attempt behind the mark for
+    longer than the two requests between."""
     with contextlib.suppress(RuntimeError):
+        PrefixStore(f"{prefix}{attempt}/", root).add(_COUNT, CLOSED_MARK)  # as CheckIn's keys
+        root.add(f"{prefix}open", 0)  # compare_set moves a key that exists, never a missing one
         root.compare_set(f"{prefix}open", str(attempt), str(attempt + 1))
+
+
+def check_in_at_open_attempt(
+    root: Store,
+    prefix: str,
+    first: int,
+    rank: int,
+    members: Sequence[int],
+    window: timedelta,
+    expected: Sequence[int] | None = None,
+    liveness: Answers | None = None,
+    made_key: str | None = None,
+    generation: int = 0,
+) -> tuple[tuple[int, ...], int]:
+    """:func:`check_in` under ``prefix + f"{attempt}/"`` for the open attempt, starting at
+    ``first`` (0 where this rank closed no attempt toward this generation: no read, one request
+    a rank fewer; else :func:`open_check_in_attempt`'s), sent on by :class:`AttemptClosed` to
+    the one open now; returns the survivors and the attempt that decided them. The other
+    arguments are :func:`check_in`'s."""
+    attempt = first
+    for _ in range(_MAX_CLOSED_ATTEMPTS):
+        try:
+            return check_in(root, f"{prefix}{attempt}/", rank, members, window, expected,
+                            liveness, made_key, generation), attempt
+        except AttemptClosed:
+            opened = open_check_in_attempt(root, prefix)
+            if opened <= attempt:
+                # Marked closed, not moved on: its closer is between its two requests, or died
+                # there. Move it on as the closer would (a compare-and-set: once, by anyone).
+                close_check_in_attempt(root, prefix, attempt)
+                opened = open_check_in_attempt(root, prefix)
+            attempt = max(opened, attempt + 1)
+    raise RebuildError(
+        f"rank {rank}: {_MAX_CLOSED_ATTEMPTS} check-in attempts toward this "
+        "generation were closed (each decided, then its generation failed to be made); fix: see "
+        "the errors the other ranks raised, and call rebuild() again")
 
 
 def record_made(root: Store, made_key: str, generation: int, size: int) -> None:

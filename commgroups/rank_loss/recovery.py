@@ -36,7 +36,7 @@ from commgroups.errors import RebuildError
 from commgroups.generation import STORE_PREFIX, Generation, dims_needing_groups, make_generation
 from commgroups.planning.plan import plan
 from commgroups.rank_loss.check_in import (
-    check_in,
+    check_in_at_open_attempt,
     check_in_window,
     close_check_in_attempt,
     forget_check_ins,
@@ -79,6 +79,9 @@ class Recovery:
     one: attempts before it were decided and failed afterwards)."""
     attempts_made: int = 0
     """How many check-ins the last successful rebuild took."""
+    closed_toward: int | None = None
+    """The generation toward which this rank last closed a check-in attempt: its next check-in
+    toward it reads the open attempt; any other starts at attempt 0 without reading it."""
     previous_check_ins: tuple[str, int] | None = None
     """The last successful rebuild's check-in prefix and attempt count, deleted one rebuild later."""
     flight_events: list[int] = field(default_factory=list)
@@ -295,14 +298,16 @@ class Recovery:
             survivors = known
         else:
             root = torch_internals.default_store()
-            # The attempt is the store's, not this rank's (open_check_in_attempt says why).
-            attempt = open_check_in_attempt(root, self._rebuild_prefix(current.number + 1))
-            prefix = f"{self._rebuild_prefix(current.number + 1)}{attempt}/"
-            survivors = np.asarray(check_in(
-                root, prefix, self.rank, members, window,
+            # The attempt is the store's, not this rank's (open_check_in_attempt says why); a
+            # rank that closed none toward g+1 starts at 0 without reading it.
+            prefix = self._rebuild_prefix(current.number + 1)
+            first = (open_check_in_attempt(root, prefix)
+                     if self.closed_toward == current.number + 1 else 0)
+            decided, attempt = check_in_at_open_attempt(
+                root, prefix, first, self.rank, members, window,
                 None if known is None else known.tolist(), self.liveness, self._made_key,
-                current.number),
-                dtype=np.int64)
+                current.number)
+            survivors = np.asarray(decided, dtype=np.int64)
             self.attempts = attempt
         seconds["check_in"] = time.monotonic() - started
 
@@ -447,6 +452,7 @@ class Recovery:
         """After a decided attempt failed here: open the next one, for every rank (once)."""
         if str(dist.get_backend()) == "fake":
             return
+        self.closed_toward = generation  # this rank's retry reads the open attempt
         close_check_in_attempt(torch_internals.default_store(), self._rebuild_prefix(generation),
                                self.attempts)
 
