@@ -17,6 +17,7 @@ from commgroups.layout.specs import Layout, RoleSpec
 from commgroups.rank_loss.check_in import (
     CLOSED_MARK,
     CheckIn,
+    check_in,
     check_in_at_open_attempt,
     check_in_window,
     close_check_in_attempt,
@@ -161,8 +162,10 @@ def test_a_rank_that_checks_in_to_a_closed_attempt_is_sent_on_to_the_open_one() 
     results: dict[int, tuple[tuple[int, ...], int]] = {}
 
     def rank(number: int, first: int) -> None:
+        store = server.clone()
         results[number] = check_in_at_open_attempt(
-            server.clone(), "gen1/", first, number, members, window, expected=[0, 1, 2])
+            store, "gen1/", first, number,
+            lambda keys: check_in(store, keys, number, members, window, expected=[0, 1, 2]))
 
     threads = [threading.Thread(target=rank, args=(0, open_check_in_attempt(server, "gen1/"))),
                threading.Thread(target=rank, args=(1, open_check_in_attempt(server, "gen1/"))),
@@ -179,6 +182,7 @@ def test_an_attempt_marked_closed_whose_closer_died_before_moving_on_is_moved_on
     members, window = [0, 1], timedelta(seconds=10)
     # The closer's mark landed; its move of the open attempt never did.
     PrefixStore("gen1/0/", server).add("count", CLOSED_MARK)
-    assert check_in_at_open_attempt(server, "gen1/", 0, 0, members, window,
-                                    expected=[0]) == ((0,), 1)
+    assert check_in_at_open_attempt(
+        server, "gen1/", 0, 0,
+        lambda keys: check_in(server, keys, 0, members, window, expected=[0])) == ((0,), 1)
     assert open_check_in_attempt(server, "gen1/") == 1

@@ -414,28 +414,18 @@ def close_check_in_attempt(root: Store, prefix: str, attempt: int) -> None:
         root.compare_set(f"{prefix}open", str(attempt), str(attempt + 1))
 
 
-def check_in_at_open_attempt(
-    root: Store,
-    prefix: str,
-    first: int,
-    rank: int,
-    members: Sequence[int],
-    window: timedelta,
-    expected: Sequence[int] | None = None,
-    liveness: Answers | None = None,
-    made_key: str | None = None,
-    generation: int = 0,
-) -> tuple[tuple[int, ...], int]:
-    """:func:`check_in` under ``prefix + f"{attempt}/"`` for the open attempt, starting at
-    ``first`` (0 where this rank closed no attempt toward this generation: no read, one request
-    a rank fewer; else :func:`open_check_in_attempt`'s), sent on by :class:`AttemptClosed` to
-    the one open now; returns the survivors and the attempt that decided them. The other
-    arguments are :func:`check_in`'s."""
+def check_in_at_open_attempt(root: Store, prefix: str, first: int, rank: int,
+                             check: Callable[[str], tuple[int, ...]],
+                             ) -> tuple[tuple[int, ...], int]:
+    """``check`` (:func:`check_in` with every argument but its prefix bound) under
+    ``prefix + f"{attempt}/"`` for the open attempt, starting at ``first`` (0 where this rank
+    closed no attempt toward this generation: no read, one request a rank fewer; else
+    :func:`open_check_in_attempt`'s), sent on by :class:`AttemptClosed` to the one open now;
+    returns the survivors and the attempt that decided them. ``rank``: this rank, for errors."""
     attempt = first
     for _ in range(_MAX_CLOSED_ATTEMPTS):
         try:
-            return check_in(root, f"{prefix}{attempt}/", rank, members, window, expected,
-                            liveness, made_key, generation), attempt
+            return check(f"{prefix}{attempt}/"), attempt
         except AttemptClosed:
             opened = open_check_in_attempt(root, prefix)
             if opened <= attempt:

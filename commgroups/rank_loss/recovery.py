@@ -36,6 +36,7 @@ from commgroups.errors import RebuildError
 from commgroups.generation import STORE_PREFIX, Generation, dims_needing_groups, make_generation
 from commgroups.planning.plan import plan
 from commgroups.rank_loss.check_in import (
+    check_in,
     check_in_at_open_attempt,
     check_in_window,
     close_check_in_attempt,
@@ -303,10 +304,11 @@ class Recovery:
             prefix = self._rebuild_prefix(current.number + 1)
             first = (open_check_in_attempt(root, prefix)
                      if self.closed_toward == current.number + 1 else 0)
+            expected = None if known is None else known.tolist()
             decided, attempt = check_in_at_open_attempt(
-                root, prefix, first, self.rank, members, window,
-                None if known is None else known.tolist(), self.liveness, self._made_key,
-                current.number)
+                root, prefix, first, self.rank,
+                lambda keys: check_in(root, keys, self.rank, members, window, expected,
+                                      self.liveness, self._made_key, current.number))
             survivors = np.asarray(decided, dtype=np.int64)
             self.attempts = attempt
         seconds["check_in"] = time.monotonic() - started
