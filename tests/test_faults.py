@@ -126,10 +126,15 @@ def test_rank_killed_mid_collective_survivors_name_the_role() -> None:
         assert result["role"] == "cp" and result["op"] == "all_reduce" and result["seq"] == 4
         assert "role 'cp'" in result["message"] and "all_reduce #4" in result["message"]
         assert result["seconds"] < 3 * ROLE_TIMEOUT_S
-        # The flight recorder names the dead rank (it never answers), unless the heartbeat had
-        # reported the loss first: then the generation was interrupted and nobody waits on it
-        assert result["flight"] is None or 3 in result["flight"]["silent"], result["message"]
-    assert any(result["flight"] is not None for result in results[:3])  # its direct peers
+        # Every survivor names the dead rank: the flight recorder's diagnosis (it never
+        # answers), or, where its host's relay reported the death first (within milliseconds:
+        # the generation is then interrupted and nobody waits on it), the error's own words.
+        # Which comes first is a race: all three survivors went the second way once in CI
+        # (torch 2.15 leg), where this test required one diagnosis.
+        if result["flight"] is not None:
+            assert 3 in result["flight"]["silent"], result["message"]
+        else:
+            assert "rank 3 was reported lost" in result["message"], result["message"]
 
 
 def test_silent_rank_times_out_within_role_timeout() -> None:
