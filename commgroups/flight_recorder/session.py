@@ -54,6 +54,8 @@ DIAGNOSIS = "commgroups_diagnosis"
 bench's worlds keep their planned rank losses' diagnoses at debug)."""
 
 _SPOKEN = "spoken"  # ``role#count@rank;`` per call whose diagnosis one rank printed
+_CUT_SHORT = ("cut short by a rank-loss report (the error names the ranks it reported lost; a "
+              "rank not heard from by then may only have been interrupted)")
 
 SHARE_SLACK_S = 3.0
 """How much longer than the asker's own wait a member waits for the asker's diagnosis: the
@@ -302,8 +304,14 @@ class FlightSession:
             speaks = _speaker(publisher, token, self.recorder.rank)
         path = self.dump_soon(directory)
         found = dataclasses.replace(found, dump=path)
+        text = found.text()
+        if self.interrupted:
+            # The report ended the wait for answers: a live member not heard from by then reads
+            # "silent" here (seen: two live ranks of three named "dead or frozen" beside the
+            # dead one). The error raised names whom the report named.
+            text = f"{_CUT_SHORT}: {text}"
         logger.log(logging.WARNING if speaks else logging.DEBUG,
-                   "flight recorder, role %s: %s (recorders in %s)", role, found.text(),
+                   "flight recorder, role %s: %s (recorders in %s)", role, text,
                    directory, extra={DIAGNOSIS: True})
         return found
 
