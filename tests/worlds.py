@@ -6,6 +6,7 @@ TCPStore, a deadline): a hang becomes a test failure naming the ranks that did n
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import os
 import time
@@ -27,10 +28,17 @@ class RankFailed(AssertionError):
         self.errors = errors
 
 
-def _without_post(fn: Callable[..., Any], env: dict[str, str], rank: int, world_size: int,
-                  post: Post, *args: Any) -> Any:
+def _without_post(fn: Callable[..., Any], env: dict[str, str], timeout: float, rank: int,
+                  world_size: int, post: Post, *args: Any) -> Any:
     os.environ.update(env)  # as a launcher would set it for the rank (tests only)
-    return fn(rank, world_size, *args)
+    # A rank still running just before the world's deadline prints every thread's stack to the
+    # test's captured stderr before it is killed: a rare hang (the torch 2.15 leg's "rank 2 did
+    # not finish" in test_rebuild.py, twice in CI) then says where it waited.
+    faulthandler.dump_traceback_later(max(0.9 * timeout - 5.0, 1.0), exit=False)
+    try:
+        return fn(rank, world_size, *args)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def run_world(
@@ -48,7 +56,7 @@ def run_world(
     is set in each rank's environment before ``fn`` runs.
     """
     reports = run_local_world(
-        functools.partial(_without_post, fn, env or {}), world_size, *args,
+        functools.partial(_without_post, fn, env or {}, timeout), world_size, *args,
         timeout_s=timeout, preload=("torch", "torch.distributed", "commgroups", "tests.worlds"),
         grace_s=None if expect_errors else 5.0,
     )
