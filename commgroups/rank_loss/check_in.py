@@ -80,7 +80,6 @@ least this checked in to a closed attempt (:class:`AttemptClosed`). Check-ins an
 one :data:`DECIDED_MARK` stay below it; 2**20 closing ranks stay below 2**63."""
 
 
-
 class Answers(Protocol):
     """Who answered a loss report, and the channel a decision is pushed through
     (:class:`~commgroups.rank_loss.liveness.Liveness` is one)."""

@@ -451,7 +451,8 @@ class Recovery:
             self.spine = None
 
     def _close_attempt(self, generation: int) -> None:
-        """After a decided attempt failed here: open the next one, for every rank (once)."""
+        """After a decided attempt failed here: mark it closed and open the next one, for every
+        rank (once: :func:`~commgroups.rank_loss.check_in.close_check_in_attempt`)."""
         if str(dist.get_backend()) == "fake":
             return
         self.closed_toward = generation  # this rank's retry reads the open attempt
