@@ -84,19 +84,6 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
             if world_size is not None and self.add("created/count", 1) == world_size:
                 self.set("created/all", "1")
 
-    def wait_all_created(self, timeout_s: float) -> bool:
-        """Wait until every rank noted the end of creation (:meth:`note_created`), at most
-        ``timeout_s``; True once they all have, and where no note was taken here (nothing
-        connects on creation). Sends this rank's note first if it is still due."""
-        if self._peers_created_by is None:
-            return True
-        try:
-            self.announce_created()
-            self.underlying_store.wait(["created/all"], timedelta(seconds=timeout_s))
-        except (RuntimeError, TimeoutError):  # a peer not done yet (or dead); the store died
-            return False
-        return True
-
     def wait_created(self) -> None:
         """Before destroying the attempt's groups: wait until every rank noted the end of creating
         them, at most until the deadline given to :meth:`note_created` (a peer still creating then

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
 import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -451,14 +450,6 @@ class Generation:
         to the caller (``announce=False``); nothing otherwise. Any thread; once."""
         for attempt in list(self.attempts):
             attempt.announce_created()
-
-    def await_created(self, timeout_s: float) -> bool:
-        """Send this rank's note that it is done creating, where it is still due, then wait
-        until every member sent theirs, at most ``timeout_s`` in all; True once they all have."""
-        self.announce_created()  # every attempt's note before any wait: a wait may run out
-        deadline = time.monotonic() + timeout_s
-        return all(attempt.wait_all_created(max(deadline - time.monotonic(), 0.001))
-                   for attempt in self.attempts)
 
     def destroy(self) -> None:
         """``close()``: every handle refuses later calls, groups are destroyed, store keys released.

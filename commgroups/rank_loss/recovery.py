@@ -50,7 +50,7 @@ from commgroups.rank_loss.loss_barrier import LossBarriers
 from commgroups.rank_loss.rebuild_report import RebuildReport
 from commgroups.rank_loss.replan import alive_ranks, replan_arrays
 
-__all__ = ["CREATED_WAIT_S", "LINGER_COLLECT_S", "STARTER_WAIT_S", "Recovery"]
+__all__ = ["LINGER_COLLECT_S", "STARTER_WAIT_S", "Recovery"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +59,6 @@ LINGER_COLLECT_S = 1.0
 
 STARTER_WAIT_S = 30.0
 """The longest a verb waits for generation 0's starter thread (see ``Recovery.wait_started``)."""
-
-CREATED_WAIT_S = 1.0
-"""The longest generation 0's starter waits for every rank to finish creating before it starts
-the heartbeat anyway (a rank that died there, or one far behind); see ``start_threads``."""
 
 @dataclass
 class Recovery:
@@ -114,12 +110,15 @@ class Recovery:
         ``create()``'s path, where every rank waits for the slowest, keeps one store request
         (this rank's process entry, :meth:`Liveness.publish_process`, an append: no reply
         awaited); a starter thread of this Recovery does the rest
-        (:meth:`_start_in_background`): the note, then a wait until every rank has sent its
-        note (at most :data:`CREATED_WAIT_S`), so that nothing below competes for the cores
-        with a peer still creating; the listener's thread start, which waits for the new
-        thread to run, and four round trips (8 ranks sharing 2 cores: 1-6 ms a thread start,
-        0.5-3 ms a round trip); then it beats and runs the flight publisher's periodic look.
-        Every other verb waits for the starter's start-up first (:meth:`wait_started`).
+        (:meth:`_start_in_background`): the note; the listener's thread start, which waits
+        for the new thread to run, and four round trips (8 ranks sharing 2 cores: 1-6 ms a
+        thread start, 0.5-3 ms a round trip); then it beats and runs the flight publisher's
+        periodic look. Every other verb waits for the starter's start-up first
+        (:meth:`wait_started`). The starter never waits for its peers on the job's connection,
+        which the main thread shares (a TCPStore connection serves one request at a time, a
+        wait included): the main thread's next store request after ``create()``, a
+        ``new_group``'s rendezvous, would wait with it, and so would the peers that
+        rendezvous needs.
 
         The starter reads the listener's anchor (:meth:`Liveness.anchor`) first: an event
         emitted before it is one the starter's next steps catch up on (a loss report: the
@@ -176,12 +175,11 @@ class Recovery:
         made creation 1.26-1.27x DeviceMesh with the beat's, 1.34-1.42x without. A store
         failure here is logged, and nothing beats: the listener reports what it cannot do."""
         try:
-            # The rest waits until every rank has sent its note: its thread starts, connections
-            # and round trips then take no core from a peer still making its groups (8 gloo
-            # ranks on 2 cores: create() about 3 ms sooner, 1.34x to 1.27x DeviceMesh). On the
-            # job's connection, which the main thread shares: held until the last note, so
-            # milliseconds; at most CREATED_WAIT_S where a peer never sends one.
-            current.await_created(CREATED_WAIT_S)
+            # No wait for the peers' notes here (see start_threads): one on the job's shared
+            # connection held the main thread's next store request with it, up to 1 s on 8
+            # gloo ranks (a new_group right after create()); it saved a peer still creating
+            # 0.02-0.03x DeviceMesh of cores (8 and 4 ranks on 2 cores, 16-20 fresh worlds).
+            current.announce_created()
             liveness.anchor()
             liveness.prepare_relay()
             liveness.start_listener()
