@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +123,14 @@ def test_bench_smoke_json_and_plots_and_progress(tmp_path: Path,
     assert sorted(p.name for p in plots.glob("*.png")) == [
         "async_and_wait.png", "checkpoint.png", "creation.png", "memory.png", "planning.png"]
     assert "async_and_wait_overhead_ratio" in capsys.readouterr().out
+
+
+def test_a_scenario_runs_alone_without_the_package_importing_it_first() -> None:
+    """``python -m commgroups.bench.control_plane`` warned (runpy's "found in sys.modules")
+    once per process when the package imported every scenario up front."""
+    code = ("import sys, commgroups.bench as b; "
+            "print(sorted(m for m in sys.modules if m.startswith('commgroups.bench.'))); "
+            "print(b.run_bench.__module__, b.quick_config().name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["[]", "commgroups.bench.runner quick"], out

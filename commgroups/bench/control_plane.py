@@ -657,8 +657,9 @@ def _measure(server: Store, port: int, rate: float, workers: _Workers, sizes: Se
     table.notes += [
         f"idle: {idle_s:g} s with every rank's listener and beat running (beat every {_BEAT_S:g} s), "
         "while the loss and hang phases ran in the workers (requests counted on the idle ranks' "
-        f"own connections), on at most {idle_max:,} ranks (each a socket and two threads; here "
-        "a new connection stalls 5 s about every 25th); above, the figure is the measured one carried over "
+        f"own connections), on at most {idle_max:,} ranks (each a socket and two threads; in "
+        "this sandbox a new connection's name lookup stalls 5 s now and then without "
+        "RES_OPTIONS=attempts:0); above, the figure is the measured one carried over "
         "(extrapolated: no idle request depends on N)",
         f"the store served {rate:,.0f} requests/s to {_WORKERS} busy clients here; the "
         "extrapolated decision time is the requests the decision waits for divided by that rate",
@@ -700,5 +701,5 @@ if __name__ == "__main__":  # python -m commgroups.bench.control_plane [sizes...
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     chosen = [int(arg) for arg in sys.argv[1:]] or [1024, 8192, 65536]
     tables, figures = run(chosen, 10.0, NullProgress())
-    print(tables[0].to_dict())
+    print(tables[0].text())
     print(json.dumps(figures, indent=1))
