@@ -180,14 +180,16 @@ def _second_loss_during_rebuild(rank: int, world: int) -> dict[str, Any]:
         setattr(recovery_module, "make_generation", die)  # noqa: B010
     with contextlib.suppress(Exception):
         registry.collectives("checkpoint-metadata").barrier()
-    errors = []
+    errors: list[str] = []
+    said: list[str] = []
     for _attempt in range(3):
         try:
             report = registry.rebuild(timeout=2 * ROLE_TIMEOUT_S + 2)
         except Exception as error:  # the second loss, named: try again, as a job would
             errors.append(type(error).__name__)
+            said.append(str(error))
             continue
-        result = {"errors": errors, "place": report.place, "lost": report.lost,
+        result = {"errors": errors, "said": said, "place": report.place, "lost": report.lost,
                   "members": report.members, "generation": registry.generation}
         if report.place == "member":
             total = torch.ones(1)
@@ -208,6 +210,8 @@ def test_a_second_loss_during_rebuild_ends_in_another_rebuild() -> None:
         result = results[rank]
         assert len(result["errors"]) == 1, result  # the first rebuild failed, clearly, once
         assert result["errors"][0] in ("AgreementTimeoutError", "GroupCreationError")
+        # Whichever rank's wait ran out first: the rebuild's words (it said create() once).
+        assert "create()" not in result["said"][0] and "rebuild()" in result["said"][0], result
         assert result["generation"] == 1
         assert result["members"] == (2, 3)  # replicas 0 and 2 are gone
         assert set(result["lost"]) >= {0, 5}

@@ -264,19 +264,19 @@ def _wait_or_abandon(
     finish: Callable[[], None] | None,
 ) -> dict[str, Any]:
     """Wait for the attempt's outcome and return it; on timeout give the attempt up, unless it
-    was decided meanwhile (then that outcome is returned), and raise."""
+    was decided meanwhile (then that outcome is returned), and return that it was given up:
+    the caller raises the one error every rank raises for it (a rebuild's names the call to
+    make; this wait's own named ``create()``)."""
     try:
         _wait(store, ["all"], timeout, started, world_size, rank)
     except AgreementTimeoutError:
         abandoned = json.dumps({"state": f"abandoned by rank {rank}"})
         outcome = _decide(store, abandoned)
-        if outcome != abandoned:
-            # Decided just as this rank gave up (the last rank's verdict, or another rank gave
-            # up first): that outcome stands.
-            return dict(json.loads(outcome))
-        if finish is not None:
+        if outcome == abandoned and finish is not None:
             finish()  # idempotent: the next attempt opens however many ranks give up
-        raise
+        # Decided just as this rank gave up (the last rank's verdict, or another rank gave up
+        # first): that outcome stands.
+        return dict(json.loads(outcome))
     # One request: the key exists (the wait returned), and get() would wait for it again first.
     decided = read_bytes_if_present(store, "all")
     return dict(json.loads(decided if decided is not None else store.get("all")))
