@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
@@ -28,13 +28,15 @@ from commgroups.errors import (
     AgreementTimeoutError,
     CommGroupsError,
     LayoutMismatchError,
+    LossInterruptedError,
     StoreUnreachableError,
 )
 from commgroups.util.error_text import fit_lines
 from commgroups.util.store_reads import read_bytes_if_present
 from commgroups.util.text_table import format_ranks
 
-__all__ = ["Ballot", "Verdict", "agree", "describe_differences", "store_barrier", "store_host", "store_calls"]
+__all__ = ["Ballot", "OutcomeChannel", "Verdict", "agree", "describe_differences", "store_barrier",
+           "store_calls", "store_host"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +113,27 @@ class Verdict:
     """Ranks whose ``counter`` differed from the first rank in (see :func:`agree`)."""
 
 
+class OutcomeChannel(Protocol):
+    """How a rank waits for the attempt's outcome without holding a store connection: a
+    rebuild's ranks have listeners (:class:`~commgroups.rank_loss.attempt_channel.AttemptChannel`).
+
+    A TCPStore connection serves one request at a time, a wait included, and a survivor's
+    background threads send their reports on the connection its main thread would wait on; so
+    the outcome is announced to every rank instead, and a rank that sees a member of the
+    attempt die while it waits gives the attempt up at once rather than at its timeout.
+    """
+
+    def wait(self, timeout_s: float) -> bool | list[int]:
+        """Block until the outcome was announced (True), this rank saw members of the attempt
+        die (their ranks, as the agreement numbers them), or ``timeout_s`` passed (False)."""
+
+    def announce(self) -> None:
+        """Tell every waiting rank that the outcome is set (after it was)."""
+
+    def close(self) -> None:
+        """The agreement is over: stop hearing for it."""
+
+
 def agree(
     store: Store,
     rank: int,
@@ -121,6 +144,7 @@ def agree(
     ballot: Ballot | None = None,
     counter: str = "",
     members: Sequence[int] | None = None,
+    channel: OutcomeChannel | None = None,
 ) -> Verdict:
     """Check that every rank holds an identical ``payload``; raise on every rank otherwise.
 
@@ -138,6 +162,9 @@ def agree(
     rank's digest once.
     ``counter``: a value compared like the ballot's state but reported, not voted on (torch's name
     for the next all-ranks group: the caller decides whether a difference matters).
+    ``channel``: where waiting ranks hear the outcome (:class:`OutcomeChannel`) instead of a
+    store wait; a death it reports ends the attempt on every rank, which raise
+    :class:`~commgroups.errors.LossInterruptedError`.
     """
     started = time.monotonic()
     with store_calls(store, rank, started, "GroupRegistry.create()"):
@@ -178,12 +205,25 @@ def agree(
                                anomalies=total // _ANOMALY)
             if finish is not None:
                 finish()  # before anyone can leave: the next attempt opens a fresh namespace
-            verdict = json.loads(_decide(store, json.dumps(verdict)))
+            mine = json.dumps(verdict)
+            decided = _decide(store, mine)
+            if decided == mine and channel is not None:
+                channel.announce()
+            verdict = json.loads(decided)
         else:
-            verdict = _wait_or_abandon(store, timeout, started, world_size, rank, finish)
+            verdict = _wait_or_abandon(store, timeout, started, world_size, rank, finish,
+                                       channel)
         if verdict["state"] != "complete":
             if finish is not None:
                 finish()  # whoever gave the attempt up may not have moved the epoch on yet
+            if verdict.get("lost"):
+                lost = [members[m] if members is not None else m for m in verdict["lost"]]
+                raise LossInterruptedError(
+                    f"rank {members[rank] if members is not None else rank}: "
+                    f"{'rebuild()' if members is not None else 'GroupRegistry.create()'} stopped: "
+                    f"rank(s) {format_ranks(lost)} died after the survivors were decided "
+                    f"({verdict['state']}); nothing was created. fix: call rebuild() again on "
+                    "every survivor (it rebuilds without them)")
             missing = _missing_ranks(store, world_size, "digest/")
             if members is not None:  # a rebuild: name global ranks, and the call to make
                 raise AgreementTimeoutError(
@@ -262,18 +302,31 @@ def _wait_or_abandon(
     world_size: int,
     rank: int,
     finish: Callable[[], None] | None,
+    channel: OutcomeChannel | None = None,
 ) -> dict[str, Any]:
-    """Wait for the attempt's outcome and return it; on timeout give the attempt up, unless it
-    was decided meanwhile (then that outcome is returned), and return that it was given up:
-    the caller raises the one error every rank raises for it (a rebuild's names the call to
-    make; this wait's own named ``create()``)."""
-    try:
-        _wait(store, ["all"], timeout, started, world_size, rank)
-    except AgreementTimeoutError:
-        abandoned = json.dumps({"state": f"abandoned by rank {rank}"})
-        outcome = _decide(store, abandoned)
-        if outcome == abandoned and finish is not None:
-            finish()  # idempotent: the next attempt opens however many ranks give up
+    """Wait for the attempt's outcome and return it; on timeout (or, through ``channel``, a
+    member's death) give the attempt up, unless it was decided meanwhile (then that outcome is
+    returned), and return that it was given up: the caller raises the one error every rank
+    raises for it (a rebuild's names the call to make; this wait's own named ``create()``)."""
+    heard: bool | list[int] = True
+    if channel is not None:
+        heard = channel.wait(timeout.total_seconds() - (time.monotonic() - started))
+    else:
+        try:
+            _wait(store, ["all"], timeout, started, world_size, rank)
+        except AgreementTimeoutError:
+            heard = False
+    if heard is not True:
+        given_up: dict[str, Any] = {"state": f"abandoned by rank {rank}"}
+        if heard:  # members died: every rank stops now, not at its timeout
+            given_up = {"state": f"given up by rank {rank}, which saw them die", "lost": heard}
+        mine = json.dumps(given_up)
+        outcome = _decide(store, mine)
+        if outcome == mine:
+            if finish is not None:
+                finish()  # idempotent: the next attempt opens however many ranks give up
+            if channel is not None:
+                channel.announce()
         # Decided just as this rank gave up (the last rank's verdict, or another rank gave up
         # first): that outcome stands.
         return dict(json.loads(outcome))

@@ -48,7 +48,9 @@ class AttemptStore(Store):  # type: ignore[misc]  # torch's stubs re-export Stor
 
     def __init__(self, root: Store, prefix: str, epoch: int) -> None:
         super().__init__()
-        self.underlying_store = PrefixStore(f"{prefix}/agree/{epoch}/", root)
+        self.namespace = f"{prefix}/agree/{epoch}/"
+        """The attempt's key prefix in ``root``."""
+        self.underlying_store = PrefixStore(self.namespace, root)
         self.epoch = epoch
         self._root = root
         self._epoch_key = f"{prefix}/epoch"

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from commgroups import torch_internals
 from commgroups.backends import BackendAdapter, resolve_backend
-from commgroups.creation.agreement import agree, store_calls
+from commgroups.creation.agreement import OutcomeChannel, agree, store_calls
 from commgroups.creation.descriptor_table import grow_ahead
 from commgroups.creation.role_groups import (
     CreatedRole,
@@ -129,8 +129,13 @@ def make_generation(request: GenerationRequest, local_error: CommGroupsError | N
         }
         if request.number > 0:
             payload.update(members=list(plan.members or ()), lost=request.lost)
-        methods = _agree(request, store, payload, order, methods,
-                             vote=local_error is None)
+        channel = request.outcomes(store) if request.outcomes is not None else None
+        try:
+            methods = _agree(request, store, payload, order, methods,
+                             vote=local_error is None, channel=channel)
+        finally:
+            if channel is not None:
+                channel.close()
     if local_error is not None:
         raise local_error
     what = ("the end of create()" if request.number == 0
@@ -190,7 +195,8 @@ def _order(plan: Plan, mesh_dims: Sequence[str], infos: dict[str, RolePlan],
     return [*regular_plain, *plain, *regular_split, *split, *irregular]
 
 def _agree(request: GenerationRequest, store: AttemptStore, payload: dict[str, Any],
-           order: list[RolePlan], methods: dict[str, str], vote: bool) -> dict[str, str]:
+           order: list[RolePlan], methods: dict[str, str], vote: bool,
+           channel: OutcomeChannel | None = None) -> dict[str, str]:
     """Agree on ``payload`` and, in the same store round, on whether local creation is safe;
     returns the methods to create with. ``vote=False``: this rank holds an error the
     agreement reports, so it casts no local vote."""
@@ -202,7 +208,8 @@ def _agree(request: GenerationRequest, store: AttemptStore, payload: dict[str, A
     verdict = agree(store, position, world, payload,
                     timedelta(seconds=request.create_timeout_s), finish=store.finish,
                     ballot=ballot, counter=torch_internals.next_counter_name() or "",
-                    members=request.plan.members if request.number > 0 else None)
+                    members=request.plan.members if request.number > 0 else None,
+                    channel=channel)
     decided = decide_local(methods, ballot, verdict, request.rank)
     every_rank = sorted(role for role, method in decided.items() if method != "local")
     if vote and verdict.counter_split and every_rank:

@@ -31,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from commgroups import torch_internals
 from commgroups.backends import BackendAdapter, resolve_backend
+from commgroups.creation.agreement import OutcomeChannel
 from commgroups.creation.meshes import (
     axes_in_order,
     build_mesh,
@@ -130,6 +131,10 @@ class GenerationRequest:
     """After a shrink rebuild: the group every device role is split from."""
     lost: int = 0
     """How many ranks the previous generation lost (agreed on by the survivors)."""
+    outcomes: Callable[[AttemptStore], OutcomeChannel] | None = None
+    """A rebuild's: the channel its agreement's waiting ranks hear the outcome on, for the
+    attempt's namespace (:class:`~commgroups.rank_loss.attempt_channel.AttemptChannel`); None:
+    a store wait."""
 
     @property
     def position(self) -> int:

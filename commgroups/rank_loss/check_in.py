@@ -56,9 +56,14 @@ from commgroups.creation.agreement import store_calls
 from commgroups.errors import AttemptClosed, LeftOutError, RebuildError
 from commgroups.layout import limits
 from commgroups.layout.specs import Layout
-from commgroups.util.store_reads import append_numbers, parse_numbers, read_if_present
+from commgroups.util.store_reads import (
+    append_numbers,
+    parse_numbers,
+    read_if_present,
+    read_numbers,
+)
 
-__all__ = ["CLOSED_MARK", "DECIDED_MARK", "Answers", "CheckIn", "check_in",
+__all__ = ["AGREED", "CLOSED_MARK", "DECIDED_MARK", "Answers", "CheckIn", "check_in",
            "check_in_at_open_attempt", "check_in_window", "close_check_in_attempt",
            "forget_check_ins", "open_check_in_attempt", "record_made", "window_slack_s"]
 
@@ -66,6 +71,9 @@ _JOINED = "joined"
 _COUNT = "count"
 _DECIDED = "decided"
 _EVENT = "event"  # the number of the listener event that pushed the decision
+AGREED = "agreed"
+"""The key, beside a rebuild's check-ins, listing the events that announced its agreements'
+outcomes (:mod:`~commgroups.rank_loss.attempt_channel`): deleted with the check-ins."""
 _POLL_S = 0.02  # between the decider's looks: the decision waits at most this much longer
 _POLL_FOLLOWER_S = 0.05  # between a follower's reads of the decision, without a listener
 _REREAD_S = 0.25  # the decider's lists at most this often while more ranks answered than joined
@@ -454,6 +462,9 @@ def forget_check_ins(root: Store, prefix: str, attempts: int) -> list[int]:
     with contextlib.suppress(RuntimeError):
         root.delete_key(f"{prefix}open")
     events = []
+    with contextlib.suppress(RuntimeError, ValueError):  # the host died; not numbers
+        events += read_numbers(root, f"{prefix}{AGREED}")
+        root.delete_key(f"{prefix}{AGREED}")
     for attempt in range(attempts):
         store = PrefixStore(f"{prefix}{attempt}/", root)  # as check_in() wrote them
         with contextlib.suppress(RuntimeError, ValueError):  # the host died; not a number

@@ -631,6 +631,12 @@ class Liveness:
         ``generation``'s loss report (:func:`confirm_local_deaths`): dead for sure."""
         return set(read_numbers(self._shared, f"lost/{generation}/dead"))
 
+    def confirm_dead(self, generation: int, ranks: Collection[int]) -> None:
+        """Add ``ranks``, whose process this rank saw gone, to generation ``generation``'s
+        confirmed dead (:meth:`confirmed_dead`): one append, from the calling thread."""
+        if ranks:
+            append_numbers(self._shared, f"lost/{generation}/dead", sorted(ranks))
+
     def answers(self, generation: int) -> int:
         """How many answers generation ``generation``'s loss report got so far (one request)."""
         return int(self._shared.add(f"lost/{generation}", 0)) % REPORT

@@ -32,10 +32,13 @@ from commgroups import torch_internals
 from commgroups.creation.agreement import store_barrier
 from commgroups.creation.role_groups import CreationContext
 from commgroups.creation.shrink import Spine, prepare_spine
+from commgroups.creation.store_keys import AttemptStore
 from commgroups.errors import RebuildError
 from commgroups.generation import STORE_PREFIX, Generation, dims_needing_groups, make_generation
 from commgroups.planning.plan import plan
+from commgroups.rank_loss.attempt_channel import AttemptChannel
 from commgroups.rank_loss.check_in import (
+    AGREED,
     check_in,
     check_in_at_open_attempt,
     check_in_window,
@@ -337,7 +340,8 @@ class Recovery:
         context = CreationContext.detect()  # once per generation: torch_npu's probe is slow
         request = replace(current.request, number=number, layout=decision.layout, plan=new_plan,
                           context=context, spine=self.spine, lost=len(lost),
-                          mesh_dims=dims_needing_groups(decision.layout, new_plan, meshes, context))
+                          mesh_dims=dims_needing_groups(decision.layout, new_plan, meshes, context),
+                          outcomes=self._outcomes(number, new_plan.members or ()))
         try:
             generation = make_generation(request)
         except BaseException:
@@ -456,6 +460,18 @@ class Recovery:
         self.closed_toward = generation  # this rank's retry reads the open attempt
         close_check_in_attempt(torch_internals.default_store(), self._rebuild_prefix(generation),
                                self.attempts)
+
+    def _outcomes(self, number: int, members: Sequence[int],
+                  ) -> Callable[[AttemptStore], AttemptChannel] | None:
+        """Where generation ``number``'s agreement hears its outcome
+        (:mod:`~commgroups.rank_loss.attempt_channel`); None without a listener (a store wait)."""
+        liveness = self.liveness
+        if liveness is None or not liveness.listening or str(dist.get_backend()) == "fake":
+            return None
+        root = torch_internals.default_store()
+        events = f"{self._rebuild_prefix(number)}{AGREED}"
+        return lambda attempt: AttemptChannel(liveness, attempt.namespace, members, number - 1,
+                                              root, events)
 
     def _rebuild_prefix(self, generation: int) -> str:
         """The store namespace of the check-ins toward ``generation`` (one per attempt below it)."""
