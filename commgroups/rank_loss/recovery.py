@@ -82,6 +82,11 @@ class Recovery:
     closed_toward: int | None = None
     """The generation toward which this rank last closed a check-in attempt: its next check-in
     toward it reads the open attempt; any other starts at attempt 0 without reading it."""
+    closed_members: tuple[int, ...] = ()
+    """The members the closed attempt (``closed_toward``) decided on. Its retry waits for them
+    only: the ranks it dropped or kept as spares have left ``rebuild()`` with their place, and
+    answered the loss report while alive, so the check-in waited for them until its window
+    ended (8 s in ``test_rebuild``'s second loss; the window is the longest role timeout)."""
     previous_check_ins: tuple[str, int] | None = None
     """The last successful rebuild's check-in prefix and attempt count, deleted one rebuild later."""
     flight_events: list[int] = field(default_factory=list)
@@ -303,12 +308,13 @@ class Recovery:
             # The attempt is the store's, not this rank's (open_check_in_attempt says why); a
             # rank that closed none toward g+1 starts at 0 without reading it.
             prefix = self._rebuild_prefix(current.number + 1)
-            first = (open_check_in_attempt(root, prefix)
-                     if self.closed_toward == current.number + 1 else 0)
+            retry = self.closed_toward == current.number + 1
+            first = open_check_in_attempt(root, prefix) if retry else 0
             expected = None if known is None else known.tolist()
+            checking = self.closed_members if retry and self.closed_members else members
             decided, attempt = check_in_at_open_attempt(
                 root, prefix, first, self.rank,
-                lambda keys: check_in(root, keys, self.rank, members, window, expected,
+                lambda keys: check_in(root, keys, self.rank, checking, window, expected,
                                       self.liveness, self._made_key, current.number))
             survivors = np.asarray(decided, dtype=np.int64)
             self.attempts = attempt
@@ -345,7 +351,7 @@ class Recovery:
         try:
             generation = make_generation(request)
         except BaseException:
-            self._close_attempt(number)  # every survivor's next try checks in anew
+            self._close_attempt(number, new_plan.members or ())  # every survivor checks in anew
             raise
         self.attempts_made = self.attempts + 1
         seconds["create"] = time.monotonic() - mark
@@ -452,12 +458,14 @@ class Recovery:
             self.spine.close()
             self.spine = None
 
-    def _close_attempt(self, generation: int) -> None:
+    def _close_attempt(self, generation: int, members: Sequence[int]) -> None:
         """After a decided attempt failed here: mark it closed and open the next one, for every
-        rank (once: :func:`~commgroups.rank_loss.check_in.close_check_in_attempt`)."""
+        rank (once: :func:`~commgroups.rank_loss.check_in.close_check_in_attempt`); ``members``:
+        whom it decided on (:attr:`closed_members`)."""
         if str(dist.get_backend()) == "fake":
             return
         self.closed_toward = generation  # this rank's retry reads the open attempt
+        self.closed_members = tuple(members)
         close_check_in_attempt(torch_internals.default_store(), self._rebuild_prefix(generation),
                                self.attempts)
 
