@@ -12,6 +12,7 @@ fingerprints, so nothing hangs.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "RoleTimeoutError",
     "StaleGenerationError",
     "StoreUnreachableError",
+    "SurvivorLostError",
     "TitanSeamError",
     "TorchVersionError",
     "UnknownBackendError",
@@ -271,6 +273,22 @@ class LossInterruptedError(CommGroupsError, RuntimeError):
     """A wait for every rank (torchtitan's timeout switch) ended because a rank-loss report
     interrupted the registry's generation: a rank that died before arriving never will. Fails as
     the generation's collectives do, in about a second rather than after the wait's timeout."""
+
+
+class SurvivorLostError(LossInterruptedError):
+    """A survivor died during ``rebuild()``, after the survivors were decided: a peer on its host
+    saw its process gone while the others waited for it in the next generation's agreement, and
+    every survivor stopped the attempt at once. ``rebuild()`` rebuilds without it by itself
+    (:data:`~commgroups.registry.REBUILD_RETRIES` times at most); this is raised where that ran
+    out.
+
+    Attributes:
+        lost: the global ranks seen dead.
+    """
+
+    def __init__(self, message: str, *, lost: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.lost = tuple(lost)
 
 
 class BackendUnavailableError(CommGroupsError, RuntimeError):

@@ -18,7 +18,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -40,6 +41,7 @@ from commgroups.errors import (
     RegistryNotCreatedError,
     RegistryStateError,
     StaleGenerationError,
+    SurvivorLostError,
     WorldSizeMismatchError,
 )
 from commgroups.generation import (
@@ -69,6 +71,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_CREATE_TIMEOUT_S = 300.0
 DEFAULT_HEARTBEAT_S = 10.0
 DEFAULT_DEAD_AFTER_S = 1.0
+REBUILD_RETRIES = 3
+"""How many times one ``rebuild()`` starts over without survivors that died during it
+(:class:`~commgroups.errors.SurvivorLostError`): each retry follows a death, so more would
+mean the job is going, not a race."""
 
 MeshNames = tuple[str, ...]
 
@@ -259,7 +265,12 @@ class GroupRegistry:
             LeftOutError: the survivors were decided without this rank; it is out for good.
             RebuildError: ``alive`` is malformed, the ranks in are no majority of the live ones,
                 or a backend cannot be rebuilt here.
-            GroupCreationError: a survivor died during the rebuild; call ``rebuild()`` again.
+            SurvivorLostError: survivors died during the rebuild, :data:`REBUILD_RETRIES` times
+                over (each time a peer on their host saw it, every survivor started over
+                without them, within about a second: ``report.retried``).
+            AgreementTimeoutError, GroupCreationError: a survivor died during the rebuild where
+                no peer on its host saw it (alone on its host, or the host gone), or while the
+                groups were made: after ``create_timeout_s``; call ``rebuild()`` again.
             StoreUnreachableError: the store's host died.
         """
         current = self._current
@@ -267,19 +278,37 @@ class GroupRegistry:
             raise RebuildError(f"rebuild() needs a created registry (this one is "
                                f"{self._state.value}); fix: call it after create(), on every "
                                "member of the last generation")
-        try:
-            report, generation = self._recovery.rebuild(current, alive, timeout,
-                                                        self._mesh_requests, self._timeout_overrides)
-        except LeftOutError:  # decided without this rank: it stays out, a retry included
-            self._retire()
-            self._recovery.release_retired()
-            self._recovery.stop_liveness()
-            self._state = RegistryState.DROPPED
-            raise
-        except BaseException:
-            if current.ended:
-                self._state = RegistryState.RETIRED
-            raise
+        if isinstance(alive, Iterator):
+            alive = list(alive)  # a retry checks in again with it
+        retried: list[float] = []
+        while True:
+            started = time.monotonic()
+            try:
+                report, generation = self._recovery.rebuild(
+                    current, alive, timeout, self._mesh_requests, self._timeout_overrides)
+                break
+            except LeftOutError:  # decided without this rank: it stays out, a retry included
+                self._retire()
+                self._recovery.release_retired()
+                self._recovery.stop_liveness()
+                self._state = RegistryState.DROPPED
+                raise
+            except SurvivorLostError as error:  # every survivor raised it: all start over
+                if current.ended:
+                    self._state = RegistryState.RETIRED
+                if len(retried) == REBUILD_RETRIES:
+                    raise
+                retried.append(time.monotonic() - started)
+                logger.info("rank %d: ranks %s died during rebuild(); rebuilding without them",
+                            self._rank, list(error.lost))
+                if alive is not None:
+                    alive = [rank for rank in alive if rank not in error.lost]
+            except BaseException:
+                if current.ended:
+                    self._state = RegistryState.RETIRED
+                raise
+        if retried:
+            report = replace(report, retried=tuple(retried))
         self._number = report.generation
         if generation is None:
             self._state = RegistryState(report.place)

@@ -17,7 +17,7 @@ import pytest
 from torch.distributed import HashStore, PrefixStore  # type: ignore[attr-defined]
 
 from commgroups.creation.agreement import agree
-from commgroups.errors import LossInterruptedError
+from commgroups.errors import AgreementTimeoutError, SurvivorLostError
 from commgroups.rank_loss.attempt_channel import AttemptChannel
 from commgroups.util.store_reads import read_numbers
 
@@ -103,7 +103,7 @@ def test_a_member_dead_on_the_host_ends_the_attempt_for_everyone() -> None:
     results = _agree_all([0, 1], (3, 7, 9), listeners, root, timeout_s=120)
     for position in (0, 1):
         error = results[position]
-        assert isinstance(error, LossInterruptedError), results
+        assert isinstance(error, SurvivorLostError) and error.lost == (9,), results
         assert "rank(s) [9] died after the survivors were decided" in str(error)
         assert f"rank {(3, 7)[position]}: rebuild() stopped" in str(error)
     assert [event["k"] for event in listeners.emitted] == ["decided"]  # the one that gave up
@@ -126,3 +126,14 @@ def test_a_death_is_told_by_position(dead: list[int]) -> None:
     channel = AttemptChannel(listeners.of(4), "p/", (4, 5, 6), 2, root, "e")  # type: ignore[arg-type]
     assert channel.wait(30) == [position + 1 for position in dead]
     channel.close()
+
+
+def test_a_rebuilds_agreement_that_times_out_names_rebuild() -> None:
+    """The rank whose own wait ran out first said ``GroupRegistry.create()`` and told the caller
+    to make every rank call it, in the middle of a rebuild."""
+    store = PrefixStore("agree/0/", HashStore())
+    with pytest.raises(AgreementTimeoutError) as raised:
+        agree(store, 0, 2, {"layout": "same"}, timedelta(seconds=0.3), members=(4, 6))
+    said = str(raised.value)
+    assert "rank 4: rebuild() timed out" in said and "create()" not in said, said
+    assert "ranks that never arrived: [6]" in said, said

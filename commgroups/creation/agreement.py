@@ -28,8 +28,8 @@ from commgroups.errors import (
     AgreementTimeoutError,
     CommGroupsError,
     LayoutMismatchError,
-    LossInterruptedError,
     StoreUnreachableError,
+    SurvivorLostError,
 )
 from commgroups.util.error_text import fit_lines
 from commgroups.util.store_reads import read_bytes_if_present
@@ -164,7 +164,7 @@ def agree(
     for the next all-ranks group: the caller decides whether a difference matters).
     ``channel``: where waiting ranks hear the outcome (:class:`OutcomeChannel`) instead of a
     store wait; a death it reports ends the attempt on every rank, which raise
-    :class:`~commgroups.errors.LossInterruptedError`.
+    :class:`~commgroups.errors.SurvivorLostError`.
     """
     started = time.monotonic()
     with store_calls(store, rank, started, "GroupRegistry.create()"):
@@ -218,12 +218,12 @@ def agree(
                 finish()  # whoever gave the attempt up may not have moved the epoch on yet
             if verdict.get("lost"):
                 lost = [members[m] if members is not None else m for m in verdict["lost"]]
-                raise LossInterruptedError(
+                raise SurvivorLostError(
                     f"rank {members[rank] if members is not None else rank}: "
                     f"{'rebuild()' if members is not None else 'GroupRegistry.create()'} stopped: "
                     f"rank(s) {format_ranks(lost)} died after the survivors were decided "
                     f"({verdict['state']}); nothing was created. fix: call rebuild() again on "
-                    "every survivor (it rebuilds without them)")
+                    "every survivor (it rebuilds without them)", lost=lost)
             missing = _missing_ranks(store, world_size, "digest/")
             if members is not None:  # a rebuild: name global ranks, and the call to make
                 raise AgreementTimeoutError(

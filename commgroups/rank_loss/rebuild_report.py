@@ -28,6 +28,8 @@ class RebuildReport:
         dropped: survivors the new layout has no place for, which should exit.
         place: this rank's part: ``member``, ``spare`` or ``dropped``.
         seconds: seconds per phase (:data:`PHASES`; phases that did not run are absent).
+        retried: seconds of each earlier attempt of this ``rebuild()`` that a survivor's death
+            ended (:class:`~commgroups.errors.SurvivorLostError`; it retried without them).
     """
 
     generation: int
@@ -38,11 +40,12 @@ class RebuildReport:
     dropped: tuple[int, ...] = ()
     place: str = "member"
     seconds: dict[str, float] = field(default_factory=dict)
+    retried: tuple[float, ...] = ()
 
     @property
     def total_seconds(self) -> float:
-        """Seconds of the whole rebuild on this rank."""
-        return sum(self.seconds.values())
+        """Seconds of the whole rebuild on this rank, attempts retried included."""
+        return sum(self.seconds.values()) + sum(self.retried)
 
     def describe(self) -> str:
         """One readable paragraph: what was lost, what was rebuilt, and how long each phase took."""
@@ -54,6 +57,9 @@ class RebuildReport:
             f"{len(self.members)} ranks ({dims})",
             f"  this rank: {self.place}; phases: {phases} (total {self.total_seconds:.3f} s)",
         ]
+        if self.retried:
+            lines.append(f"  retried {len(self.retried)} time(s) after a survivor died "
+                         f"({sum(self.retried):.3f} s)")
         if self.spares or self.dropped:
             lines.append(f"  spares {list(self.spares)}, dropped {list(self.dropped)}")
         return "\n".join(lines)
