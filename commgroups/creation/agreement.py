@@ -216,11 +216,10 @@ def agree(
         if verdict["state"] != "complete":
             if finish is not None:
                 finish()  # whoever gave the attempt up may not have moved the epoch on yet
-            if verdict.get("lost"):
+            if verdict.get("lost"):  # through a channel: a rebuild's
                 lost = [members[m] if members is not None else m for m in verdict["lost"]]
                 raise SurvivorLostError(
-                    f"rank {members[rank] if members is not None else rank}: "
-                    f"{'rebuild()' if members is not None else 'GroupRegistry.create()'} stopped: "
+                    f"rank {members[rank] if members is not None else rank}: rebuild() stopped: "
                     f"rank(s) {format_ranks(lost)} died after the survivors were decided "
                     f"({verdict['state']}); nothing was created. fix: call rebuild() again on "
                     "every survivor (it rebuilds without them)", lost=lost)

@@ -310,8 +310,12 @@ class Recovery:
             prefix = self._rebuild_prefix(current.number + 1)
             retry = self.closed_toward == current.number + 1
             first = open_check_in_attempt(root, prefix) if retry else 0
-            checking = self.closed_members if retry and self.closed_members else members
-            expected = None if known is None else [r for r in known.tolist() if r in checking]
+            checking = members
+            expected = None if known is None else known.tolist()
+            if retry and self.closed_members:  # whom the closed attempt chose (closed_members)
+                checking = self.closed_members
+                if known is not None:  # arrays: a list's ``in`` per rank is O(N^2) at 65,536
+                    expected = known[np.isin(known, checking)].tolist()
             decided, attempt = check_in_at_open_attempt(
                 root, prefix, first, self.rank,
                 lambda keys: check_in(root, keys, self.rank, checking, window, expected,
