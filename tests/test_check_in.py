@@ -76,25 +76,30 @@ def test_an_answer_is_listed_and_counted_in_two_requests() -> None:
     reporter = _liveness(server, 0)
     assert reporter.report(0, "rank 3 stopped", {3})
     counted = CountingStore(PrefixStore("ns/", server))
-    assert answer(counted, 0, 1)
+    assert answer(counted, 0, [1])
     assert counted.requests == 2  # the append, the add: nothing read
     assert reporter.answers(0) == 1
     assert reporter.answered(0, [1, 2, 3]) == {1}
     # A second report (other suspects) after an answer is not the first.
     assert not _liveness(server, 2).report(0, "rank 4 stopped", {4})
     assert reporter.answers(0) == 1
+    # A host's relay answers for its host's ranks in the same two requests.
+    assert answer(counted, 0, [5, 6, 7])
+    assert counted.requests == 4
+    assert reporter.answers(0) == 4
+    assert reporter.answered(0, range(8)) == {1, 5, 6, 7}
 
 
 def test_answers_that_come_after_the_release_leave_no_key() -> None:
     server = _store()
     reporter = _liveness(server, 0)
     reporter.report(0, "rank 3 stopped", {3})
-    assert answer(PrefixStore("ns/", server), 0, 1)
+    assert answer(PrefixStore("ns/", server), 0, [1])
     reporter.release(0, survivors=[0, 1])
     # Two listeners that lagged hear the report only now.
     late = PrefixStore("ns/", server)
-    assert not answer(late, 0, 2)
-    assert not answer(late, 0, 4)
+    assert not answer(late, 0, [2])
+    assert not answer(late, 0, [4])
     assert not late.check(["lost/0"]) and not late.check(["lost/0/here"])
 
 

@@ -22,6 +22,7 @@ from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-
 from commgroups.bench.control_plane import CountingStore
 from commgroups.rank_loss.host_relay import (
     CONNECT_WITHIN_S,
+    FRESH_S,
     HELLO,
     SILENT_S,
     TICK_S,
@@ -30,7 +31,7 @@ from commgroups.rank_loss.host_relay import (
     relay_address,
     relay_of,
 )
-from commgroups.rank_loss.liveness import Liveness
+from commgroups.rank_loss.liveness import REPORT, Liveness
 from commgroups.rank_loss.local_peers import this_process
 from tests.polling import until
 from tests.released_store import ReleasedAfterFirstRead
@@ -122,6 +123,60 @@ def test_each_feed_gets_every_event_once_for_one_wait_and_one_read_per_event(por
         assert feed.receive(lambda: False) is None  # closed: the listener goes to the store
     _emit(port, {"k": "wake"})  # the forwarder's wait returns, and it ends
     assert relay.done.wait(5.0)
+
+
+def test_a_relay_prepares_an_event_only_for_the_feeds_whose_listeners_run(port: int) -> None:
+    """``prepare`` (a loss report answered for the host's ranks) covers a feed only where its
+    listener read a tick lately (it said ALIVE): one that reads nothing (a stopped process, a
+    wedged listener) gets the event as stored and answers for itself."""
+    seen: list[frozenset[int]] = []
+
+    def prepare(store: Store, raw: bytes, pids: frozenset[int]) -> bytes:
+        seen.append(pids)
+        return raw.replace(b"}", b', "prepared": 1}')
+
+    relay = HostRelay(_address(port), PrefixStore(_ns(port), _tcp(port)), 1, lambda: False,
+                      prepare=prepare)
+    assert relay.start()
+    running, stopped = RelayFeed.connect(relay.address), RelayFeed.connect(relay.address)
+    assert running is not None and stopped is not None
+    got: list[tuple[int, bytes] | None] = []
+    reader = threading.Thread(target=lambda: got.append(running.receive(lambda: False)))
+    reader.start()  # HELLO first
+    reader.join(5.0)
+    reader = threading.Thread(target=lambda: got.append(running.receive(lambda: False)))
+    reader.start()  # reads ticks (each answered ALIVE) until the event
+    time.sleep(2 * FRESH_S)  # the stopped feed's accept is older than FRESH_S now
+    _emit(port, {"k": "loss", "g": 0})
+    reader.join(5.0)
+    assert got[0] == (HELLO, b"1")
+    assert got[1] is not None and json.loads(got[1][1]) == {"k": "loss", "g": 0, "prepared": 1}
+    assert seen == [frozenset({os.getpid()})]
+    assert _frames(stopped, 2) == [(HELLO, b"1"), (1, json.dumps({"k": "loss", "g": 0}).encode())]
+    relay.close()
+
+
+def test_a_hosts_relay_answers_a_loss_report_for_its_listening_ranks_in_two_requests(
+        port: int) -> None:
+    heard: list[tuple[int, str]] = []
+    lives = _hosts_ranks(port, heard)
+    for live in lives:
+        live.watch(0, [0, 1, 2, 5])
+    relay = lives[0]._relay
+    assert relay is not None
+    assert until(lambda: len(relay._heard_at) == 3 and all(
+        time.monotonic() - at < FRESH_S / 2 for at in relay._heard_at.values()))
+    assert lives[1].report(0, "rank 5 stopped", {5})
+    store = PrefixStore(_ns(port), _tcp(port))
+    assert until(lambda: all(live.heard(0) for live in lives))
+    assert until(lambda: int(store.add("lost/0", 0)) == REPORT + 3)
+    time.sleep(0.1)
+    # One append for the host's three ranks: no listener answered for itself.
+    assert bytes(store.get("lost/0/here")) == b"0,1,2,"
+    assert int(store.add("lost/0", 0)) == REPORT + 3
+    for live in lives:
+        live.close(3)
+    assert until(lambda: all(not live.listening for live in lives))
 
 
 def test_a_feed_hears_ticks_between_events_and_ends_when_the_relay_closes(port: int) -> None:

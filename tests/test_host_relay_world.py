@@ -20,7 +20,7 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 from commgroups import GroupRegistry, torch_internals
 from commgroups.creation.agreement import store_barrier
 from commgroups.rank_loss.host_relay import HELLO, SILENT_S, HostRelay, RelayFeed, relay_address
-from commgroups.rank_loss.liveness import Liveness
+from commgroups.rank_loss.liveness import REPORT, Liveness
 from commgroups.rank_loss.local_peers import host_key, this_process
 from tests.polling import until
 from tests.test_rebuild import hsdp_layout
@@ -207,9 +207,16 @@ def _idle_when_one_goes(rank: int, world: int, who: str, how: str) -> dict[str, 
     heard_at = time.time()
     gone_at = float(store.get("tests/gone_at"))
     suspects = live._interrupted.get(0, set())
+    answers = ""
+    if live.heard(0):  # every survivor's answer in (the report's counter: REPORT and theirs)
+        until(lambda: int(live._shared.add("lost/0", 0)) % REPORT >= world - 1)
+        answers = bytes(live._shared.get("lost/0/here")).decode()
+        count = int(live._shared.add("lost/0", 0)) % REPORT
+    store_barrier(store, "tests/read", rank, world - 1, timedelta(seconds=30), "the reads")
     registry.close()
     return {"victim": victim, "heard": live.heard(0), "after_s": heard_at - gone_at,
-            "suspects": None if suspects is None else sorted(suspects)}
+            "suspects": None if suspects is None else sorted(suspects),
+            "answers": answers, "count": count if answers else 0}
 
 
 @pytest.mark.parametrize(("who", "how"), [(who, how) for how in ("killed", "closed", "returned")
@@ -232,3 +239,9 @@ def test_a_death_on_the_host_is_reported_at_once_while_every_rank_is_idle(who: s
         else:
             assert result["heard"] and result["suspects"] == [victim], result
             assert result["after_s"] < BACKSTOP_S / 4, result
+            # Each survivor answered the report once, whether the relay answered for it (its
+            # listener heard from lately: one append for the host, tests/test_host_relay.py)
+            # or it answered itself (its relay dead).
+            answers = [int(r) for r in result["answers"].rstrip(",").split(",")]
+            assert sorted(answers) == sorted(set(range(4)) - {victim}), result
+            assert result["count"] == 3, result

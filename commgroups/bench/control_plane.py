@@ -77,7 +77,7 @@ from commgroups.flight_recorder.publisher import (
     collect,
 )
 from commgroups.rank_loss.check_in import CheckIn
-from commgroups.rank_loss.liveness import Liveness
+from commgroups.rank_loss.liveness import Liveness, answer_for_host
 from commgroups.rank_loss.local_peers import this_process
 from commgroups.util.store_reads import read_bytes_if_present
 
@@ -241,19 +241,23 @@ class _VirtualListener(Liveness):
 def _take_through_relays(lives: Iterable[Liveness], number: int, store: Store) -> int:
     """Every virtual rank takes event ``number`` as its host's relay hands it over: the relay's
     forwarder reads it once per host of :data:`RANKS_PER_HOST` (on ``store``, under the
-    registry's namespace), no rank reads it (the in-process hand-over stands for the relay's
-    local socket, which costs the store nothing). Returns the hosts: each host's forwarder
-    also waited once for it (one wait per process stood for theirs)."""
-    read: dict[int, bytes] = {}
+    registry's namespace) and answers a loss report for the host's ranks in one append and one
+    add (:func:`~commgroups.rank_loss.liveness.answer_for_host`, as the relay's ``prepare``
+    does for the feeds it heard from lately: here every rank's); no rank reads it (the
+    in-process hand-over stands for the relay's local socket, which costs the store nothing).
+    Returns the hosts: each host's forwarder also waited once for it (one wait per process
+    stood for theirs)."""
+    hosts: dict[int, list[Liveness]] = {}
     for live in lives:
-        host = live.rank // RANKS_PER_HOST
-        if host not in read:
-            raw = read_bytes_if_present(store, f"event/{number}")
-            if raw is None:
-                raise RuntimeError(f"event {number} is missing")
-            read[host] = raw
-        live.take(number, read[host])
-    return len(read)
+        hosts.setdefault(live.rank // RANKS_PER_HOST, []).append(live)
+    for ranks in hosts.values():
+        raw = read_bytes_if_present(store, f"event/{number}")
+        if raw is None:
+            raise RuntimeError(f"event {number} is missing")
+        handed, _ = answer_for_host(store, raw, [live.rank for live in ranks])
+        for live in ranks:
+            live.take(number, handed)
+    return len(hosts)
 
 
 def _loss(port: int, namespace: str, ranks: Sequence[int], members: int, victim: int,

@@ -38,9 +38,17 @@ number forwarded, as text; :data:`BYE` (nothing) says the relay closes and its p
 :data:`LEFT` (nothing) that its rank's registry closed (it relays on for its host: its
 process's end is no loss); :data:`DIED` (nothing) that its process is ending of an unhandled
 exception (a loss: reported at once, without waiting for ``/proc``).
-A feed sends only :data:`GOODBYE` (or :data:`DYING`), once, as it closes. The socket is Linux's abstract
-namespace (no file to leave behind when a process is killed), named from the registry's
-namespace, the host and the relay's process.
+A feed sends :data:`ALIVE` for each tick it reads (its listener's thread runs), and
+:data:`GOODBYE` (or :data:`DYING`), once, as it closes.
+
+A loss report costs the store two requests per host for the answers too: the relay's owner
+(``prepare``) answers it for the host's ranks whose feeds sent :data:`ALIVE` lately, in one
+append and one add, and hands those feeds the event marked with the ranks it answered for;
+their listeners send no answer of their own (two requests per rank: 131,072 at 65,536 ranks,
+on the path of a rebuild's decision). A feed not heard from lately answers for itself.
+
+The socket is Linux's abstract namespace (no file to leave behind when a process is killed),
+named from the registry's namespace, the host and the relay's process.
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
 
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported
@@ -62,8 +70,9 @@ from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported
 from commgroups.rank_loss.local_peers import gone
 from commgroups.util.store_reads import read_bytes_if_present
 
-__all__ = ["BYE", "CONNECT_WITHIN_S", "DIED", "DYING", "GOODBYE", "HELLO", "LEFT", "SILENT_S",
-           "TICK", "TICK_S", "HostRelay", "RelayFeed", "peer_pid", "relay_address", "relay_of"]
+__all__ = ["ALIVE", "BYE", "CONNECT_WITHIN_S", "DIED", "DYING", "FRESH_S", "GOODBYE", "HELLO",
+           "LEFT", "SILENT_S", "TICK", "TICK_S", "HostRelay", "RelayFeed", "peer_pid",
+           "relay_address", "relay_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +106,15 @@ without reporting anything."""
 DYING = b"\x02"
 """What a feed sends as it closes where its process is ending of an unhandled exception: the
 relay reports its rank lost at once (its process may take a while to leave ``/proc``)."""
+
+ALIVE = b"\x03"
+"""What a feed sends for each tick it reads: its listener's thread runs (see :data:`FRESH_S`)."""
+
+FRESH_S = 3 * TICK_S
+"""A feed whose :data:`ALIVE` came within this is one whose listener runs: the relay's
+``prepare`` (a loss report answered for the host's ranks, in one request for the host) covers
+only such feeds. A feed quiet longer (its process stopped, its listener wedged, or only late on
+loaded cores) answers for itself, as without a relay: never answered for while it cannot."""
 
 _FRAME = struct.Struct("!qI")
 _FOREVER = timedelta(days=365)
@@ -143,10 +161,11 @@ def peer_pid(connection: socket.socket) -> int | None:
 
 
 def _last_word(feed: socket.socket) -> bytes:
-    """What ``feed`` sent as it closed (:data:`GOODBYE`, :data:`DYING`), read without waiting;
-    empty where it sent nothing (a closed or reset socket with nothing left unread)."""
+    """What ``feed`` sent as it closed (:data:`GOODBYE`, :data:`DYING`, after any
+    :data:`ALIVE` not read yet), read without waiting; empty where it sent nothing (a closed or
+    reset socket with nothing left unread)."""
     try:
-        return feed.recv(16, socket.MSG_DONTWAIT)
+        return feed.recv(4096, socket.MSG_DONTWAIT)
     except OSError:
         return b""
 
@@ -192,19 +211,27 @@ class HostRelay:
         on_feed_lost: called with a feed's process id (its socket's peer) and whether it said it
             is dying, where the feed closed without its goodbye or failed: its process may have
             died (the callee looks, unless it said so).
+        prepare: called on the forwarder's thread before an event is handed over, with the
+            forwarder's connection, the event as stored and the process ids of the feeds
+            heard from within :data:`FRESH_S`; returns what those feeds are handed instead
+            (the others get the event as stored). An exception hands the event over as stored.
     """
 
     def __init__(self, address: str, store: Store | Callable[[], Store], first: int,
                  stop: Callable[[], bool], on_done: Callable[[], None] = lambda: None,
-                 on_feed_lost: Callable[[int, bool], None] | None = None) -> None:
+                 on_feed_lost: Callable[[int, bool], None] | None = None,
+                 prepare: Callable[[Store, bytes, frozenset[int]], bytes] | None = None,
+                 ) -> None:
         self.address = address
         self._on_done: Callable[[], None] | None = on_done
         self._on_feed_lost = on_feed_lost
+        self._prepare = prepare
         self._store: Store | Callable[[], Store] | None = store
         self._next = first
         self._stop = stop
         self._lock = threading.Lock()  # the feeds and _next: the forwarder and the acceptor
         self._feeds: dict[socket.socket, int | None] = {}  # each feed's process id
+        self._heard_at: dict[socket.socket, float] = {}  # each feed's last ALIVE (or accept)
         self._closed = threading.Event()
         self._left = False  # the feeds were told LEFT (leave())
         self.done = threading.Event()
@@ -247,6 +274,7 @@ class HostRelay:
         with self._lock:
             self._closed.set()
             feeds, self._feeds = self._feeds, {}
+            self._heard_at = {}
         for feed in feeds:
             _close_quietly(feed, _frame(DIED if dying else BYE))
         with contextlib.suppress(OSError):
@@ -263,20 +291,23 @@ class HostRelay:
             lost = self._send_all(_frame(LEFT))
         self._lost(lost)
 
-    def _send_all(self, data: bytes) -> list[tuple[int, bool]]:
-        """Send ``data`` to every feed (under the lock); drop a feed that does not take it.
-        Returns the losses of those dropped without their goodbye (:func:`_loss`)."""
+    def _send_all(self, data: bytes, prepared: bytes = b"",
+                  to: Collection[socket.socket] = ()) -> list[tuple[int, bool]]:
+        """Send ``data`` to every feed (under the lock), ``prepared`` instead to those in
+        ``to``; drop a feed that does not take it. Returns the losses of those dropped without
+        their goodbye (:func:`_loss`)."""
         kept: dict[socket.socket, int | None] = {}
         lost = []
         for feed, pid in self._feeds.items():
             try:
-                feed.sendall(data)
+                feed.sendall(prepared if feed in to else data)
                 kept[feed] = pid
             except OSError:
                 loss = _loss(pid, _last_word(feed))
                 if loss is not None:
                     lost.append(loss)
                 _close_quietly(feed)
+                self._heard_at.pop(feed, None)
         self._feeds = kept
         return lost
 
@@ -329,8 +360,11 @@ class HostRelay:
             raw = read_bytes_if_present(store, key)
             if raw is None or self._closed.is_set():
                 return
+            prepared, fresh = self._prepared(store, raw)
             with self._lock:
-                lost = self._send_all(_frame(self._next, raw))
+                frame = _frame(self._next, raw)
+                lost = self._send_all(frame, _frame(self._next, prepared) if fresh else frame,
+                                      fresh)
                 self._next += 1
                 left = bool(self._feeds)
             self._lost(lost)
@@ -340,6 +374,25 @@ class HostRelay:
             # the first event once they are gone.
             if json.loads(raw).get("k") == "close" or (self._stop() and not left):
                 return
+
+    def _prepared(self, store: Store, raw: bytes) -> tuple[bytes, list[socket.socket]]:
+        """``prepare``'s payload for the feeds heard from within :data:`FRESH_S`, and those
+        feeds (none where there is no ``prepare`` or it failed). Outside the lock: ``prepare``
+        may make store requests, and the ticks must go on meanwhile."""
+        if self._prepare is None:
+            return raw, []
+        with self._lock:
+            now = time.monotonic()
+            fresh = {feed: pid for feed, pid in self._feeds.items()
+                     if pid is not None and now - self._heard_at.get(feed, -FRESH_S) <= FRESH_S}
+        if not fresh:
+            return raw, []
+        try:
+            prepared = self._prepare(store, raw, frozenset(fresh.values()))
+        except Exception as error:  # the feeds answer for themselves, as without a relay
+            logger.debug("relay %r: preparing an event failed: %r", self.address, error)
+            return raw, []
+        return prepared, [] if prepared is raw else list(fresh)
 
     def _serve(self) -> None:
         next_tick = time.monotonic() + TICK_S
@@ -377,17 +430,23 @@ class HostRelay:
                 feed.sendall(_frame(HELLO, str(self._next).encode())
                              + (_frame(LEFT) if self._left else b""))
                 self._feeds[feed] = peer_pid(feed)
+                self._heard_at[feed] = time.monotonic()
             except OSError:
                 feed.close()
 
     def _hear(self, feed: socket.socket) -> None:
-        """A feed is readable: its goodbye (its listener closed it), or its end without one
-        (its process may have died): dropped either way."""
+        """A feed is readable: :data:`ALIVE` (noted), its goodbye (its listener closed it), or
+        its end without one (its process may have died): dropped either way."""
+        word = _last_word(feed)
         with self._lock:
             if feed not in self._feeds:
                 return  # dropped meanwhile
+            if word and GOODBYE not in word and DYING not in word:
+                self._heard_at[feed] = time.monotonic()
+                return
             pid = self._feeds.pop(feed)
-        loss = _loss(pid, _last_word(feed))
+            self._heard_at.pop(feed, None)
+        loss = _loss(pid, word)
         _close_quietly(feed)
         if loss is not None:
             self._lost([loss])
@@ -451,6 +510,8 @@ class RelayFeed:
                         continue
                     if number != TICK:
                         return number, payload
+                    with contextlib.suppress(OSError):  # full or closed: the next recv says
+                        self._socket.send(ALIVE, socket.MSG_DONTWAIT)
                     continue
             left = heard + SILENT_S - time.monotonic()
             if left <= 0:

@@ -29,7 +29,11 @@ Two daemon threads per registry (:class:`Liveness`):
    dies or goes quiet goes back to the store at its own next event. Those sockets also say
    when a process of the host dies, idle or not: the relay reports a member whose feed closed
    without its goodbye, a listener its relay, once ``/proc`` shows the process gone
-   (:meth:`Liveness.report_if_gone`): milliseconds, where the beat below takes 10-30 s.
+   (:meth:`Liveness.report_if_gone`): milliseconds, where the beat below takes 10-30 s. The
+   relay also answers a loss report for the host's ranks whose listeners it heard from within
+   the last ``FRESH_S`` (0.3 s: each reads the relay's ticks, every 0.1 s), in the same two
+   requests for the host (:func:`answer_for_host`); those listeners send none. A listener
+   that cannot run (its process stopped, or holding the GIL in C) is not answered for.
 
 2. **the beat** (the backstop, every ``interval_s``, on the job's shared connection): adds 1 to
    ``beat/<rank>`` and reads its ring
@@ -75,7 +79,8 @@ from commgroups.util.store_reads import (
     read_numbers,
 )
 
-__all__ = ["Liveness", "OnLoss", "answer", "answered", "gone_peers", "own_connection"]
+__all__ = ["RELAY_ANSWERED", "Liveness", "OnLoss", "answer", "answer_for_host", "answered",
+           "gone_peers", "own_connection"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,23 +121,45 @@ def own_connection(store: Store, timeout: timedelta) -> Store | None:
     return client
 
 
-def answer(store: Store, generation: int, rank: int) -> bool:
-    """Say that ``rank`` heard generation ``generation``'s loss report and is alive: one append
-    to the answers' list (``store``: the registry's namespace), which only a deciding rank reads,
-    then one add to the report's counter. Returns whether it answered (False: the report was
-    released already)."""
-    append_numbers(store, f"lost/{generation}/here", [rank])
+def answer(store: Store, generation: int, ranks: Sequence[int]) -> bool:
+    """Say that ``ranks`` heard generation ``generation``'s loss report and are alive: one
+    append to the answers' list (``store``: the registry's namespace), which only a deciding
+    rank reads, then one add of their number to the report's counter. Returns whether they
+    answered (False: the report was released already)."""
+    append_numbers(store, f"lost/{generation}/here", ranks)
     # The add after the append: a decider that sees the counter move finds the answer listed.
     # It also tells whether the report still exists: every report adds REPORT, so an add that
     # returns less found it released (once every survivor checked in; a listener that lagged on
     # loaded cores hears it late). Both keys were re-created then: they go again (a leak
     # otherwise), by every such late answer after its own append.
-    if int(store.add(f"lost/{generation}", 1)) < REPORT:
+    if int(store.add(f"lost/{generation}", len(ranks))) < REPORT:
         with contextlib.suppress(RuntimeError):
             store.delete_key(f"lost/{generation}")
             store.delete_key(f"lost/{generation}/here")
         return False
     return True
+
+
+RELAY_ANSWERED = "h"
+"""The field of a loss report's event, as a host's relay hands it over, that lists the ranks
+the relay answered the report for (:func:`answer_for_host`): their listeners send no answer."""
+
+
+def answer_for_host(store: Store, raw: bytes, ranks: Collection[int]) -> tuple[bytes, int | None]:
+    """A host's relay's step before it hands event ``raw`` (as stored) to its host's listeners:
+    where it is a loss report, answer it for ``ranks`` (the host's ranks whose listeners run) in
+    one append and one add for the host (:func:`answer`), and return the event marked with them
+    (:data:`RELAY_ANSWERED`) and the report's generation; else ``raw`` and None."""
+    if not ranks:
+        return raw, None
+    event = json.loads(raw)
+    if event.get("k") != "loss":
+        return raw, None
+    generation, listed = int(event["g"]), sorted(ranks)
+    if not answer(store, generation, listed):
+        return raw, None  # released already: each listener finds that out, as without a relay
+    event[RELAY_ANSWERED] = listed
+    return json.dumps(event).encode(), generation
 
 
 def gone_peers(peers: Mapping[int, tuple[int, int]], rank: int,
@@ -216,6 +243,7 @@ class Liveness:
         # This host's processes, read once at the first periodic beat (learn_host): a loss
         # then costs no read of the host's key.
         self._host_peers: dict[int, tuple[int, int]] | None = None
+        self._relay_peers: dict[int, tuple[int, int]] = {}  # as read when this rank's relay started
         self._interrupted: dict[int, set[int] | None] = {}  # generation -> suspects handled
         self._answered: set[int] = set()  # generations whose loss report this rank answered
         self._seen: tuple[int, int, float] | None = None  # successor, its beat, when it moved
@@ -426,9 +454,10 @@ class Liveness:
             if self._stop.is_set():  # the registry closed before its listener started
                 return None
             connect, namespace = self._connect, self._namespace
+            self._relay_peers = peers
             server = HostRelay(address, lambda: PrefixStore(namespace, connect()), self._next,
                                self._stop.is_set, on_done=self._unsettle,
-                               on_feed_lost=self._feed_lost)
+                               on_feed_lost=self._feed_lost, prepare=self._answer_for_feeds)
             if not server.start():
                 return None
             self._relay = server
@@ -460,6 +489,26 @@ class Liveness:
         if relay is not None:
             numbers += relay.sockets()
         return [ref for number in numbers if number >= 0 and (ref := socket_ref(number))]
+
+    def _answer_for_feeds(self, store: Store, raw: bytes, pids: Collection[int]) -> bytes:
+        """This rank's relay's ``prepare``: a loss report answered for the host's ranks whose
+        feeds (processes ``pids``) it heard from lately, and the host's deaths confirmed, once
+        for the host (:func:`answer_for_host`; the forwarder's thread and connection)."""
+        if json.loads(raw).get("k") != "loss":
+            return raw
+        peers = {**self._relay_peers, **(self._host_peers or {})}
+        if self._process is not None and not set(pids) <= {pid for pid, _ in peers.values()}:
+            # A process that published after both reads: one read of the host's key, kept.
+            self._relay_peers = peers = parse_peers(
+                read_if_present(store, host_key(self._process.host)) or "")
+        handed, generation = answer_for_host(
+            store, raw, [rank for rank, (pid, _) in peers.items() if pid in pids])
+        if generation is not None and self._process is not None:
+            # Every rank of the host, not only this rank's generation's members (it may have
+            # left the job and relay on): the decider keeps those it waits for.
+            confirm_local_deaths(store, generation, self.rank, peers.keys(),
+                                 self._process.host, peers)
+        return handed
 
     def _feed_lost(self, pid: int, dying: bool) -> None:
         """The host's relay (this rank) lost a feed without its goodbye: the process ``pid``
@@ -928,7 +977,11 @@ class Liveness:
         kind = event.get("k")
         if kind == "loss":
             generation = int(event["g"])
-            self._answer(generation, self._own)
+            if self.rank in event.get(RELAY_ANSWERED, ()):  # the host's relay answered for it
+                with self._lock:
+                    self._answered.add(generation)
+            else:
+                self._answer(generation, self._own)
             token = event.get("s")
             self._handle_loss(generation, self._read_suspects(generation, self._own)
                               if token is None else _suspects(str(token)))
@@ -952,7 +1005,7 @@ class Liveness:
                 return
             self._answered.add(generation)
             members = self._members
-        if answer(store, generation, self.rank) and self._process is not None:
+        if answer(store, generation, [self.rank]) and self._process is not None:
             confirm_local_deaths(store, generation, self.rank, members, self._process.host,
                                  self._host_peers)
 
