@@ -243,7 +243,6 @@ class Liveness:
         # This host's processes, read once at the first periodic beat (learn_host): a loss
         # then costs no read of the host's key.
         self._host_peers: dict[int, tuple[int, int]] | None = None
-        self._relay_peers: dict[int, tuple[int, int]] = {}  # as read when this rank's relay started
         self._interrupted: dict[int, set[int] | None] = {}  # generation -> suspects handled
         self._answered: set[int] = set()  # generations whose loss report this rank answered
         self._seen: tuple[int, int, float] | None = None  # successor, its beat, when it moved
@@ -454,7 +453,6 @@ class Liveness:
             if self._stop.is_set():  # the registry closed before its listener started
                 return None
             connect, namespace = self._connect, self._namespace
-            self._relay_peers = peers
             server = HostRelay(address, lambda: PrefixStore(namespace, connect()), self._next,
                                self._stop.is_set, on_done=self._unsettle,
                                on_feed_lost=self._feed_lost, prepare=self._answer_for_feeds)
@@ -494,20 +492,22 @@ class Liveness:
         """This rank's relay's ``prepare``: a loss report answered for the host's ranks whose
         feeds (processes ``pids``) it heard from lately, and the host's deaths confirmed, once
         for the host (:func:`answer_for_host`; the forwarder's thread and connection)."""
-        if json.loads(raw).get("k") != "loss":
+        process = self._process
+        if process is None or json.loads(raw).get("k") != "loss":
             return raw
-        peers = {**self._relay_peers, **(self._host_peers or {})}
-        if self._process is not None and not set(pids) <= {pid for pid, _ in peers.values()}:
-            # A process that published after both reads: one read of the host's key, kept.
-            self._relay_peers = peers = parse_peers(
-                read_if_present(store, host_key(self._process.host)) or "")
+        peers = self._host_peers
+        if peers is None or not set(pids) <= {pid for pid, _ in peers.values()}:
+            # Before learn_host, or a process that published after it: one read of the host's
+            # key, as each answering listener made before learn_host (a rank killed right
+            # after create() is confirmed from it).
+            peers = parse_peers(read_if_present(store, host_key(process.host)) or "")
         handed, generation = answer_for_host(
             store, raw, [rank for rank, (pid, _) in peers.items() if pid in pids])
-        if generation is not None and self._process is not None:
+        if generation is not None:
             # Every rank of the host, not only this rank's generation's members (it may have
             # left the job and relay on): the decider keeps those it waits for.
-            confirm_local_deaths(store, generation, self.rank, peers.keys(),
-                                 self._process.host, peers)
+            confirm_local_deaths(store, generation, self.rank, peers.keys(), process.host,
+                                 peers)
         return handed
 
     def _feed_lost(self, pid: int, dying: bool) -> None:
