@@ -183,9 +183,15 @@ def confirm_local_deaths(store: Store, generation: int, rank: int, members: Coll
             return []
         peers = parse_peers(value)
     dead = gone_peers(peers, rank, members)
-    if dead:
-        append_numbers(store, f"lost/{generation}/dead", dead)
+    note_dead(store, generation, dead)
     return dead
+
+
+def note_dead(store: Store, generation: int, ranks: Collection[int]) -> None:
+    """Add ``ranks`` to generation ``generation``'s confirmed dead (one append; none where
+    ``ranks`` is empty), the list :meth:`Liveness.confirmed_dead` reads."""
+    if ranks:
+        append_numbers(store, f"lost/{generation}/dead", sorted(ranks))
 
 
 def answered(store: Store, generation: int, ranks: Collection[int]) -> set[int]:
@@ -683,8 +689,7 @@ class Liveness:
     def confirm_dead(self, generation: int, ranks: Collection[int]) -> None:
         """Add ``ranks``, whose process this rank saw gone, to generation ``generation``'s
         confirmed dead (:meth:`confirmed_dead`): one append, from the calling thread."""
-        if ranks:
-            append_numbers(self._shared, f"lost/{generation}/dead", sorted(ranks))
+        note_dead(self._shared, generation, ranks)
 
     def answers(self, generation: int) -> int:
         """How many answers generation ``generation``'s loss report got so far (one request)."""
