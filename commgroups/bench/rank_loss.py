@@ -259,6 +259,10 @@ def measure_resources(rank: int, world_size: int, progress: Progress,
         if report.lost or report.place != "member":
             raise WorldFailed(f"rank {rank}: a lone rebuild lost {list(report.lost)}")
         dist.barrier(group=registry.group("checkpoint-metadata"))
+        # Every rank out of that barrier before any rebuilds again: a rank that left it first
+        # would report itself leaving this generation, and a peer still finishing the barrier
+        # with it would be interrupted (the default group is no registry group: never severed).
+        dist.barrier()
         if cycle in (0, cycles - 1):  # settled where counted only: back to back in between
             _settle()
         if cycle == 0:
