@@ -27,6 +27,11 @@ def test_check_in_requests_per_rank_do_not_grow_with_the_world(
     bytes_per_rank = [float(row[table.columns.index("check-in bytes/rank")].replace(",", ""))
                       for row in table.rows]
     assert per_rank[1] <= per_rank[0] + 0.5, per_rank  # O(1) requests per rank
+    # At 1,024: each rank's check-in (an append, an add) and its host's share of the rest (the
+    # relay reads and waits for each event and answers the loss report once for its 8 ranks):
+    # 2.96 a rank, 4.7 when every listener answered itself. At 128 the decider's own reads
+    # weigh more (4.4).
+    assert per_rank[1] <= 3.5, per_rank
     assert bytes_per_rank[1] <= 1.5 * bytes_per_rank[0], bytes_per_rank  # O(1) bytes per rank
     # Decided once the lost rank left the report unanswered for dead_after_s (1 s), not later.
     assert all(0.9 < seconds < 30 for seconds in summary["control_plane_check_in_s"].values())
