@@ -34,13 +34,15 @@ def test_plan_steps_order_and_isolation() -> None:
     assert sum(s.part == "memory" for s in steps) == 5  # one process per trial
     local = next(s for s in steps if "local" in s.label)
     assert local.argv[-1] == "new_group local" and local.timeout_s <= 60
-    assert labels[-1] == "pytest"
+    assert labels[-2:] == ["pytest", "gloo_creation"]  # CPU only: never takes a GPU part's time
+    (gloo,) = plan_steps("python3", smoke=False, parts=["gloo_creation"])
+    assert dict(gloo.env) == {"RES_OPTIONS": "attempts:0"} and gloo.timeout_s <= 150
     backends = [s for s in steps if s.part == "nccl_backends"]  # one process per NCCL backend
     assert [s.argv[s.argv.index("--backend") + 1] for s in backends] == [
         "nccl", "nccl-legacy", "nccl2"]
     assert [s.part for s in plan_steps("python3", smoke=True, parts=["nccl_backends"])] == [
         "nccl_backends"]  # a smoke run: one, on gloo
-    assert labels[-2] == "megatron"  # after every torch-only part: it adds the longest import
+    assert labels[-3] == "megatron"  # after every torch-only part: it adds the longest import
     assert [s.part for s in plan_steps("python3", smoke=True, parts=["memory"])] == ["memory"]
     (megatron,) = plan_steps("python3", smoke=True, parts=["megatron"])
     assert megatron.argv[-2:] == ("megatron", "--smoke") and megatron.timeout_s <= 150
@@ -120,6 +122,27 @@ def test_megatron_analysis_and_report() -> None:
     assert f"skipped: {reason}" in markdown(skipped)
     assert skipped.headline["megatron_ran"] is False
     assert "megatron" not in analyze({"smoke": False, "parts": {}}).headline  # older results
+
+
+def test_gloo_creation_analysis_and_report() -> None:
+    summary = {"median": 1.1, "p25": 1.0, "p75": 1.2, "n": 6}
+    table = {"title": "Creation, the first in a fresh process", "columns": ["world", "ratio"],
+             "rows": [[8, summary]], "notes": []}
+    data = {"nproc": 16, "worlds": [4, 8], "steady_worlds": 10, "first_pairs": 6,
+            "ratios": {"8": {"steady": 1.25, "steady_vs_devicemesh_own_fsdp": 1.05,
+                             "first": 1.1}},
+            "steady": {**table, "title": "Creation: registry vs DeviceMesh"}, "first": table}
+    analysis = analyze({"smoke": False, "parts": {"gloo_creation": {"error": None,
+                                                                     "data": data}}})
+    assert analysis.headline["creation_ratio_vs_devicemesh_gloo8_core_each"] == 1.25
+    assert analysis.headline["creation_first_ratio_vs_devicemesh_gloo8_core_each"] == 1.1
+    report = markdown(analysis)
+    assert "- 16 CPU cores" in report and "8 ranks: the registry 1.25x DeviceMesh" in report
+    assert "| 8 | 1.1 [1-1.2] |" in report  # a summarized cell as median [p25-p75]
+    assert "gloo_creation" not in str(analysis.errors)
+    # Results from before the part have no line for it.
+    assert "creation_ratio_vs_devicemesh_gloo8_core_each" not in analyze(
+        {"smoke": False, "parts": {}}).headline
 
 
 def _wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:

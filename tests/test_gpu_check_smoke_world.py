@@ -62,7 +62,7 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     measurements = json.loads((results / "measurements.json").read_text())
     parts = measurements["parts"]
     assert set(parts) == {"machine", "streams", "async_wait_cost", "memory", "creation",
-                          "nccl_backends", "megatron", "pytest"}
+                          "nccl_backends", "megatron", "pytest", "gloo_creation"}
     (backend,) = parts["nccl_backends"]["data"]["backends"]  # the smoke run's one, on gloo
     assert backend["ran_on"] == "gloo" and backend["ok"], backend
     assert {s["step"] for s in backend["steps"]} >= {"all_reduce", "set_timeout",
@@ -90,8 +90,13 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
         assert megatron["error"] is None and megatron["data"]["build"]["error"] is None
     else:
         assert megatron["error"].startswith("megatron: skipped: megatron-core is not importable")
+    gloo = parts["gloo_creation"]  # the bench's creation scenarios, one 4-rank world each here
+    assert gloo["error"] is None and gloo["data"]["worlds"] == [4], gloo
+    assert set(gloo["data"]["ratios"]["4"]) == {"steady", "steady_vs_devicemesh_own_fsdp", "first"}
+    assert all(ratio > 0 for ratio in gloo["data"]["ratios"]["4"].values())
     report = (results / "report.md").read_text()
     assert "## Megatron-Core through the registry's collection" in report
+    assert "## Creation on gloo ranks with a CPU core each" in report
     assert "CPU smoke run" in report and (TORCH >= (2, 15, 0) or "No device associated" in report)
 
 

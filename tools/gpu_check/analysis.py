@@ -12,6 +12,8 @@ committed results (``python -m tools.gpu_check analyze DIR``). Four findings:
   and ``nvidia-smi``), per trial, against :func:`commgroups.planning.memory.communicator_cost_mb`.
 - async_wait_cost: per op and size, raw vs async-and-wait per-call time and their paired ratio.
 - creation: per method, time to create the four roles' groups, as a ratio to new_group all_ranks.
+- gloo_creation: the bench's creation tables on 4 and 8 gloo ranks with a CPU core each, and the
+  registry's ratios to DeviceMesh there (the creation floor, measured where it is not CPU-bound).
 """
 
 from __future__ import annotations
@@ -156,6 +158,8 @@ class Analysis:
     nccl_backends: list[dict[str, Any]] = field(default_factory=list)
     """Per torch NCCL backend name: the classes it built and each commgroups NCCL path's outcome."""
     megatron: dict[str, Any] = field(default_factory=dict)
+    gloo_creation: dict[str, Any] = field(default_factory=dict)
+    """The bench's creation on gloo ranks with a core each: cores, ratios by world, both tables."""
     errors: list[str] = field(default_factory=list)
     headline: dict[str, Any] = field(default_factory=dict)
 
@@ -366,6 +370,9 @@ def _headline(analysis: Analysis) -> dict[str, Any]:
         head[f"memory_mb_per_{figure['case']}_communicator"] = figure["mb"]
     if analysis.megatron:
         head["megatron_ran"] = bool(analysis.megatron.get("ran"))
+    for world, ratios in (analysis.gloo_creation.get("ratios") or {}).items():
+        head[f"creation_ratio_vs_devicemesh_gloo{world}_core_each"] = ratios.get("steady")
+        head[f"creation_first_ratio_vs_devicemesh_gloo{world}_core_each"] = ratios.get("first")
     return head
 
 
@@ -402,6 +409,8 @@ def analyze(measurements: Mapping[str, Any], traces: Mapping[str, Any] | None = 
                    for b in backends for step in b.get("steps") or [] if not step.get("ok")]
     if "megatron" in (measurements.get("parts") or {}):  # results from before the part: no line
         analysis.megatron = _megatron(_part(measurements, "megatron", errors), errors)
+    if "gloo_creation" in (measurements.get("parts") or {}):  # absent from checks before it
+        analysis.gloo_creation = dict(_part(measurements, "gloo_creation", errors))
     analysis.errors = errors
     analysis.headline = _headline(analysis)
     return analysis

@@ -69,8 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--also-out", help="copy the (flat) result files into this folder too")
     run.add_argument("--cpu-smoke", action="store_true",
                      help="run every part's plumbing with gloo on the CPU (no GPU figures)")
-    run.add_argument("--budget-s", type=float, default=360.0,
-                     help="wall-clock budget for the whole check (default 360)")
+    run.add_argument("--budget-s", type=float, default=480.0,
+                     help="wall-clock budget for the whole check (default 480)")
     run.add_argument("--parts", help="only these parts, separated by commas (machine, streams, "
                      "async_wait_cost, memory, creation, megatron, pytest)")
     run.set_defaults(func=_run)

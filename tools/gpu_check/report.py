@@ -170,6 +170,30 @@ def _megatron(analysis: Analysis) -> list[str]:
     return lines
 
 
+def _gloo_creation(analysis: Analysis) -> list[str]:
+    data = analysis.gloo_creation
+    lines = ["## Creation on gloo ranks with a CPU core each: the registry against DeviceMesh", ""]
+    if not data or data.get("skipped"):
+        return [*lines, f"skipped: {data['skipped']}" if data.get("skipped") else "not run"]
+    lines.append(f"- {data.get('nproc')} CPU cores; the bench's scenarios "
+                 "(`commgroups.bench.creation`): every variant once in each of "
+                 f"{data.get('steady_worlds')} fresh worlds, and {data.get('first_pairs')} pairs "
+                 "of first creations in fresh worlds")
+    for world, ratios in (data.get("ratios") or {}).items():
+        lines.append(f"- {world} ranks: the registry {fmt(ratios.get('steady'))}x DeviceMesh "
+                     f"(every variant in one world; {fmt(ratios.get('steady_vs_devicemesh_own_fsdp'))}x "
+                     f"DeviceMesh with its own fsdp group), {fmt(ratios.get('first'))}x as the first "
+                     "creation in a fresh world")
+    for key in ("steady", "first"):
+        table = data.get(key) or {}
+        if table.get("rows"):
+            lines += ["", f"### {table.get('title', key)}", ""]
+            lines += markdown_table([str(c) for c in table["columns"]],
+                                    [[summary_text(cell) if isinstance(cell, dict) else str(cell)
+                                      for cell in row] for row in table["rows"]])
+    return lines
+
+
 def markdown(analysis: Analysis) -> str:
     """The whole report as markdown (``report.md``)."""
     title = "# GPU check" + (" (CPU smoke run: plumbing only, no GPU figures)" if analysis.smoke
@@ -188,6 +212,7 @@ def markdown(analysis: Analysis) -> str:
     pytest = analysis.pytest
     lines += ["", "## GPU-only tests (streams, isolation)", "",
               f"{pytest.get('summary') or 'not run'} (exit code {pytest.get('returncode', '-')})"]
+    lines += ["", *_gloo_creation(analysis)]
     lines += ["", "## Errors", ""]
     lines += [f"- {e}" for e in analysis.errors] or ["none"]
     return "\n".join(lines) + "\n"

@@ -23,7 +23,7 @@ from tools.gpu_check.skip import PartSkipped
 __all__ = ["PARTS", "PartSkipped", "main", "run_part"]
 
 PARTS: tuple[str, ...] = ("machine", "streams", "async_wait_cost", "memory", "creation",
-                          "nccl_backends", "megatron")
+                          "nccl_backends", "megatron", "gloo_creation")
 
 
 def run_part(part: str, *, smoke: bool, trial: str | None = None,
@@ -61,6 +61,10 @@ def run_part(part: str, *, smoke: bool, trial: str | None = None,
         from tools.gpu_check.megatron_model import collect_megatron
 
         return collect_megatron(smoke)
+    if part == "gloo_creation":
+        from tools.gpu_check.gloo_creation import collect_gloo_creation
+
+        return collect_gloo_creation(smoke)
     raise ValueError(f"unknown part {part!r}; one of {', '.join(PARTS)}")
 
 
