@@ -23,11 +23,14 @@ from commgroups.backends.hccl import HcclAdapter
 from commgroups.backends.nccl import NcclAdapter
 from commgroups.backends.rccl import RcclAdapter
 from commgroups.backends.single_rank import SingleRankAdapter
+from commgroups.creation.agreement import Verdict
 from commgroups.creation.role_groups import (
     CreationContext,
     choose_method,
     create_role_group,
     creation_order,
+    decide_local,
+    local_vote,
     nonmember_split_hazard,
     prefer_all_ranks,
 )
@@ -84,6 +87,24 @@ def test_auto_creates_on_every_rank_where_that_is_a_few_calls() -> None:
     assert prefer_all_ranks({"cp": "all_ranks"}, infos, adapters, UNBOUND) == {"cp": "all_ranks"}
     # A bound default group: a group every rank makes may hang its non-members (torch < 2.15).
     assert prefer_all_ranks(methods, infos, adapters, BOUND_NCCL) == methods
+
+
+def test_single_rank_groups_hold_no_vote_and_never_go_to_every_rank() -> None:
+    """A single-rank group (a size-1 dim or role) is member-only by its backend: nobody else has
+    to compute its name, so it brings no vote of its own (no store request: no store is read
+    here), and a failed vote leaves it member-only instead of making every rank create every
+    rank's group."""
+    plan = cg.plan(cg.Layout(dims={"dp_shard": 2, "cp": 2, "pp": 1}))
+    order = creation_order(plan)
+    methods = {"dp_shard": "all_ranks", "cp": "all_ranks", "fsdp": "all_ranks",
+               "checkpoint-metadata": "all_ranks", "pp": "local"}
+    assert local_vote(plan, order, methods, 0, 4, exempt={"pp"}) is None
+    failed = Verdict(carried=False, reason="a rank vetoed")
+    both = {**methods, "cp": "local"}
+    assert decide_local(both, None, failed, 0, exempt={"pp"}) == both  # no ballot: as planned
+    assert decide_local(both, object(), failed, 0, exempt={"pp"}) == {  # type: ignore[arg-type]
+        **methods, "pp": "local"}
+    assert decide_local(both, object(), failed, 0)["pp"] == "all_ranks"  # type: ignore[arg-type]
 
 
 def test_creation_order_puts_irregular_roles_last() -> None:

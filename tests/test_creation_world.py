@@ -226,9 +226,13 @@ def store_calls_worker(rank: int, world: int) -> list[int]:
     creation.default_store = lambda: counting  # type: ignore[assignment]
     torch_internals.default_store = lambda: counting  # type: ignore[assignment]
     calls = []
-    for mode in ("local", "all_ranks"):
+    # auto with a size-1 dim: every real group all_ranks (few calls), the dim's single-rank group
+    # member-only by its backend.
+    with_size_one = cg.Layout(dims={**_regular(world).dims, "pp": 1})
+    for layout, mode in ((_regular(world), "local"), (_regular(world), "all_ranks"),
+                         (with_size_one, "auto")):
         counting.calls = 0
-        registry = GroupRegistry(_regular(world), creation_mode=mode, create_timeout_s=60).create()
+        registry = GroupRegistry(layout, creation_mode=mode, create_timeout_s=60).create()
         calls.append(counting.calls)
         dist.barrier()  # every rank created: closing waits for nobody
         registry.close()
@@ -244,10 +248,13 @@ def test_creation_costs_each_rank_a_fixed_number_of_store_calls() -> None:
     starter thread's where a heartbeat starts (not here: the counting store is not a TCPStore),
     and so is the flight recorder's first status."""
     calls = run_world(store_calls_worker, 4)
-    local, every_rank = [c[0] for c in calls], [c[1] for c in calls]
+    local, every_rank, size_one = ([c[0] for c in calls], [c[1] for c in calls],
+                                   [c[2] for c in calls])
     assert min(local) == 9 and sum(local) == 4 * 9 + 1 + 1, local
     # Without member-only roles there is no name history to read and extend.
     assert min(every_rank) == 7 and sum(every_rank) == 4 * 7 + 1 + 1, every_rank
+    # Nor for single-rank groups (size-1 dims): nobody else names them (it was 9 a rank).
+    assert min(size_one) == 7 and sum(size_one) == 4 * 7 + 1 + 1, size_one
 
 
 def _descriptors_worker(rank: int, world_size: int) -> tuple[int, int, dict[str, Any]]:
