@@ -122,7 +122,7 @@ class GroupRegistry:
         meshes: meshes to plan at creation, each a list of dim or role names. A dim that no role
             covers gets its own group only here; :meth:`device_mesh` never creates one.
         heartbeat_s: seconds between this rank's backstop beats in the store
-            (:mod:`commgroups.rank_loss.liveness`: a listening thread, three store requests per
+            (:mod:`commgroups.rank_loss.liveness`: a listening thread, two store requests per
             interval while idle); a beat still for ten ``dead_after_s`` (at least three beats)
             reports its rank as wedged. None: no listening thread (a rebuild then waits its
             whole window for absent ranks, and a loss is only seen by the lost rank's peers).

@@ -7,7 +7,8 @@ in; the last rank in publishes the verdict. Every rank then raises the same
 :class:`~commgroups.errors.LayoutMismatchError` naming the ranks that differ from rank 0 and the
 fields, or the same :class:`~commgroups.errors.AgreementTimeoutError` naming the ranks that never
 arrived. No collective runs on a group, so disagreement can never hang a communicator. The success
-path costs each rank five store operations, O(1) in the world size."""
+path costs each rank five store operations (six for the first rank in, which publishes its
+payload), O(1) in the world size."""
 
 from __future__ import annotations
 
@@ -157,9 +158,9 @@ def agree(
     follows that one outcome, and ``finish`` runs before anyone acts on it, so the caller can open
     a fresh namespace for the next attempt: a rank that skipped this attempt then meets the others
     at the next one instead of reading this one's stale keys. Five store calls per rank on the
-    success path, the last rank in included (it waits for nobody: its compare-and-set returns the
-    outcome), O(1) in the world size; a difference or a veto adds one; the error path reads every
-    rank's digest once.
+    success path (six for the first rank in: it publishes its payload), the last rank in
+    included (it waits for nobody: its compare-and-set returns the outcome), O(1) in the world
+    size; a difference or a veto adds one; the error path reads every rank's digest once.
     ``counter``: a value compared like the ballot's state but reported, not voted on (torch's name
     for the next all-ranks group: the caller decides whether a difference matters).
     ``channel``: where waiting ranks hear the outcome (:class:`OutcomeChannel`) instead of a

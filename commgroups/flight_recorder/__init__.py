@@ -11,5 +11,7 @@ from __future__ import annotations
 from commgroups.flight_recorder.entries import FlightEntry
 from commgroups.flight_recorder.recorder import FlightRecorder, RoleRecorder
 from commgroups.flight_recorder.settings import ENV_VAR, flight_enabled
+from commgroups.flight_recorder.signals import dump_on_signal
 
-__all__ = ["ENV_VAR", "FlightEntry", "FlightRecorder", "RoleRecorder", "flight_enabled"]
+__all__ = ["ENV_VAR", "FlightEntry", "FlightRecorder", "RoleRecorder", "dump_on_signal",
+           "flight_enabled"]

@@ -4,8 +4,9 @@ even while this rank is stuck (in Python, or in a collective that holds no GIL).
 Self-contained on purpose: a store, a key prefix, a rank and a ``snapshot`` callable. The
 collective's path never touches the store: a daemon thread looks at the snapshot every
 ``interval_s`` and publishes a change once it settled (the same at two looks in a row: the rank
-stopped moving, which is what a reader of a silent rank's status needs), at the latest
-:data:`REFRESH_S` after the last publication, and at once when another rank asks. A training
+stopped moving, which is what a reader of a silent rank's status needs), and at the latest
+:data:`REFRESH_S` after the last publication (a group ask is answered with a line of its own,
+:meth:`StatusPublisher.ask_group`, not by publishing the status). A training
 rank's status changes with every collective: publishing each change at every look was one store
 request per rank per second, 65,536 a second at 65,536 ranks, the whole of this machine's
 store. Asks arrive as events through the registry's listener

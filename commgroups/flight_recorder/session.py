@@ -145,9 +145,10 @@ class FlightSession:
 
     def _snapshot(self) -> tuple[int, dict[str, Any]]:
         """(its number, commgroups' own records now): taken in the caller's thread, in order.
-        dump_soon's thread starts late on loaded cores; a snapshot it took itself could follow
-        the registry's close, whose groups keep no counts (CI: a merge named a rank ahead in
-        role 'refused', whose count fell back to the calls the backend refused)."""
+        dump_soon's thread starts late on loaded cores; a snapshot it took itself would record a
+        later state than the one asked for (before a detached role kept its group's last count,
+        one taken after the registry's close fell back to this rank's own calls: CI's merge
+        named a rank ahead in role 'refused')."""
         with self._dumps:
             self._snapshots += 1
             return self._snapshots, self.recorder.snapshot()

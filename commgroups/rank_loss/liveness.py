@@ -620,8 +620,9 @@ class Liveness:
                suspects: Collection[int] | None = None) -> bool:
         """Report a loss in ``generation`` to every rank; True if it was the first report.
 
-        ``suspects``: the ranks that take no further part in ``generation`` (this rank, when it
-        calls ``rebuild()``, and any it knows lost); None: unknown, every group is interrupted.
+        ``suspects``: the ranks that take no further part in ``generation`` (a rank that calls
+        ``rebuild()`` names those missing from its ``alive=``, never itself); None: unknown,
+        every group is interrupted.
         The reason goes to this rank's log. Nothing is sent where this rank already heard a
         report of ``generation`` that covers ``suspects`` (every rank heard it: at 65,536 ranks
         each survivor's own report would cost the store four requests for nothing)."""
@@ -638,8 +639,8 @@ class Liveness:
         # One event per distinct report, not per reporter: every survivor of a loss reports it,
         # and each event costs every listener a read.
         # The first report claims the key; a later one with other suspects appends and wakes
-        # the listeners again (every rank that calls rebuild() before it heard the first
-        # reports itself). Every event is released with the generation (release).
+        # the listeners again (a rank that calls rebuild() before it heard the first, with
+        # another alive= list). Every event is released with the generation (release).
         mine = f"{token}@{self.rank};"
         who = bytes(store.compare_set(f"lost/{generation}/who", "", mine)).decode()
         claimed = who == mine
