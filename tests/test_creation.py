@@ -23,13 +23,12 @@ from commgroups.backends.hccl import HcclAdapter
 from commgroups.backends.nccl import NcclAdapter
 from commgroups.backends.rccl import RcclAdapter
 from commgroups.backends.single_rank import SingleRankAdapter
-from commgroups.creation.agreement import Verdict
+from commgroups.creation import role_groups
 from commgroups.creation.role_groups import (
     CreationContext,
     choose_method,
     create_role_group,
     creation_order,
-    decide_local,
     local_vote,
     nonmember_split_hazard,
     prefer_all_ranks,
@@ -89,22 +88,57 @@ def test_auto_creates_on_every_rank_where_that_is_a_few_calls() -> None:
     assert prefer_all_ranks(methods, infos, adapters, BOUND_NCCL) == methods
 
 
-def test_single_rank_groups_hold_no_vote_and_never_go_to_every_rank() -> None:
-    """A single-rank group (a size-1 dim or role) is member-only by its backend: nobody else has
-    to compute its name, so it brings no vote of its own (no store request: no store is read
-    here), and a failed vote leaves it member-only instead of making every rank create every
-    rank's group."""
-    plan = cg.plan(cg.Layout(dims={"dp_shard": 2, "cp": 2, "pp": 1}))
+def test_single_rank_groups_alone_vote_without_the_store(fake_world: Any) -> None:
+    """Where the only member-only groups are single-rank ones (a size-1 role; auto made every
+    other group on every rank), nobody else computes their names and their backend keeps no
+    rendezvous keys: the ballot needs no store request (this fake world's store would count
+    none anyway; the 4-rank request count is tests/test_creation_world.py's), and it vetoes only
+    where torch would refuse the name because a live group holds it (a rebuild makes its groups
+    while the last generation's live)."""
+    fake_world(4)
+    layout = cg.Layout(dims={"dp_shard": 2, "cp": 2, "pp": 1}, roles=[
+        cg.RoleSpec(name="dp_shard", dims=["dp_shard"]), cg.RoleSpec(name="cp", dims=["cp"]),
+        cg.RoleSpec(name="pp", dims=["pp"]),
+        cg.RoleSpec(name="checkpoint-metadata", dims="world", backend="gloo")])
+    plan = cg.plan(layout)
     order = creation_order(plan)
-    methods = {"dp_shard": "all_ranks", "cp": "all_ranks", "fsdp": "all_ranks",
-               "checkpoint-metadata": "all_ranks", "pp": "local"}
-    assert local_vote(plan, order, methods, 0, 4, exempt={"pp"}) is None
-    failed = Verdict(carried=False, reason="a rank vetoed")
-    both = {**methods, "cp": "local"}
-    assert decide_local(both, None, failed, 0, exempt={"pp"}) == both  # no ballot: as planned
-    assert decide_local(both, object(), failed, 0, exempt={"pp"}) == {  # type: ignore[arg-type]
-        **methods, "pp": "local"}
-    assert decide_local(both, object(), failed, 0)["pp"] == "all_ranks"  # type: ignore[arg-type]
+    methods = {"dp_shard": "all_ranks", "cp": "all_ranks", "pp": "local",
+               "checkpoint-metadata": "all_ranks"}
+    calls: list[str] = []
+
+    class CountingStore:  # the fake world's store has no compare_set
+        def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+            calls.append("compare_set")
+            return b""
+
+        def set(self, key: str, value: str) -> None:
+            calls.append("set")
+
+    real_default_store = role_groups.default_store
+    role_groups.default_store = CountingStore  # type: ignore[assignment]
+    try:
+        ballot = local_vote(plan, order, methods, 0, 4, single={"pp"})
+        assert ballot is not None and ballot.state == "single-rank" and not ballot.veto
+        assert not calls  # no name history read or written
+        # A live group by the name torch will give pp's group: torch would refuse it.
+        planned = role_groups._planned_calls(plan, order, methods, 0)
+        assert planned is not None
+        names = role_groups.predict_group_names(planned[0], 4)
+        assert names is not None
+        pp_name = names[planned[1]["pp"]]
+        real_live = role_groups.registered_group_names
+        role_groups.registered_group_names = lambda: {pp_name}  # type: ignore[assignment]
+        try:
+            vetoed = local_vote(plan, order, methods, 0, 4, single={"pp"})
+        finally:
+            role_groups.registered_group_names = real_live  # type: ignore[assignment]
+        assert vetoed is not None and vetoed.veto and not calls
+        # With another member-only role the whole vote runs, the name history included.
+        with_cp = {**methods, "cp": "local"}
+        assert local_vote(plan, order, with_cp, 0, 4, single={"pp"}) is not None
+        assert calls == ["compare_set", "set"]
+    finally:
+        role_groups.default_store = real_default_store  # type: ignore[assignment]
 
 
 def test_creation_order_puts_irregular_roles_last() -> None:

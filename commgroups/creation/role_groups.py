@@ -278,27 +278,23 @@ def prefer_all_ranks(methods: dict[str, str], infos: dict[str, RolePlan],
 
 
 def _planned_calls(
-    plan: Plan, order: list[RolePlan], methods: dict[str, str], rank: int,
-    exempt: Collection[str] = (),
+    plan: Plan, order: list[RolePlan], methods: dict[str, str], rank: int
 ) -> tuple[list[GroupCall], dict[str, int]] | None:
-    """The new_group calls this rank will make, in order, up to its last local role not in
-    ``exempt``.
+    """The new_group calls this rank will make, in order, up to its last local role.
 
-    Returns the calls and, per local role not in ``exempt``, the index of its call; None when a
-    role before that last one is made by split_group (torch names those groups on another path).
+    Returns the calls and, per local role, the index of its call; None when a role before the last
+    local one is made by split_group (torch names those groups on another path).
     """
     calls: list[GroupCall] = []
     local_calls: dict[str, int] = {}
-    last_local = max(i for i, role in enumerate(order)
-                     if methods.get(role.name) == "local" and role.name not in exempt)
+    last_local = max(i for i, role in enumerate(order) if methods.get(role.name) == "local")
     for role in order[: last_local + 1]:
         method = methods.get(role.name)
         if method == "local":
             ranks = plan.ranks_of(role, rank)
             if ranks is None:  # not regular after all: never predict a group we will not create
                 return None
-            if role.name not in exempt:
-                local_calls[role.name] = len(calls)
+            local_calls[role.name] = len(calls)
             calls.append(GroupCall(tuple(ranks), local=True, member=True))
         elif method == "all_ranks":
             calls.extend(GroupCall(tuple(g), local=False, member=rank in g)
@@ -310,17 +306,9 @@ def _planned_calls(
 
 def local_vote(
     plan: Plan, order: list[RolePlan], methods: dict[str, str], rank: int, world_size: int,
-    exempt: Collection[str] = (),
+    single: Collection[str] = (),
 ) -> Ballot | None:
-    """This rank's ballot on local creation of ``methods``' local roles; None when there are none
-    besides ``exempt``.
-
-    ``exempt``: local roles whose groups have one member each (single-rank groups, local by their
-    backend: ``created_by_members``). No peer has to compute their names, and their backend keeps
-    no rendezvous keys in the store, so none of the checks below concerns them: a layout whose only
-    member-only groups they are holds no vote (its size-1 dims cost no store request), and a vote
-    that fails leaves them member-only (:func:`decide_local`) rather than making every rank create
-    every rank's group, world-size calls each.
+    """This rank's ballot on local creation of ``methods``' local roles; None when there are none.
 
     torch names a member-only group by hashing its ranks with a per-process counter, so every member
     must compute the same name and the name must be new. Rather than re-implement torch's private
@@ -334,11 +322,21 @@ def local_vote(
     grows with every group), a layout re-created after ``close()`` therefore stays local. The
     ballot travels in the agreement's one store round (:func:`commgroups.creation.agreement.agree`);
     :func:`decide_local` reads its verdict.
+
+    ``single``: local roles whose groups have one member each (single-rank groups, local by their
+    backend: ``created_by_members``). Where they are the only local roles (``auto`` made every
+    other group on every rank), nobody else computes their names and their backend keeps no
+    rendezvous keys, so only (3)'s live-group check concerns them (torch refuses a name a live
+    group holds: "already been created", as a rebuild's groups are made while the last
+    generation's live), and that is this rank's alone: the ballot is cast without the name
+    history's two store requests (4 gloo ranks, ``dp_shard x cp x pp=1``: 7 requests a rank
+    instead of 9).
     """
-    if not any(method == "local" and role not in exempt for role, method in methods.items()):
+    if "local" not in methods.values():
         return None
-    state = group_naming_state(world_size)
-    planned = _planned_calls(plan, order, methods, rank, exempt)
+    only_single = all(role in single for role, method in methods.items() if method == "local")
+    state = "single-rank" if only_single else group_naming_state(world_size)
+    planned = _planned_calls(plan, order, methods, rank)
     names = None if planned is None else predict_group_names(planned[0], world_size)
     if state is None or planned is None or names is None:
         # torch changed its naming internals: the names are unknown, so do not risk a hang.
@@ -348,6 +346,8 @@ def local_vote(
         return Ballot("unknown", veto=True)
     live = registered_group_names() or set()
     wanted = [names[index] for index in planned[1].values()]
+    if only_single:
+        return Ballot(state, veto=any(name in live for name in wanted))
     # This rank's history of hashed names (only this rank writes its key): read it, creating it
     # empty when missing (a compare-and-set from "" reads without blocking), then extend it. Two
     # store calls whatever the number of local roles.
@@ -363,17 +363,15 @@ def local_vote(
 
 
 def decide_local(methods: dict[str, str], ballot: Ballot | None, verdict: Verdict,
-                 rank: int, exempt: Collection[str] = ()) -> dict[str, str]:
+                 rank: int) -> dict[str, str]:
     """``methods`` with every local role kept local only if the ballot carried on every rank;
-    else all_ranks, on every rank alike (the verdict is the same everywhere). Roles in
-    ``exempt`` (single-rank groups, see :func:`local_vote`) stay local either way."""
+    else all_ranks, on every rank alike (the verdict is the same everywhere)."""
     if ballot is None or verdict.carried:
         return dict(methods)
     if rank == 0:
         logger.info("local creation not safe (%s); creating those roles on every rank",
                     verdict.reason)
-    return {role: ("all_ranks" if method == "local" and role not in exempt else method)
-            for role, method in methods.items()}
+    return {role: ("all_ranks" if method == "local" else method) for role, method in methods.items()}
 
 
 def _new_group(

@@ -130,12 +130,11 @@ def make_generation(request: GenerationRequest, local_error: CommGroupsError | N
         if request.number > 0:
             payload.update(members=list(plan.members or ()), lost=request.lost)
         channel = request.outcomes(store) if request.outcomes is not None else None
-        # Single-rank groups are member-only by their backend: nothing to vote on for them.
-        exempt = frozenset(name for name, adapter in adapters.items()
+        single = frozenset(name for name, adapter in adapters.items()
                            if adapter.created_by_members)
         try:
             methods = _agree(request, store, payload, order, methods,
-                             vote=local_error is None, exempt=exempt, channel=channel)
+                             vote=local_error is None, single=single, channel=channel)
         finally:
             if channel is not None:
                 channel.close()
@@ -199,24 +198,24 @@ def _order(plan: Plan, mesh_dims: Sequence[str], infos: dict[str, RolePlan],
 
 def _agree(request: GenerationRequest, store: AttemptStore, payload: dict[str, Any],
            order: list[RolePlan], methods: dict[str, str], vote: bool,
-           exempt: frozenset[str] = frozenset(),
+           single: frozenset[str] = frozenset(),
            channel: OutcomeChannel | None = None) -> dict[str, str]:
     """Agree on ``payload`` and, in the same store round, on whether local creation is safe;
     returns the methods to create with. ``vote=False``: this rank holds an error the
-    agreement reports, so it casts no local vote. ``exempt``: local roles with one member a
-    group, which no vote concerns (:func:`~commgroups.creation.role_groups.local_vote`)."""
+    agreement reports, so it casts no local vote. ``single``: the single-rank groups' roles
+    and dims (:func:`~commgroups.creation.role_groups.local_vote`)."""
     # The ranks that meet: the job's world in generation 0 (whatever the layout claims: a
     # wrong world size is reported through this vote), the survivors after that.
     world = dist.get_world_size() if request.number == 0 else request.layout.world_size
     position = request.position
-    ballot = (local_vote(request.plan, order, methods, request.rank, world, exempt) if vote
+    ballot = (local_vote(request.plan, order, methods, request.rank, world, single) if vote
               else None)
     verdict = agree(store, position, world, payload,
                     timedelta(seconds=request.create_timeout_s), finish=store.finish,
                     ballot=ballot, counter=torch_internals.next_counter_name() or "",
                     members=request.plan.members if request.number > 0 else None,
                     channel=channel)
-    decided = decide_local(methods, ballot, verdict, request.rank, exempt)
+    decided = decide_local(methods, ballot, verdict, request.rank)
     every_rank = sorted(role for role, method in decided.items() if method != "local")
     if vote and verdict.counter_split and every_rank:
         # torch names a group every rank makes by a per-process counter: with counters apart,
