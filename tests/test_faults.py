@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch.distributed as dist
 
 import commgroups as cg
+from commgroups import torch_internals
+from commgroups.creation.agreement import store_barrier
 from tests import torch_private
 from tests.worlds import connected_barrier, run_world
 
@@ -105,9 +108,9 @@ def _collective_faults(rank: int, world_size: int, fault: str) -> dict[str, Any]
     started = time.monotonic()
     try:
         cp.all_reduce(torch.ones(8))
-        return {"error": None}
+        outcome: dict[str, Any] = {"error": None}
     except cg.errors.RoleCollectiveError as error:
-        return {
+        outcome = {
             "type": type(error).__name__,
             "timeout": isinstance(error, cg.errors.RoleTimeoutError),
             "role": error.role,
@@ -117,6 +120,12 @@ def _collective_faults(rank: int, world_size: int, fault: str) -> dict[str, Any]
             "flight": error.flight,
             "seconds": time.monotonic() - started,
         }
+    # Every survivor has its own outcome before any survivor's process ends: a survivor whose
+    # timeout fired first and that exited at once closed its sockets, and a peer still waiting
+    # out its own timeout then failed with "Connection closed by peer" (make test, once).
+    store_barrier(torch_internals.default_store(), f"tests/faults/{fault}/outcomes", rank,
+                  world_size - 1, timedelta(seconds=60), "tests: every survivor has its outcome")
+    return outcome
 
 
 def test_rank_killed_mid_collective_survivors_name_the_role() -> None:
