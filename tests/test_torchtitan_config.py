@@ -142,3 +142,35 @@ def test_config_fields_are_not_command_line_options() -> None:
     with pytest.raises(SystemExit):
         ConfigManager().parse_args(["--module", "tests.titan.configs", "--config",
                                     "llama3_registry", "--commgroups_audit", "x"])
+
+
+def test_spmd_types_async_and_wait_follows_the_compute_roles_only() -> None:
+    """The trainer installs spmd_types' async-and-wait dist where a compute role asks for it;
+    the checkpoint role (async-and-wait on by default, no spmd_types traffic) does not count."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("spmd_types")
+    from commgroups.integrations.torchtitan.trainer import RegistryTrainer, current_dist
+
+    def trainer(compute_on: bool) -> Any:
+        roles = [SimpleNamespace(name="cp", async_and_wait=compute_on, purpose="compute"),
+                 SimpleNamespace(name="fsdp", async_and_wait=False, purpose="compute"),
+                 SimpleNamespace(name="checkpoint-metadata", async_and_wait=True,
+                                 purpose="checkpoint")]
+        return SimpleNamespace(
+            registry=SimpleNamespace(layout=SimpleNamespace(roles=roles)), model_parts=[],
+            parallel_dims=SimpleNamespace(spmd_backend="spmd_types"),
+            _wants_replica_scope=lambda: False, fsdp_async_wait_modules=0)
+
+    before = current_dist()
+    off = trainer(compute_on=False)
+    RegistryTrainer._install_async_and_wait(off)
+    assert not getattr(off, "_spmd_dist_set", False) and current_dist() is before
+    on = trainer(compute_on=True)
+    RegistryTrainer._install_async_and_wait(on)
+    try:
+        assert on._spmd_dist_set and current_dist() is not before
+    finally:
+        import spmd_types
+
+        spmd_types.set_dist(on._spmd_dist_before)

@@ -163,7 +163,10 @@ class RegistryTrainer(Trainer):
                     refused)
             self.fsdp_async_wait_refused = refused
         self.replica_all_reduce_scoped = self._wants_replica_scope()
-        if self.parallel_dims.spmd_backend == "spmd_types" and any(r.async_and_wait for r in roles):
+        # Compute roles only: the checkpoint role (async_and_wait on by default) carries no
+        # spmd_types traffic, and counting it kept AsyncWaitDist with every compute role off.
+        if self.parallel_dims.spmd_backend == "spmd_types" and any(
+                r.async_and_wait for r in roles if r.purpose == "compute"):
             # Dist only: torchtitan sets spmd_types' current mesh itself (to registry meshes).
             self._spmd_dist_before = current_dist()
             _spmd_types().set_dist(AsyncWaitDist())
