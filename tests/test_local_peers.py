@@ -72,3 +72,27 @@ def test_entries_round_trip_and_hosts_key_by_kernel_not_name() -> None:
     assert host_key(a.host) == host_key(b.host)
     assert host_key("boot-a/pid:[1]") != host_key("boot-b/pid:[1]")  # same name, other machine
     assert host_key("boot-a/pid:[1]") != host_key("boot-a/pid:[2]")  # another container's pids
+
+
+def test_proc_that_cannot_be_read_now_says_nothing_is_gone() -> None:
+    """Out of descriptors (EMFILE) or without permission, /proc says nothing: a live process must
+    not read as ended (a confirmed death cuts the rank from the check-in at once)."""
+    import resource
+
+    me = this_process()
+    assert me is not None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        while True:  # every free descriptor taken: the next open fails with EMFILE
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        assert not gone(me.pid, me.start)
+    finally:
+        for descriptor in held:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert gone(me.pid, me.start + 1)  # and a sure answer is still given once it can read

@@ -56,10 +56,12 @@ def _read(path: str) -> str:
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
-    """``pid``'s state letter and start time, or None where it does not exist."""
+    """``pid``'s state letter and start time, or None where it does not exist. Raises
+    ``OSError`` where ``/proc`` cannot say now (this process out of descriptors, no permission):
+    that is no sign the process ended."""
     try:
         text = _read(f"{_PROC}/{pid}/stat")
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):  # never there, or reaped after the open
         return None
     # The command name (field 2) is in parentheses and may hold spaces: split after it.
     fields = text.rpartition(")")[2].split()
@@ -71,9 +73,9 @@ def this_process() -> ProcessId | None:
     try:
         boot = _read(f"{_PROC}/sys/kernel/random/boot_id").strip()
         namespace = os.readlink(f"{_PROC}/self/ns/pid")
+        stat = _stat(os.getpid())
     except OSError:
         return None
-    stat = _stat(os.getpid())
     if stat is None or not boot:
         return None
     return ProcessId(host=f"{boot}/{namespace}", pid=os.getpid(), start=stat[1])
@@ -96,6 +98,11 @@ def parse_peers(value: str) -> dict[int, tuple[int, int]]:
 
 def gone(pid: int, start: int) -> bool:
     """Whether the process ``pid`` that started at ``start`` has ended: no longer listed, a
-    zombie (dead, not yet reaped by its launcher), or its pid now another process's."""
-    stat = _stat(pid)
+    zombie (dead, not yet reaped by its launcher), or its pid now another process's. False where
+    ``/proc`` cannot say now (this process out of descriptors, no permission): a death confirmed
+    here cuts the rank at once, so only a sure one counts."""
+    try:
+        stat = _stat(pid)
+    except OSError:
+        return False
     return stat is None or stat[0] in ("Z", "X", "x") or stat[1] != start
