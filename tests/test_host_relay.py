@@ -268,6 +268,23 @@ def test_a_live_process_is_never_reported_gone(port: int) -> None:
     assert not live.heard(0)
     assert live.report_if_gone(1, (_NO_SUCH_PID, 1), "a test")
     assert PrefixStore(_ns(port), _tcp(port)).check(["lost/0"])  # the report is in
+    assert live.confirmed_dead(0) == {1}
+    live.close()
+
+
+def test_a_death_after_a_report_of_everyone_is_still_confirmed(port: int) -> None:
+    """A rank that answered a loss report naming everyone (rebuild() without alive=) and died
+    after: no second report goes out, but its death is confirmed, or the check-in would count it
+    alive until its window ends."""
+    live = _liveness(port, 0, [])
+    live.anchor()
+    live.start_listener()
+    live.watch(0, [0, 1, 2])
+    live.report(0, "a rebuild() without alive=", None)
+    assert until(lambda: live.heard(0))  # this rank's listener took its own report
+    assert not live.report(0, "another report", {2})  # covered: nothing is sent
+    assert live.report_if_gone(2, (_NO_SUCH_PID, 1), "a test")
+    assert live.confirmed_dead(0) == {2}
     live.close()
 
 

@@ -535,23 +535,38 @@ class Liveness:
                        dying: bool = False) -> bool:
         """Report ``rank`` lost in the watched generation where it is a member and its process
         (pid, start time) leaves ``/proc`` within :data:`GONE_WITHIN_S` (``dying``: it said it
-        is ending of an unhandled exception, no look); True if it did. Blocks (up to that long,
-        then the report's requests on the job's shared connection): call it from a thread of
-        its own."""
-        deadline = time.monotonic() + GONE_WITHIN_S
-        while not dying and not gone(*process):
-            if time.monotonic() >= deadline or self._stop.is_set():
-                return False
-            time.sleep(0.01)
+        is ending of an unhandled exception: reported at once, looked for after), and add it to
+        the generation's confirmed dead once gone; True if it was seen gone (``dying``: said
+        so). Blocks (up to that long, plus the requests on the job's shared connection): call it
+        from a thread of its own.
+
+        The death is confirmed even where no report goes out (this rank heard one of the
+        generation that names everyone, as every ``rebuild()`` without ``alive=`` sends): a rank
+        that answered that report while alive and died after would else count as alive in the
+        check-in, which would wait for it until its window ends."""
+        if not dying and not self._gone_within(process, GONE_WITHIN_S):
+            return False
         with self._lock:
             watched, members = self._watched, self._members
         if watched is None or rank not in members or self._stop.is_set():
             return False
         try:
             self.report(watched[0], f"rank {rank}'s process is gone ({why})", {rank})
+            if not dying or self._gone_within(process, GONE_WITHIN_S):
+                self.confirm_dead(watched[0], [rank])
         except Exception as error:  # the store's host is gone: the job's next call says so
             logger.debug("rank %d: reporting rank %d failed: %r", self.rank, rank, error)
             return False
+        return True
+
+    def _gone_within(self, process: tuple[int, int], seconds: float) -> bool:
+        """Whether ``process`` (pid, start time) leaves ``/proc`` within ``seconds`` (a look
+        every 10 ms; False at once once this Liveness stopped)."""
+        deadline = time.monotonic() + seconds
+        while not gone(*process):
+            if time.monotonic() >= deadline or self._stop.is_set():
+                return False
+            time.sleep(0.01)
         return True
 
     def publish_process(self) -> None:
