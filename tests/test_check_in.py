@@ -120,6 +120,55 @@ def test_a_rank_that_checks_in_after_the_decision_learns_it_from_its_own_add() -
     assert follower.outcome(follower.await_decision()) == (0, 1)
 
 
+class _Answers:
+    """A loss report's answers as the decider reads them (Liveness's reading side): ``answered``
+    ranks listed, ``count`` counted (more than the live ranks: a report answered twice)."""
+
+    dead_after_s = 0.2
+    listening = False
+
+    def __init__(self, answered: set[int], count: int) -> None:
+        self._answered, self._count = answered, count
+
+    def answered(self, generation: int, ranks: Any) -> set[int]:
+        return self._answered & set(ranks)
+
+    def answers(self, generation: int) -> int:
+        return self._count
+
+    def confirmed_dead(self, generation: int) -> set[int]:
+        return set()
+
+    def emit(self, event: dict[str, Any]) -> int:  # the decision's push: nobody listens here
+        return 0
+
+
+def test_a_join_while_the_decider_catches_up_is_acted_on_at_its_next_read() -> None:
+    """Rank 3 is dead and nobody confirmed it; the answers outnumber the live ranks. The last
+    live rank joins right after the decider's read that judged deaths: the decider rereads the
+    lists no sooner than _REREAD_S, and must then decide, not wait for its window's end (a join
+    seen on a look that did not read used to be used up there: 6 s against 0.24 s)."""
+    import time
+
+    from commgroups.rank_loss import check_in as module
+
+    server = _store()
+    members, window = [0, 1, 2, 3], timedelta(seconds=6)
+    answers = _Answers({0, 1, 2}, count=6)
+    decider = CheckIn(server, "check/", 0, members, window, liveness=answers)  # type: ignore[arg-type]
+    assert decider.join()
+    assert not CheckIn(server, "check/", 1, members, window, liveness=answers).join()  # type: ignore[arg-type]
+    started, out, last_in = time.monotonic(), None, False
+    while out is None and time.monotonic() - started < 8:
+        out = decider.look()
+        if decider._judged and not last_in:
+            assert not CheckIn(server, "check/", 2, members, window, liveness=answers).join()  # type: ignore[arg-type]
+            last_in = True
+        time.sleep(module._POLL_S)
+    assert out == frozenset({3})
+    assert time.monotonic() - started < 3.0  # dead_after_s and a reread or two, not the window
+
+
 def test_only_the_first_rank_in_reads_the_made_key_and_a_rank_a_generation_late_is_out() -> None:
     server = _store()
     members, window = [0, 1, 2], timedelta(seconds=10)

@@ -177,6 +177,15 @@ def test_a_hosts_relay_answers_a_loss_report_for_its_listening_ranks_in_two_requ
     # One append for the host's three ranks: no listener answered for itself.
     assert bytes(store.get("lost/0/here")) == b"0,1,2,"
     assert int(store.add("lost/0", 0)) == REPORT + 3
+    # A second report of the generation (a rebuild() without alive=) is handed on, not answered
+    # again: the answers' count stays at the live ranks, which the decider reads against the
+    # check-ins.
+    events = int(store.add("event/count", 0))
+    assert lives[2].report(0, "rank 1 called rebuild()", None) is False  # not the first
+    assert until(lambda: int(store.add("event/count", 0)) > events)
+    time.sleep(0.3)
+    assert bytes(store.get("lost/0/here")) == b"0,1,2,"
+    assert int(store.add("lost/0", 0)) == 2 * REPORT + 3
     for live in lives:
         live.close(3)
     assert until(lambda: all(not live.listening for live in lives))

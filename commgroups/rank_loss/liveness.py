@@ -145,18 +145,28 @@ RELAY_ANSWERED = "h"
 the relay answered the report for (:func:`answer_for_host`): their listeners send no answer."""
 
 
-def answer_for_host(store: Store, raw: bytes, ranks: Collection[int]) -> tuple[bytes, int | None]:
+def answer_for_host(store: Store, raw: bytes, ranks: Collection[int],
+                    answered: Mapping[int, Collection[int]] | None = None,
+                    ) -> tuple[bytes, int | None]:
     """A host's relay's step before it hands event ``raw`` (as stored) to its host's listeners:
     where it is a loss report, answer it for ``ranks`` (the host's ranks whose listeners run) in
     one append and one add for the host (:func:`answer`), and return the event marked with them
-    (:data:`RELAY_ANSWERED`) and the report's generation; else ``raw`` and None."""
+    (:data:`RELAY_ANSWERED`) and the report's generation; else ``raw`` and None.
+
+    ``answered``: the ranks this relay answered each generation's report for already (a second
+    report of a generation: another ``alive=``, or one naming everyone after one naming a rank).
+    They are marked, not answered again: the decider reads the answers' count against the
+    check-ins, and a count above the live ranks holds its decision back (a listener answers each
+    generation once for the same reason)."""
     if not ranks:
         return raw, None
     event = json.loads(raw)
     if event.get("k") != "loss":
         return raw, None
     generation, listed = int(event["g"]), sorted(ranks)
-    if not answer(store, generation, listed):
+    before = set((answered or {}).get(generation, ()))
+    fresh = [rank for rank in listed if rank not in before]
+    if fresh and not answer(store, generation, fresh):
         return raw, None  # released already: each listener finds that out, as without a relay
     event[RELAY_ANSWERED] = listed
     return json.dumps(event).encode(), generation
@@ -251,6 +261,9 @@ class Liveness:
         self._host_peers: dict[int, tuple[int, int]] | None = None
         self._interrupted: dict[int, set[int] | None] = {}  # generation -> suspects handled
         self._answered: set[int] = set()  # generations whose loss report this rank answered
+        # As this rank's host relay: generation -> the ranks it answered that report for (the
+        # forwarder's thread only).
+        self._relay_answered: dict[int, set[int]] = {}
         self._seen: tuple[int, int, float] | None = None  # successor, its beat, when it moved
         self._subscribers: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._decisions: dict[str, Callable[[dict[str, Any]], None]] = {}
@@ -507,9 +520,12 @@ class Liveness:
             # key, as each answering listener made before learn_host (a rank killed right
             # after create() is confirmed from it).
             peers = parse_peers(read_if_present(store, host_key(process.host)) or "")
-        handed, generation = answer_for_host(
-            store, raw, [rank for rank, (pid, _) in peers.items() if pid in pids])
+        ranks = [rank for rank, (pid, _) in peers.items() if pid in pids]
+        handed, generation = answer_for_host(store, raw, ranks, self._relay_answered)
         if generation is not None:
+            self._relay_answered.setdefault(generation, set()).update(ranks)
+            for old in [g for g in self._relay_answered if g < generation - 1]:
+                del self._relay_answered[old]  # reports come for the watched generation only
             # Every rank of the host, not only this rank's generation's members (it may have
             # left the job and relay on): the decider keeps those it waits for.
             confirm_local_deaths(store, generation, self.rank, peers.keys(), process.host,
