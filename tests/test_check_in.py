@@ -12,7 +12,7 @@ import pytest
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]  # re-exported
 
 from commgroups.bench.control_plane import CountingStore
-from commgroups.errors import AttemptClosed, LeftOutError
+from commgroups.errors import LeftOutError
 from commgroups.layout.specs import Layout, RoleSpec
 from commgroups.rank_loss.check_in import (
     CLOSED_MARK,
@@ -194,11 +194,14 @@ def test_only_the_first_rank_in_reads_the_made_key_and_a_rank_a_generation_late_
     assert not keys.check(["joined"]) and not keys.check(["count"])  # its own keys went too
 
 
-def test_a_rank_that_checks_in_to_a_closed_attempt_is_sent_on_to_the_open_one() -> None:
+def test_a_rank_decided_out_of_a_closed_attempt_is_out_not_sent_on() -> None:
+    """Attempt 0 toward generation 1 decided without rank 2, then making the generation failed
+    and its survivors closed it. They retry among themselves (``Recovery`` checks in with the
+    members the closed attempt chose), so rank 2, late, is out: sent on to attempt 1 it took that
+    decision, made over members without it, as one that left it in (it, and a dead rank, counted
+    themselves survivors: a world of their own)."""
     server = _store()
     members, window = [0, 1, 2], timedelta(seconds=10)
-    # Attempt 0 toward generation 1: ranks 0 and 1 in, decided without 2; then making the
-    # generation failed on both, and each closed the attempt.
     decider = CheckIn(server, "gen1/0/", 0, members, window, expected=[0, 1])
     assert decider.join()
     follower = CheckIn(server, "gen1/0/", 1, members, window, expected=[0, 1])
@@ -207,28 +210,25 @@ def test_a_rank_that_checks_in_to_a_closed_attempt_is_sent_on_to_the_open_one() 
     close_check_in_attempt(server, "gen1/", 0)
     close_check_in_attempt(server, "gen1/", 0)  # the second closer moves nothing further
     assert open_check_in_attempt(server, "gen1/") == 1
-    # Rank 2 closed nothing: it starts at attempt 0 unread, and its own add there sends it on.
-    late = CheckIn(server, "gen1/0/", 2, members, window, expected=[0, 1, 2])
-    with pytest.raises(AttemptClosed):
-        late.join()
-    # The retry of ranks 0 and 1 reads the open attempt (they closed one); rank 2 is sent on to
-    # it: all three meet in attempt 1, one world.
     results: dict[int, tuple[tuple[int, ...], int]] = {}
 
-    def rank(number: int, first: int) -> None:
+    def survivor(number: int) -> None:  # a retry: it reads the open attempt, over whom 0 chose
         store = server.clone()
         results[number] = check_in_at_open_attempt(
-            store, "gen1/", first, number,
-            lambda keys: check_in(store, keys, number, members, window, expected=[0, 1, 2]))
+            store, "gen1/", open_check_in_attempt(store, "gen1/"), number,
+            lambda keys: check_in(store, keys, number, [0, 1], window, expected=[0, 1]))
 
-    threads = [threading.Thread(target=rank, args=(0, open_check_in_attempt(server, "gen1/"))),
-               threading.Thread(target=rank, args=(1, open_check_in_attempt(server, "gen1/"))),
-               threading.Thread(target=rank, args=(2, 0))]
+    threads = [threading.Thread(target=survivor, args=(number,)) for number in (0, 1)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=30)
-    assert results == {r: ((0, 1, 2), 1) for r in members}
+    assert results == {0: ((0, 1), 1), 1: ((0, 1), 1)}
+    # Rank 2 closed nothing: it starts at attempt 0 unread, and learns there that it is out.
+    with pytest.raises(LeftOutError, match="rank 2: checked in to rebuild"):
+        check_in_at_open_attempt(
+            server, "gen1/", 0, 2,
+            lambda keys: check_in(server, keys, 2, members, window, expected=None))
 
 
 def test_an_attempt_marked_closed_whose_closer_died_before_moving_on_is_moved_on() -> None:

@@ -157,8 +157,9 @@ class CheckIn:
         """Check in (two requests; the first rank in reads the made-generation key too); True
         where this rank is the first in (the decider).
 
-        Raises LeftOutError at once where a generation newer than ours was made already, and
-        AttemptClosed where this attempt was closed (its generation failed to be made)."""
+        Raises LeftOutError at once where a generation newer than ours was made already, or
+        where this attempt was decided without this rank (closed or not), and AttemptClosed
+        where this attempt was closed (its generation failed to be made) with this rank in."""
         self.started = self._answers_at = time.monotonic()
         self.deadline = self.started + self.window.total_seconds()
         if self._push:
@@ -168,6 +169,14 @@ class CheckIn:
         count = int(self.store.add(_COUNT, 1))
         if count >= CLOSED_MARK:  # decided, and its generation failed: the next one is open
             self._stop_listening()
+            # Its survivors retry among themselves (the next attempt's members are theirs), so a
+            # rank it decided out is out: sent on, it would take the next decision, made over
+            # members without it, as one that left it in (a survivor set of its own: a split).
+            # Two requests, only on this path; None where the keys were forgotten (the made
+            # key tells then).
+            decided = self._decided()
+            if decided is not None:
+                self.outcome(decided)  # LeftOutError where this rank is out
             raise AttemptClosed(self.prefix)
         if count >= DECIDED_MARK:  # decided before this rank listened: read, never pushed
             self._early = self._decided()
