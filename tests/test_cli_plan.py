@@ -6,7 +6,11 @@ Its tests that start processes are in ``tests/test_cli_plan_world.py`` (marked `
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
+
+import pytest
 
 from commgroups.cli import main
 
@@ -30,6 +34,24 @@ def test_plan_json(capsys: object) -> None:
     assert [r["name"] for r in data["roles"]] == ["fsdp", "cp", "checkpoint-metadata"]
     assert all(r["rank_group"] == [0, 1, 2, 3] for r in data["roles"])
     assert len(data["fingerprint"]) == 64
+
+
+def test_a_closed_stdout_ends_the_command_quietly(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`commgroups plan ... | head -1`: the reader went away, as for any filter; not "internal error
+    ... this is a bug" (exit 3). Stdout is a pipe whose reader is closed; the output is larger
+    than its buffer, so the write itself fails."""
+    read, write = os.pipe()
+    os.close(read)
+    stdout = open(write, "w")  # noqa: SIM115  closed below, after main
+    monkeypatch.setattr(sys, "stdout", stdout)
+    try:
+        status = main(["plan", str(LAYOUTS / "llm_8x8x2.json"), "--json"])
+    finally:
+        monkeypatch.undo()
+        stdout.close()
+    assert status == 141  # 128 + SIGPIPE, what the shell shows for a filter stopped this way
+    assert capsys.readouterr().err == ""
 
 
 def test_plan_bad_layout_exits_2(tmp_path: object, capsys: object) -> None:

@@ -71,6 +71,17 @@ def test_timeouts_are_real_or_refused(value: Any) -> None:
     assert (registry_error is None) == good, (value, registry_error)
 
 
+@pytest.mark.parametrize("value", [10**400, -(10**400), 2**1024], ids=["1e400", "-1e400", "2**1024"])
+def test_ints_past_float_range_are_argument_errors(value: int) -> None:
+    """Too big for a float: refused as any timeout out of range is, not with OverflowError."""
+    for check in (lambda: limits.check_timeout(value, "create_timeout_s"),
+                  lambda: cg.GroupRegistry(cg.Layout(dims={"cp": 4}), create_timeout_s=value)):
+        with pytest.raises(errors.ArgumentError) as info:
+            check()
+        assert info.value.field == "create_timeout_s"
+        assert "fix:" in str(info.value) and len(str(info.value)) <= 300, str(info.value)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 2**64), min_size=1, max_size=40))
 def test_world_sizes_are_bounded_and_plan_fast(sizes: list[int]) -> None:

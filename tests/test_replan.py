@@ -61,6 +61,23 @@ def test_bad_survivor_lists_are_named() -> None:
         cg.replan(layout, alive=[])
 
 
+def test_an_auto_layout_is_resolved_before_planning() -> None:
+    """plan, replan and estimate_memory need a world size, which an AutoLayout (load_layout's
+    answer for a file with an "auto" dim) gets from resolve: each says so, not AttributeError."""
+    from commgroups.errors import ArgumentError
+    from commgroups.planning.memory import estimate_memory
+
+    auto = cg.AutoLayout(dims={"dp_replicate": "auto", "dp_shard": 2},
+                         elastic={"dims": {"dp_replicate": 1}})
+    for use in (lambda: cg.plan(auto), lambda: cg.replan(auto, [0]),  # type: ignore[arg-type]
+                lambda: estimate_memory(auto)):  # type: ignore[arg-type]
+        with pytest.raises(ArgumentError) as info:
+            use()
+        assert info.value.field == "layout" and "fix: pass layout.resolve(world_size)" in str(
+            info.value) and len(str(info.value)) <= 300
+    assert cg.plan(auto.resolve(4)).world_size == 4
+
+
 def test_the_dim_that_keeps_the_most_ranks_shrinks() -> None:
     layout = cg.Layout(dims={"dp_replicate": 2, "dp_shard": 4},
                        elastic={"dims": {"dp_replicate": 1, "dp_shard": 1}})
@@ -139,3 +156,13 @@ def test_the_elastic_section_loads_from_a_layout_file() -> None:
     assert layout.elastic is not None and layout.elastic.dims == {"dp_replicate": 2}
     assert cg.replan(layout, alive=[0, 1, 2, 3, 4, 5, 7]).layout.dims == {"dp_replicate": 3,
                                                                           "dp_shard": 2}
+
+
+def test_a_rank_past_int64_is_a_replan_error() -> None:
+    """A set or generator holding a rank too large for int64 (numpy raises OverflowError there)
+    gets the same clear error as any other malformed alive list."""
+    layout = cg.Layout(dims={"dp_replicate": 2, "dp_shard": 2},
+                       elastic={"dims": {"dp_replicate": 1}})
+    for alive in ({0, 1, 2**70}, (rank for rank in (0, 2**70))):
+        with pytest.raises(cg.errors.ReplanError, match=r"alive: .* fix: pass e\.g\. alive="):
+            cg.replan(layout, alive)  # type: ignore[arg-type]

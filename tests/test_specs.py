@@ -11,7 +11,7 @@ import pytest
 
 import commgroups as cg
 from commgroups import errors
-from commgroups.layout import layout_io, specs
+from commgroups.layout import layout_io, limits, specs
 
 
 def test_default_roles_follow_torchtitan() -> None:
@@ -92,6 +92,13 @@ BAD: list[tuple[dict[str, Any], type[errors.LayoutError], str]] = [
     ({"dims": {"cp": 4}, "roles": [{"name": "bad name", "dims": ["cp"]}]},
      errors.InvalidNameError, "roles[0].name"),
     ({"dims": {"cp": 4}, "extra": 1}, errors.UnknownFieldError, "extra"),
+    # Without roles, a dim named like a built-in role that is not a dim's own would name two roles.
+    ({"dims": {"dp_shard": 2, "fsdp": 2}}, errors.InvalidNameError, "dims.fsdp"),
+    ({"dims": {"fsdp": 4, "cp": 2}}, errors.InvalidNameError, "dims.fsdp"),
+    ({"dims": {"checkpoint-metadata": 2}}, errors.InvalidNameError, "dims.checkpoint-metadata"),
+    # A set's order follows the process's hash seed: ranks could disagree on the role's dims.
+    ({"dims": {"cp": 4}, "roles": [{"name": "c", "dims": frozenset({"cp"})}]},
+     errors.DimOrderError, "roles[0].dims"),
 ]
 
 
@@ -142,3 +149,57 @@ def test_docstring_examples_hold(module: ModuleType, monkeypatch: pytest.MonkeyP
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_dim_named_like_a_builtin_role_is_refused_at_any_size() -> None:
+    """The error is about the dim the user wrote (not about roles[2], which they never wrote), and
+    an AutoLayout is refused when built, not once a bigger world resolves it (dp_shard = 1 there
+    makes no built-in fsdp, dp_shard = 2 does)."""
+    with pytest.raises(errors.InvalidNameError) as info:
+        cg.Layout(dims={"dp_shard": 2, "fsdp": 2})
+    assert info.value.field == "dims.fsdp"
+    assert "declared twice" not in str(info.value) and "rename the dim" in str(info.value)
+    with pytest.raises(errors.InvalidNameError) as info:
+        cg.AutoLayout(dims={"dp_shard": "auto", "fsdp": 2}, elastic={"dims": {"dp_shard": 1}})
+    assert info.value.field == "dims.fsdp"
+    # No clash, no error: fsdp alone is its own dim's role; declared roles are the user's.
+    assert cg.Layout(dims={"fsdp": 2, "tp": 2}).role_names == ("fsdp", "tp", "checkpoint-metadata")
+    declared = cg.Layout(dims={"dp_shard": 2, "fsdp": 2}, roles=[{"name": "fsdp", "dims": ["fsdp"]}])
+    assert declared.role_names == ("fsdp",)
+
+
+@pytest.mark.parametrize("dims", [{"dp_shard", "cp"}, frozenset({"dp_shard", "cp"})],
+                         ids=["set", "frozenset"])
+def test_a_set_of_role_dims_is_refused_whatever_the_hash_seed(dims: Any) -> None:
+    """Refused on every rank alike, not out of order under some PYTHONHASHSEEDs only."""
+    with pytest.raises(errors.DimOrderError) as info:
+        cg.Layout(dims={"dp_shard": 2, "cp": 2}, roles=[{"name": "fsdp", "dims": dims}])
+    assert info.value.field == "roles[0].dims" and "give a list" in str(info.value)
+    text = "dims: {dp_shard: 2, cp: 2}\nroles:\n  - name: fsdp\n    dims: !!set {dp_shard, cp}\n"
+    with pytest.raises(errors.DimOrderError, match="give a list"):
+        cg.parse_layout(text, ".yaml")
+
+
+def test_with_dims_refuses_a_name_that_is_not_a_dim() -> None:
+    layout = cg.Layout(dims={"dp_shard": 2, "cp": 2})
+    with pytest.raises(errors.UnknownDimError) as info:
+        layout.with_dims(dp_shrad=4)  # misspelt: would have added a dim and doubled the world
+    assert info.value.field == "dims.dp_shrad"
+    assert "dp_shard, cp" in str(info.value) and "fix:" in str(info.value)
+    assert layout.with_dims(cp=4).dims == {"dp_shard": 2, "cp": 4}
+
+
+def test_json_text_is_checked_as_a_mapping_is() -> None:
+    """model_validate_json raises the LayoutError model_validate does, never pydantic's own."""
+    with pytest.raises(errors.InvalidSizeError) as info:
+        cg.Layout.model_validate_json('{"dims": {"cp": 0}}')
+    assert info.value.field == "dims.cp"
+    with pytest.raises(errors.LayoutFileError, match="not valid JSON"):
+        cg.Layout.model_validate_json('{"dims": ')
+    with pytest.raises(errors.LayoutError, match="MAX_LAYOUT_NODES"):
+        groups = ", ".join(["[0]"] * (limits.MAX_LAYOUT_NODES // 2 + 1))
+        cg.Layout.model_validate_json(
+            f'{{"dims": {{"cp": 4}}, "roles": [{{"name": "c", "ranks": [{groups}]}}]}}')
+    assert cg.Layout.model_validate_json('{"dims": {"cp": 4}}') == cg.Layout(dims={"cp": 4})
+    with pytest.raises(errors.InvalidSizeError):
+        cg.Layout.model_validate_strings({"dims": {"cp": "0"}})

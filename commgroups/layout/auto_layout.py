@@ -15,7 +15,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from pydantic import Field, StrictBool, field_validator, model_validator
 from typing_extensions import Self
@@ -207,6 +207,22 @@ class AutoLayout(SpecModel):
     def auto_dim(self) -> str:
         """The name of the dim whose size is ``"auto"``."""
         return next(name for name, size in self.dims.items() if size == AUTO)
+
+    @property
+    def world_size(self) -> NoReturn:
+        """Not known until resolved: raises :class:`~commgroups.errors.ArgumentError` (field
+        ``layout``) saying to resolve the layout first.
+
+        What :func:`~commgroups.load_layout` returns for a file with an ``"auto"`` dim is easily
+        handed to ``cg.plan``, ``cg.replan`` or ``estimate_memory``, which need a world size: each
+        reads this first, so each says what to do rather than that an attribute is missing.
+        """
+        raise errors.ArgumentError(
+            f"layout: an AutoLayout ('{self.auto_dim}' is \"auto\") has no world size until it is "
+            "resolved; fix: pass layout.resolve(world_size), or load it with "
+            "cg.load_layout(path, world_size=N)",
+            field="layout",
+        )
 
     @property
     def fixed_size(self) -> int:

@@ -8,7 +8,6 @@ and ``tests/test_limits.py`` hold that). A value outside a bound raises a
 
 from __future__ import annotations
 
-import math
 import reprlib
 from collections.abc import Mapping
 from datetime import timedelta
@@ -163,9 +162,11 @@ def check_timeout(value: Any, field: str) -> float:
             f"{short_repr(value)}; fix: give seconds such as 300",
             field=field,
         )
-    if not (math.isfinite(value) and MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S):
+    # Compared as given, before anything turns it into a float: an int past float's range
+    # (10**400) would raise OverflowError there. The bounds also refuse nan and inf.
+    if not MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S:
         raise errors.ArgumentError(
-            f"{field}: {value!r} s is outside [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}] "
+            f"{field}: {short_repr(value)} s is outside [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}] "
             "(MIN_TIMEOUT_S..MAX_TIMEOUT_S: torch counts milliseconds and overflows past ~9.2e9 s); "
             "fix: give seconds in that range, e.g. 300",
             field=field,

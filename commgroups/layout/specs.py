@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
+import pydantic_core
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -105,6 +106,32 @@ class SpecModel(BaseModel):
         limits.check_input_shape(obj, "<layout>")
         try:
             return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as error:
+            raise layout_error_from(error, cls) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: str | bytes | bytearray, *args: Any,
+                            **kwargs: Any) -> Self:
+        """Validate JSON text into this spec: parsed, then validated as :meth:`model_validate`
+        validates a mapping (the same bounds and errors; a key given twice keeps its last value,
+        where :func:`~commgroups.parse_layout` refuses it)."""
+        try:
+            data = pydantic_core.from_json(json_data)  # bounded nesting, no Python recursion
+        except ValueError as error:
+            raise errors.LayoutFileError(
+                f"<layout>: not valid JSON: {limits.short_repr(str(error))[1:-1]}; fix: correct "
+                "the syntax",
+                field="<layout>",
+            ) from None
+        return cls.model_validate(data, *args, **kwargs)
+
+    @classmethod
+    def model_validate_strings(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        """Validate ``obj`` (a mapping whose leaves are text) into this spec, raising a
+        LayoutError on bad input, as :meth:`model_validate` does."""
+        limits.check_input_shape(obj, "<layout>")
+        try:
+            return super().model_validate_strings(obj, *args, **kwargs)
         except ValidationError as error:
             raise layout_error_from(error, cls) from None
 
@@ -288,7 +315,8 @@ class RoleSpec(SpecModel):
     Raises:
         InvalidNameError: ``name`` is not allowed.
         EmptyDimsError: ``dims=[]``.
-        DimOrderError: a dim listed twice (and, checked by Layout, dims out of layout order).
+        DimOrderError: a dim listed twice, ``dims`` given as a set (unordered), and (checked by
+            Layout) dims out of layout order.
         DimsOrRanksError: both ``dims`` and ``ranks``, or neither.
         InvalidRanksError: an empty ``ranks`` or group, a negative rank, a rank in two groups.
         UnknownBackendError: ``backend`` is not one of the names above.
@@ -346,6 +374,20 @@ class RoleSpec(SpecModel):
                 errors.InvalidNameError,
                 "name of {length} characters is too long; fix: use at most {most} characters",
                 length=len(value), most=limits.MAX_NAME_LENGTH,
+            )
+        return value
+
+    @field_validator("dims", mode="before")
+    @classmethod
+    def _dims_ordered(cls, value: Any) -> Any:
+        # pydantic would take a set (or YAML's !!set) as a list, in an order that follows each
+        # process's string hash seed: ranks would disagree on the role's dims (and on whether they
+        # are in layout order). The order is part of what the role means, so ask for a list.
+        if isinstance(value, (set, frozenset)):
+            raise problem(
+                errors.DimOrderError,
+                "a set has no order (it differs from process to process); fix: give a list of "
+                "the dims, in layout order (outermost first)",
             )
         return value
 
@@ -432,7 +474,9 @@ def default_roles(dims: Mapping[str, int]) -> list[RoleSpec]:
 
     One role per dim of size > 1 (named after the dim), ``fsdp`` over the data-parallel shard dims and
     cp (dp, dp_shard, cp: FSDP shards over dp_shard x cp; dp_replicate stays its own role for HSDP),
-    and ``checkpoint-metadata`` over the world on gloo. A :class:`Layout` without ``roles`` gets these.
+    and ``checkpoint-metadata`` over the world on gloo. A :class:`Layout` without ``roles`` gets these
+    (it refuses a dim that would give two of them one name: ``checkpoint-metadata``, or ``fsdp``
+    beside the FSDP dims).
 
     Args:
         dims (Mapping[str, int]): dim name -> size, outermost first.
@@ -457,6 +501,25 @@ def default_roles(dims: Mapping[str, int]) -> list[RoleSpec]:
         roles.append(RoleSpec(name="fsdp", dims=fsdp_dims))
     roles.append(checkpoint_role())
     return roles
+
+
+def _builtin_name_clash(dims: Mapping[str, Any]) -> str | None:
+    """The dim whose name :func:`default_roles` would give to two roles, or None.
+
+    Only the built-in roles that are not a dim's own can clash: ``checkpoint-metadata`` always,
+    ``fsdp`` beside ``dp``, ``dp_shard`` or ``cp``. Sizes are not looked at, so a layout whose
+    sizes change (an AutoLayout resolved, a replan) never starts or stops clashing.
+
+    Example::
+
+        >>> _builtin_name_clash({"dp_shard": 2, "fsdp": 2}), _builtin_name_clash({"fsdp": 2, "tp": 2})
+        ('fsdp', None)
+    """
+    if CHECKPOINT_ROLE in dims:
+        return CHECKPOINT_ROLE
+    if "fsdp" in dims and any(dim in FSDP_DIMS for dim in dims):
+        return "fsdp"
+    return None
 
 
 def dim_roles(dims: Mapping[str, int]) -> list[RoleSpec]:
@@ -542,7 +605,8 @@ class Layout(SpecModel):
     Raises:
         EmptyDimsError: ``dims`` or a view is empty (or a role's ``dims`` is).
         InvalidNameError: a dim or view name is not allowed, or is reserved (``"world"``,
-            ``"dims"``).
+            ``"dims"``); without ``roles``, a dim named ``checkpoint-metadata``, or ``fsdp``
+            beside ``dp``, ``dp_shard`` or ``cp`` (the built-in roles would have that name twice).
         InvalidSizeError: a dim size is not an integer >= 1.
         InvalidViewError: a view covers another number of ranks, or shares a dim name with
             another meaning.
@@ -590,6 +654,27 @@ class Layout(SpecModel):
         default=True, description="Record every role's collectives in a ring buffer and name "
         "the ranks behind when a role times out (commgroups.flight_recorder); false: off."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dims_leave_builtin_names(cls, data: Any) -> Any:
+        # Without roles, every dim of size > 1 gets a role named after it beside the built-in fsdp
+        # and checkpoint-metadata: a dim named like those would make two roles of one name, which
+        # the user never wrote. Checked on names alone, before any role is made, so the error is
+        # about the dim and an AutoLayout that validates resolves on every world size.
+        if isinstance(data, Mapping) and data.get("roles") is None \
+                and isinstance(data.get("dims"), Mapping):
+            name = _builtin_name_clash(data["dims"])
+            if name is not None:
+                over = "the world" if name == CHECKPOINT_ROLE else " x ".join(
+                    dim for dim in data["dims"] if dim in FSDP_DIMS)
+                raise problem(
+                    errors.InvalidNameError,
+                    "dim '{name}' has the name of the built-in role '{name}' (over {over}), which "
+                    "a layout without roles also gets; fix: rename the dim, or declare roles",
+                    f"dims.{name}", name=name, over=over,
+                )
+        return data
 
     @field_validator("dims", "views", mode="before")
     @classmethod
@@ -876,11 +961,24 @@ class Layout(SpecModel):
     def with_dims(self, **sizes: int) -> Layout:
         """A copy with some dim sizes changed (dim order and roles kept), validated again.
 
+        Raises:
+            UnknownDimError: a name that is not one of the layout's dims (a misspelt name would
+                otherwise add a dim, and multiply the world size).
+            LayoutError: the new sizes make an invalid layout.
+
         Example::
 
             >>> Layout(dims={"dp_shard": 2, "cp": 2}).with_dims(dp_shard=4).world_size
             8
         """
+        unknown = [name for name in sizes if name not in self.dims]
+        if unknown:
+            field = f"dims.{_shown(unknown[0])}"
+            raise errors.UnknownDimError(
+                f"{field}: not a dim of the layout ({listed(list(self.dims), width=60)}); fix: "
+                "with_dims changes sizes only, so name one of those dims",
+                field=field,
+            )
         data = self.model_dump()
         data["dims"] = {**self.dims, **sizes}
         return Layout.model_validate(data)

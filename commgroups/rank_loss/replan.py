@@ -159,7 +159,7 @@ def replan_arrays(layout: Layout, alive: Iterable[int]) -> ReplanArrays:
     # inside a rebuild).
     try:
         given = as_rank_array(alive)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, OverflowError) as error:
         raise ReplanError(f"alive: {limits.short_repr(alive)} is not a list of global ranks "
                           f"({error}); fix: pass e.g. alive=[0, 1, 3]") from None
     if given.size and (given.min() < 0 or given.max() >= world):
@@ -232,7 +232,7 @@ def alive_ranks(alive: Iterable[int], plan: Plan, rank: int) -> np.ndarray:
     included; else a :class:`~commgroups.errors.RebuildError` naming what is wrong."""
     try:
         given = as_rank_array(alive)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, OverflowError) as error:
         raise RebuildError(f"alive: {limits.short_repr(alive)} is not a list of global "
                            f"ranks ({error}); fix: pass e.g. alive=[0, 1, 3]") from None
     ranks = np.sort(given)
