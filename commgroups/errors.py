@@ -159,7 +159,8 @@ class InvalidNameError(LayoutError):
 
     Raised for ``dims = {"1cp": 2}``, the reserved dim name ``"world"``, a view named ``"dims"``,
     or a role named ``"bad name"``: names start with a letter and use letters, digits, ``_`` or
-    ``-``.
+    ``-``; and, in a layout without roles, for a dim named like a built-in role that is not its
+    own (``checkpoint-metadata``, or ``fsdp`` beside dp, dp_shard or cp).
     """
 
 
@@ -174,8 +175,9 @@ class EmptyDimsError(LayoutError):
 class UnknownDimError(LayoutError):
     """A name that must be a layout dim is not one.
 
-    Raised for a role whose ``dims`` names a dim the layout lacks, and by
-    ``registry.device_mesh`` for an axis name that is neither a dim nor a role.
+    Raised for a role whose ``dims`` names a dim the layout lacks, by ``Layout.with_dims`` for a
+    name that is not a dim, and by ``registry.device_mesh`` for an axis name that is neither a dim
+    nor a role.
     """
 
 
@@ -183,7 +185,8 @@ class DimOrderError(LayoutError):
     """Dims are not listed once each in the order of one factorization (``dims`` or one view).
 
     Raised for a role with ``dims = ["a", "a"]`` or ``dims = ["b", "a"]`` when the layout's dims are
-    ``{a, b}``, for a role that mixes dims of ``dims`` and a view (no order holds them), and by
+    ``{a, b}``, for a role that mixes dims of ``dims`` and a view (no order holds them), for a
+    role's ``dims`` given as a set (no order at all: each process would read its own), and by
     ``registry.device_mesh`` for axes that overlap or are out of layout order.
     """
 
