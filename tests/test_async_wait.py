@@ -8,6 +8,7 @@ Its tests that start processes are in ``tests/test_async_wait_world.py`` (marked
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -17,7 +18,14 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import commgroups as cg
-from commgroups.collectives.async_wait import ASYNC_OP_FUNCTIONS, wrap_async_wait
+from commgroups.collectives.async_wait import (
+    ASYNC_OP_FUNCTIONS,
+    issue_and_wait_on,
+    wrap_async_wait,
+)
+from commgroups.flight_recorder import index as flight_index
+from commgroups.flight_recorder.entries import FlightEntry
+from commgroups.flight_recorder.recorder import RoleRecorder
 
 ENTRY_POINTS = (*ASYNC_OP_FUNCTIONS, "send", "recv")
 
@@ -159,3 +167,49 @@ def test_async_wait_dist_forwards_and_wraps(one_rank: dist.ProcessGroup) -> None
     flags = _async_flags(rec)
     assert len(flags) == 5 and all(async_op is True for _, async_op in flags), flags
     assert not async_and_wait_active()  # AsyncWaitDist changes nothing process-wide
+
+
+# ------------------------------------------------------------------- failures inside the scope
+def test_a_timeout_inside_the_scope_is_diagnosed_once(
+        one_rank: dist.ProcessGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside the scope dist.all_reduce is the scope's wrapper, which records and diagnoses a
+    failure itself: registry.collectives' call and FSDP2's comms (which call the wrapper) must
+    not diagnose it a second time (a second ask to the group, nested messages)."""
+    recorder = RoleRecorder("cp", one_rank)
+    diagnosed: list[FlightEntry | None] = []
+
+    def diagnose(failure: cg.errors.RoleCollectiveError,
+                 entry: FlightEntry | None) -> cg.errors.RoleCollectiveError:
+        diagnosed.append(entry)
+        return failure
+
+    recorder.diagnose = diagnose
+    handle = cg.RoleCollectives(one_rank, role="cp", async_and_wait=True, flight=recorder)
+
+    @functools.wraps(c10d.all_reduce)
+    def timing_out(*args: Any, **kwargs: Any) -> None:  # NCCL refusing work after its watchdog
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Read error: Connection timed out")
+
+    def fsdp_comm(tensor: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False) -> Any:
+        # FSDP2's DefaultAllGather looks dist's collective up at call time: the scope's wrapper.
+        return dist.all_reduce(tensor, group=group, async_op=async_op)
+
+    for module in (dist, c10d):
+        monkeypatch.setattr(module, "all_reduce", timing_out)
+    flight_index.register([recorder])
+    try:
+        with cg.async_and_wait_scope(), pytest.raises(cg.errors.RoleTimeoutError) as raised:
+            handle.all_reduce(torch.ones(1))
+        text = str(raised.value)
+        assert len(diagnosed) == 1 and text.count("fix:") == 1, text
+        assert text.startswith("role 'cp': all_reduce #1 on group") and "#2" not in text, text
+        assert [(e.op, e.seq, e.state) for e in recorder.entries] == [("all_reduce", 1, "failed")]
+        with cg.async_and_wait_scope(), pytest.raises(cg.errors.RoleTimeoutError) as nested:
+            issue_and_wait_on(one_rank, fsdp_comm, torch.ones(1), one_rank,
+                              flight_op="fsdp.all_gather")
+    finally:
+        flight_index.unregister([recorder])
+    text = str(nested.value)
+    assert len(diagnosed) == 2 and text.count("fix:") == 1, text
+    assert [(e.op, e.state) for e in list(recorder.entries)[1:]] == [
+        ("fsdp.all_gather", "failed"), ("all_reduce", "failed")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 import commgroups as cg
 from commgroups import torch_internals
@@ -107,6 +109,32 @@ def test_a_failed_call_is_recorded_failed(one_rank: dist.ProcessGroup) -> None:
         handle.broadcast(torch.ones(2), src=5)  # no rank 5 in a 1-rank group
     assert recorder.last is not None and recorder.last.state == "failed"
     assert recorder.last.error
+
+
+def test_an_object_collective_whose_inner_call_timed_out_is_recorded_failed(
+        one_rank: dist.ProcessGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's inner all_gather goes through the scope's recorded wrapper, which raises the
+    diagnosed RoleTimeoutError itself: the object collective's own entry ends failed as well,
+    never left in flight for every later dump and status."""
+    recorder = RoleRecorder("meta", one_rank)
+    handle = RoleCollectives(one_rank, role="meta", async_and_wait=True, flight=recorder)
+
+    @functools.wraps(c10d.all_gather)
+    def timing_out(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("Connection closed by peer: timed out after 30000 ms")
+
+    for module in (dist, c10d):
+        monkeypatch.setattr(module, "all_gather", timing_out)
+    flight_index.register([recorder])
+    try:
+        with pytest.raises(cg.errors.RoleTimeoutError):
+            handle.all_gather_object([None], {"plan": 1})
+    finally:
+        flight_index.unregister([recorder])
+    states = [(entry.op, entry.state) for entry in recorder.entries]
+    assert states[0] == ("all_gather_object", "failed"), states
+    assert all(state == "failed" for _, state in states), states  # the inner all_gather too
+    assert recorder.entries[0].error and "timed out" in recorder.entries[0].error
 
 
 def test_the_call_site_walk_skips_torch_and_commgroups() -> None:
@@ -554,12 +582,18 @@ def test_at_exit_an_open_registry_whose_last_call_failed_dumps(
 # ------------------------------------------------------------------------ torch's own dumps
 def _torch_dump(group_name: str) -> dict[str, Any]:
     """torch's recorder as NCCL's watchdog writes it: the real one from this process where gloo
-    records into it (2.13 on), else a dict with the keys and types it has there."""
+    records into it (2.13 on), else a dict with the keys and types it has there.
+
+    torch's recorder outlives a world: after an earlier test's world in this process, its entries
+    can name ``group_name`` (c10d names restart at "1") while its status and config, keyed by
+    the live groups, do not; the dict stands in then too."""
     import pickle
 
     raw = torch_private.flight_recorder_dump()
     data = pickle.loads(raw) if raw is not None else None  # torch's own bytes, made here
-    if not data or not any(e["process_group"][0] == group_name for e in data["entries"]):
+    if not data or not any(e["process_group"][0] == group_name for e in data["entries"]) or (
+            group_name not in data.get("pg_status", {})
+            or group_name not in data.get("pg_config", {})):
         data = {"version": "2.10", "pg_config": {group_name: {"name": group_name, "desc": "",
                                                                "ranks": "[0]"}},
                 "pg_status": {group_name: {"last_enqueued_collective": 1,

@@ -185,3 +185,45 @@ def test_save_and_load_run_on_the_checkpoint_group(tmp_path: Path) -> None:
     print(f"8-rank world: {time.monotonic() - start:.1f}s; rank 0 collectives: save "
           f"{value['save_ops']}, load {value['load_ops']}; "
           + ", ".join(f"{k} {v:.2f}s" for k, v in value["seconds"].items()))
+
+
+def test_a_coordinator_that_fails_writing_metadata_tells_every_rank(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator's own ``.metadata`` write (Megatron's ``writer.finish``) failing goes into
+    the verdict broadcast the other ranks already wait in, as a writer's failure does, instead of
+    leaving them there until the group's timeout. In this process, on a 1-rank gloo world: the
+    broadcast is issued after the failure, and the failure is raised from the coordinator's."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    import commgroups as cg
+    from commgroups.integrations.megatron import checkpoint, megatron_layout
+    from commgroups.integrations.megatron import megatron_internals as internals
+
+    if dist.is_initialized():
+        pytest.skip("another test left a default group initialized in this process")
+    events: list[str] = []
+    broadcast = dist.broadcast_object_list
+
+    def finish(self: Any, *args: Any, **kwargs: Any) -> None:
+        events.append("finish")
+        raise OSError(28, "No space left on device")
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        events.append("broadcast")
+        broadcast(*args, **kwargs)
+
+    monkeypatch.setattr(internals.checkpoint_names()["writer"], "finish", finish)
+    monkeypatch.setattr(dist, "broadcast_object_list", counted)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with cg.GroupRegistry(megatron_layout()) as registry:
+            state = {"w": ShardedTensor.from_rank_offsets("w", torch.ones(4), replica_id=0)}
+            with pytest.raises(RuntimeError, match=r"group ranks \{0: .*No space left") as raised:
+                checkpoint.save(state, tmp_path, registry=registry,
+                                validate_access_integrity=False)
+    finally:
+        dist.destroy_process_group()
+    assert isinstance(raised.value.__cause__, OSError)
+    assert "finish" in events and "broadcast" in events[events.index("finish"):], events

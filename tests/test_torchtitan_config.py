@@ -1,6 +1,7 @@
 """``with_registry`` as a torchtitan user calls it: the config it returns and its switches.
 
-Needs torchtitan (no process group). Skipped only when torchtitan is not installed.
+Needs torchtitan (no process group; the timeout test: a 1-rank gloo world in this process).
+Skipped only when torchtitan is not installed.
 
 Its tests that start processes are in ``tests/test_torchtitan_config_world.py`` (marked ``world``).
 """
@@ -174,3 +175,39 @@ def test_spmd_types_async_and_wait_follows_the_compute_roles_only() -> None:
         import spmd_types
 
         spmd_types.set_dist(on._spmd_dist_before)
+
+
+def test_the_timeout_change_after_step_one_is_stocks_only(
+        one_rank: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchtitan shortens its meshes' groups and the default group after step 1 (stock's
+    set_pg_timeouts); the checkpoint role (an async save's exchange waits for the slowest
+    writer) and a role whose layout set timeout_s keep theirs."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    import commgroups as cg
+    from commgroups.integrations.torchtitan import trainer as trainer_module
+    from commgroups.integrations.torchtitan.layout import TitanDegrees, fit_titan_layout
+
+    degrees = TitanDegrees(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1, ep=1)
+    layout = fit_titan_layout({"roles": [
+        {"name": "checkpoint-metadata", "dims": "world", "backend": "gloo", "timeout_s": 3600},
+        {"name": "cp", "dims": ["cp"], "timeout_s": 600}]}, degrees)
+    changed: list[Any] = []
+    monkeypatch.setattr(trainer_module, "set_group_timeout",
+                        lambda group, timeout: changed.append((group, timeout)))
+    short = timedelta(seconds=100)
+    with cg.GroupRegistry(layout) as registry:
+        untouched = registry.timeout("batch")
+        dim_mesh = registry.device_mesh(["dp_shard", "cp"])["dp_shard"]  # no role over [dp_shard]
+        meshes = {"fsdp": registry.device_mesh("fsdp"), "loss": registry.device_mesh("loss"),
+                  "cp": registry.device_mesh("cp"), "dp_shard": dim_mesh}
+        parallel_dims = SimpleNamespace(get_all_one_dimensional_meshes=lambda: meshes)
+        trainer_module.RegistryTrainer._set_pg_timeouts(
+            SimpleNamespace(registry=registry), short, parallel_dims)
+        assert registry.timeout("fsdp") == short and registry.timeout("loss") == short
+        assert registry.timeout("checkpoint-metadata") == timedelta(hours=1)
+        assert registry.timeout("cp") == timedelta(minutes=10)
+        assert registry.timeout("batch") == untouched  # no mesh of torchtitan's given: as stock
+        default = trainer_module.default_group()
+        assert changed == [(dim_mesh.get_group(), short), (default, short)]

@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from commgroups import torch_internals
+from commgroups.errors import RoleCollectiveError
 from commgroups.flight_recorder import index as flight_index
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "issue_and_wait",
     "issue_and_wait_on",
     "p2p_issuer",
+    "scope_original",
     "source_rank",
     "wait_unless_interrupted",
     "wrap_async_wait",
@@ -85,6 +87,8 @@ BLOCKING_P2P_FUNCTIONS: tuple[tuple[str, str], ...] = (("send", "isend"), ("recv
 
 # Marks our wrappers, so nothing is wrapped twice and restore can tell ours from someone else's.
 _MARK = "__commgroups_async_wait__"
+# On wrap_async_wait's wrappers only: the collective (with an async_op parameter) they issue.
+_ORIGINAL = "__commgroups_async_wait_original__"
 # The process-wide patch state lives on the module it patches (see _PatchState).
 _STATE_ATTR = "__commgroups_async_wait_state__"
 
@@ -186,6 +190,11 @@ def issue_and_wait_on(group: Any, fn: Callable[..., Any], /, *args: Any, async_o
     interrupt = None if recorder.watch is None else (group, recorder.watch)
     try:
         work = issue_and_wait(fn, *args, async_op=async_op, interrupt=interrupt, **kwargs)
+    except RoleCollectiveError as error:
+        # Diagnosed already, by a recorded call inside ``fn`` (FSDP2's default comms call the
+        # scope's wrappers): a second diagnosis would ask the group again and nest the messages.
+        recorder.end(entry, error)
+        raise
     except RuntimeError as error:
         failure = recorder.failure(entry, error)
         if failure is None:
@@ -236,7 +245,20 @@ def wrap_async_wait(fn: Callable[..., Any]) -> Callable[..., Any]:
         return work if caller_async else None
 
     setattr(async_wait, _MARK, True)
+    setattr(async_wait, _ORIGINAL, fn)
     return async_wait
+
+
+def scope_original(fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The collective a :func:`wrap_async_wait` wrapper issues (it has an ``async_op``
+    parameter); None when ``fn`` is not such a wrapper.
+
+    For callers that apply the async-and-wait rule and record the call themselves
+    (``registry.collectives``): inside :func:`async_and_wait_scope` they look up the scope's
+    wrapper, which would record and diagnose the same call a second time.
+    """
+    original: Callable[..., Any] | None = getattr(fn, _ORIGINAL, None)
+    return original
 
 
 def _wrap_send(isend: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:

@@ -31,6 +31,7 @@ from commgroups.collectives.async_wait import (
     async_and_wait_scope,
     issue_and_wait,
     p2p_issuer,
+    scope_original,
     source_rank,
 )
 from commgroups.errors import (
@@ -250,7 +251,11 @@ class RoleCollectives:
                  if flight is not None else None)
         try:
             yield
-        except RoleCollectiveError:
+        except RoleCollectiveError as error:
+            # Diagnosed already (an object collective's inner calls go through the scope's
+            # recorded wrappers): no second diagnosis, but this call failed too, not in flight.
+            if entry is not None:
+                flight.end(entry, error)  # type: ignore[union-attr]  # set with entry
             raise
         except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
             raise self._failure(op, seq, error, entry) from error
@@ -273,26 +278,40 @@ class RoleCollectives:
         handed back unwaited (``async_op=True``) raises torch's own error from its ``wait()``.
         """
         # Inline rather than through _named: this is the hot path (a few microseconds per call).
-        self._enter(fn.__name__)
+        op = fn.__name__
+        self._enter(op)
+        # Inside async_and_wait_scope() dist.<fn> is the scope's wrapper, which records and
+        # diagnoses a failure itself: issue what it wraps, under its rule (async and wait, also
+        # with this role's off), so one call makes one entry and one diagnosis.
+        scoped = scope_original(fn)
+        if scoped is not None:
+            fn = scoped
+        wait = self.async_and_wait or scoped is not None
         self.calls += 1
         seq = self.calls
         flight = self.flight
-        entry = (flight.start(fn.__name__, args, self.async_and_wait or async_op, async_op,
-                              sys._getframe(1)) if flight is not None else None)
+        entry = (flight.start(op, args, wait or async_op, async_op, sys._getframe(1))
+                 if flight is not None else None)
         try:
-            if not self.async_and_wait:
+            if not wait:
                 work = fn(*args, group=self.group, async_op=async_op, **kwargs)
             else:
                 work = issue_and_wait(fn, *args, group=self.group, async_op=async_op,
                                       interrupt=self._interrupt, **kwargs)
+        except RoleCollectiveError as error:  # diagnosed already, by a wrapper inside fn
+            if entry is not None:
+                flight.end(entry, error)  # type: ignore[union-attr]  # set with entry
+            raise
         except RuntimeError as error:  # DistBackendError, DistNetworkError, gloo/NCCL timeouts
-            raise self._failure(fn.__name__, seq, error, entry) from error
+            raise self._failure(op, seq, error, entry) from error
         except BaseException as error:  # refused arguments (ValueError): no longer in flight
             if entry is not None:
                 flight.end(entry, error)  # type: ignore[union-attr]  # set with entry
             raise
         if entry is not None:
             entry.end_ns = time.monotonic_ns()  # RoleRecorder.end, inline: the hot path
+        if scoped is not None and not self.async_and_wait and not async_op:
+            return None  # the blocking call's return, as the scope's wrapper gives it
         return work
 
     @contextmanager

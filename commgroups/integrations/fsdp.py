@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from commgroups import torch_internals
 from commgroups.collectives.async_wait import issue_and_wait_on
@@ -56,7 +57,7 @@ logger = logging.getLogger(__name__)
 FSDP_ROLE = "fsdp"
 """The role FSDP2 shards over in the built-in roles (dp_shard x cp, following torchtitan)."""
 
-ModuleT = TypeVar("ModuleT", bound="nn.Module")
+ModuleT = TypeVar("ModuleT", bound="nn.Module | list[nn.Module]")
 
 HSDP_ALL_REDUCE_WHY = (
     "FSDP2 issues HSDP's replica all-reduce as a blocking dist.all_reduce and has no hook for it"
@@ -136,9 +137,13 @@ def fully_shard_on_role(
     """``fully_shard(module, mesh=<role's mesh>, **kwargs)``; returns the (now FSDP) module.
 
     ``kwargs`` are fully_shard's own (``reshard_after_forward``, ``mp_policy``, ...); ``mesh`` is not
-    accepted because the role decides it. ``replicate`` (a dim or role, e.g. ``dp_replicate``) makes
-    it HSDP on ``registry.device_mesh([replicate, role])``. ``async_and_wait`` (default: the role's own
-    setting) installs :func:`async_and_wait_comms` so FSDP2's collectives are issued async-and-wait.
+    accepted because the role decides it. ``module`` may be a list of modules, as fully_shard
+    takes (one group sharded together); each of them gets the comms below. ``replicate`` (a dim or
+    role, e.g. ``dp_replicate``) makes it HSDP on ``registry.device_mesh([replicate, role])``.
+    ``async_and_wait`` (default: the role's own setting) installs :func:`async_and_wait_comms` so
+    FSDP2's collectives are issued async-and-wait (:func:`install_async_and_wait_comms`): a module
+    that FSDP2 refuses custom comms for (``shard_placement_fn`` putting parameters on several
+    meshes) stays sharded on FSDP2's own comms, with a logged warning.
     HSDP's replica all-reduce is not among them (see the module docs): with ``replicate`` a role
     asking for async-and-wait, a warning says so once per role; run the backward inside
     :func:`commgroups.async_and_wait_scope` to cover it.
@@ -150,7 +155,8 @@ def fully_shard_on_role(
             "fully_shard_on_role: do not pass mesh=; the role decides it (fix: pass role=<name>, or "
             "call torch.distributed.fsdp.fully_shard(module, mesh=...) yourself)"
         )
-    fully_shard(module, mesh=fsdp_mesh(registry, role, replicate), **kwargs)
+    # cast: fully_shard's overloads take a module or a list, not ModuleT's union of both.
+    fully_shard(cast(Any, module), mesh=fsdp_mesh(registry, role, replicate), **kwargs)
     if registry.spec(role).async_and_wait if async_and_wait is None else async_and_wait:
         install_async_and_wait_comms(module, recurse=False)
     if (replicate is not None and replicate in registry.role_names
@@ -159,7 +165,8 @@ def fully_shard_on_role(
     return module
 
 
-def install_async_and_wait_comms(module: nn.Module, *, recurse: bool = True) -> int:
+def install_async_and_wait_comms(module: nn.Module | Sequence[nn.Module], *,
+                                 recurse: bool = True) -> int:
     """Give FSDP2 modules someone else sharded the async-and-wait all-gather and reduce-scatter.
 
     For frameworks that call ``fully_shard`` themselves (torchtitan): after they have sharded the
@@ -167,9 +174,17 @@ def install_async_and_wait_comms(module: nn.Module, *, recurse: bool = True) -> 
     every FSDP module of ``module`` (itself included) to :func:`async_and_wait_comms`' comms, so each
     FSDP collective is issued ``async_op=True`` and waited at once on the group it already uses.
 
+    FSDP2 refuses custom comms on a module whose parameters it shards over several meshes
+    (``shard_placement_fn`` returning per-parameter meshes: MoE experts on efsdp next to dense
+    parameters on fsdp). Such modules are skipped (their collectives stay as FSDP2 issues them),
+    left out of the count and named in one logged warning per call; every other module still
+    gets the comms.
+
     Args:
-        module: a model (or submodule) that ``fully_shard`` was applied to, somewhere inside.
-        recurse: also the FSDP modules below ``module`` (default); False: ``module`` only.
+        module: a model (or submodule) that ``fully_shard`` was applied to, somewhere inside; or a
+            list of them (each is handled as one ``module``).
+        recurse: also the FSDP modules below ``module`` (default); False: ``module`` only (one
+            that is no FSDP module is then said in a logged warning).
 
     Returns:
         How many FSDP modules got the comms (0 where this torch lacks the hooks: logged as a
@@ -180,9 +195,21 @@ def install_async_and_wait_comms(module: nn.Module, *, recurse: bool = True) -> 
         trainer = Trainer(config)                        # fully_shard called inside
         install_async_and_wait_comms(trainer.model_parts[0])
     """
+    from torch import nn
     from torch.distributed.fsdp import FSDPModule
 
-    targets = [m for m in (module.modules() if recurse else [module]) if isinstance(m, FSDPModule)]
+    given = [module] if isinstance(module, nn.Module) else list(module)
+    targets = []
+    for each in given:
+        if recurse:
+            targets += [m for m in each.modules() if isinstance(m, FSDPModule)]
+        elif isinstance(each, FSDPModule):
+            targets.append(each)
+        else:
+            # Said rather than returning 0 in silence: the caller asked for this module's comms.
+            logger.warning("install_async_and_wait_comms(recurse=False): %s is not an FSDP module "
+                           "(fully_shard was not applied to it); nothing installed on it",
+                           type(each).__name__)
     comms = async_and_wait_comms()
     if comms is None or not all(hasattr(m, "set_custom_all_gather") for m in targets):
         logger.warning(
@@ -190,7 +217,21 @@ def install_async_and_wait_comms(module: nn.Module, *, recurse: bool = True) -> 
             "them; wrap training in commgroups.async_and_wait_scope() instead"
         )
         return 0
+    installed, refused = 0, []
     for target in targets:
-        target.set_custom_all_gather(comms[0])
+        try:
+            # FSDP2 checks for several parameter groups before changing anything, and both
+            # setters check the same: a refused module keeps both of its own comms.
+            target.set_custom_all_gather(comms[0])
+        except ValueError:
+            refused.append(type(target).__name__)
+            continue
         target.set_custom_reduce_scatter(comms[1])
-    return len(targets)
+        installed += 1
+    if refused:
+        logger.warning(
+            "%d FSDP modules (%s) shard over several meshes (per-parameter meshes from "
+            "shard_placement_fn, e.g. MoE experts with ep > 1); FSDP2 takes no custom comms there, "
+            "so their collectives stay as FSDP2 issues them", len(refused),
+            ", ".join(sorted(set(refused))))
+    return installed

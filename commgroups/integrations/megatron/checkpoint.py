@@ -143,17 +143,22 @@ def _save_on_group(strategy: Any, group: dist.ProcessGroup, sharded_state_dict: 
     gathered: list[Any] | None = [None] * group.size() if is_coordinator else None
     dist.gather_object(results, gathered, dst=_first_rank(group), group=group)
     failures: dict[int, str] = {}
+    own: Exception | None = None
     if is_coordinator:
         assert gathered is not None
         failures = {rank: repr(result) for rank, result in enumerate(gathered)
                     if not isinstance(result, list)}  # Megatron wraps a writer's failure
         if not failures:
-            writer.finish(global_metadata, gathered)
+            try:
+                writer.finish(global_metadata, gathered)  # writes .metadata
+            except Exception as error:  # disk full, EIO: the others wait for the verdict below
+                own = error
+                failures = {coordinator: f"writing .metadata: {error!r}"}
     verdict: list[Any] = [failures]
     dist.broadcast_object_list(verdict, src=_first_rank(group), group=group)
     if verdict[0]:
         raise RuntimeError(f"Megatron checkpoint write failed on group ranks {verdict[0]} "
-                           f"({checkpoint_dir})")
+                           f"({checkpoint_dir})") from own
 
 
 def _check_common_state(common_state_dict: Any, group: dist.ProcessGroup, diff: Any) -> None:

@@ -12,9 +12,9 @@
 - ``forward_backward_step()``: with HSDP (or replication) on a ``dp_replicate`` role that asks for
   async-and-wait, runs inside :func:`~commgroups.async_and_wait_scope`, so FSDP2's replica
   all-reduce (a blocking ``dist.all_reduce`` FSDP2 has no hook for) is issued async-and-wait too;
-- ``train()``: torchtitan's timeout change after the first step goes to every registry group (and
-  the default group's own timeout), synchronised through the store instead of a default-group
-  barrier;
+- ``train()``: torchtitan's timeout change after the first step goes to the groups of its meshes
+  (compute roles without a ``timeout_s`` of their own, mesh dims' groups) and the default group,
+  synchronised through the store instead of a default-group barrier;
 - ``close()`` closes the registry after torchtitan's own clean-up.
 """
 
@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from commgroups.audit.records import AUDIT_DIR_ENV
 from commgroups.collectives.async_wait import AsyncWaitDist, async_and_wait_scope
+from commgroups.errors import MeshRequestError, NotAMemberError
 from commgroups.integrations.fsdp import async_and_wait_comms, install_async_and_wait_comms
 from commgroups.integrations.spmd import current_dist
 from commgroups.integrations.torchtitan.checkpoint import RegistryCheckpointManager
@@ -144,24 +145,13 @@ class RegistryTrainer(Trainer):
         elif wanted:
             from torch.distributed.fsdp import FSDPModule
 
-            refused = 0
-            for part in self.model_parts:
-                for module in part.modules():
-                    if not isinstance(module, FSDPModule):
-                        continue
-                    try:
-                        self.fsdp_async_wait_modules += install_async_and_wait_comms(
-                            cast(torch.nn.Module, module), recurse=False)
-                    except ValueError:
-                        # FSDP2 refuses custom comms on a module with several parameter groups
-                        # (per-parameter meshes: MoE experts on efsdp next to dense on fsdp).
-                        refused += 1
-            if refused:
-                logger.warning(
-                    "%d FSDP modules shard over several meshes (MoE experts with ep > 1); FSDP2 "
-                    "takes no custom comms there, so their collectives stay as FSDP2 issues them",
-                    refused)
-            self.fsdp_async_wait_refused = refused
+            sharded = sum(isinstance(module, FSDPModule)
+                          for part in self.model_parts for module in part.modules())
+            # One call over every part: FSDP2 refuses custom comms on modules with several
+            # parameter groups (MoE experts on efsdp next to dense on fsdp); they are skipped,
+            # said in one warning, and left out of the count.
+            self.fsdp_async_wait_modules = install_async_and_wait_comms(list(self.model_parts))
+            self.fsdp_async_wait_refused = sharded - self.fsdp_async_wait_modules
         self.replica_all_reduce_scoped = self._wants_replica_scope()
         # Compute roles only: the checkpoint role (async_and_wait on by default) carries no
         # spmd_types traffic, and counting it kept AsyncWaitDist with every compute role off.
@@ -206,9 +196,36 @@ class RegistryTrainer(Trainer):
         (:meth:`~commgroups.GroupRegistry.store_barrier`). A rank lost before it arrived never
         will: the loss report ends the wait within milliseconds, where stock waits out its
         barrier's timeout (``comm.init_timeout_seconds``, 300 s by default).
+
+        The groups changed are stock's: those of torchtitan's one-dimensional meshes
+        (``parallel_dims.get_all_one_dimensional_meshes()``) and the default group. Of those, a
+        role's group keeps its timeout where the layout set the role's ``timeout_s`` or the role
+        is not a compute role; roles no mesh uses are left alone, ``checkpoint-metadata`` among
+        them (stock never shortens its own checkpoint group: an async save's exchange there
+        waits for the slowest rank's writes).
         """
-        self.registry.store_barrier("set_pg_timeouts")
-        self.registry.set_timeout(timeout)
+        registry = self.registry
+        registry.store_barrier("set_pg_timeouts")
+        pending: dict[int, dist.ProcessGroup] = {}
+        for one in parallel_dims.get_all_one_dimensional_meshes().values():
+            try:
+                group = one.get_group()
+            except MeshRequestError:  # a placeholder (no group): nothing runs on it
+                continue
+            pending[id(group)] = group
+        for name in registry.role_names:
+            spec = registry.spec(name)
+            try:
+                group = registry.group(name)
+            except NotAMemberError:
+                continue
+            if pending.pop(id(group), None) is None:
+                continue
+            if spec.purpose == "compute" and spec.timeout_s is None:
+                # Through the registry, not the group: the timeout outlives a rebuild.
+                registry.set_timeout(timeout, role=name)
+        for group in pending.values():  # a mesh dim that no role covers: the dim's own group
+            set_group_timeout(group, timeout)
         set_group_timeout(default_group(), timeout)
 
     def audit_dir(self) -> Path | None:
