@@ -125,7 +125,8 @@ class GroupRegistry:
             (:mod:`commgroups.rank_loss.liveness`: a listening thread, two store requests per
             interval while idle); a beat still for ten ``dead_after_s`` (at least three beats)
             reports its rank as wedged. None: no listening thread (a rebuild then waits its
-            whole window for absent ranks, and a loss is only seen by the lost rank's peers).
+            whole window for absent ranks and decides only as a majority of every member, and
+            a loss is only seen by the lost rank's peers).
         dead_after_s: how long a rebuild's roll call waits for an absent rank's thread to answer
             before that rank counts as dead (never a rank listed in ``alive=``).
     """

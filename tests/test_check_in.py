@@ -12,7 +12,7 @@ import pytest
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]  # re-exported
 
 from commgroups.bench.control_plane import CountingStore
-from commgroups.errors import LeftOutError
+from commgroups.errors import LeftOutError, RebuildError
 from commgroups.layout.specs import Layout, RoleSpec
 from commgroups.rank_loss.check_in import (
     CLOSED_MARK,
@@ -240,3 +240,19 @@ def test_an_attempt_marked_closed_whose_closer_died_before_moving_on_is_moved_on
         server, "gen1/", 0, 0,
         lambda keys: check_in(server, keys, 0, members, window, expected=[0])) == ((0,), 1)
     assert open_check_in_attempt(server, "gen1/") == 1
+
+
+def test_without_a_heartbeat_a_minority_decides_nothing() -> None:
+    """Heartbeats off (no listener) and no alive= list: nothing says an absent member is dead,
+    so the ranks in decide only as a majority of every member; a lone rebuild() on one rank of
+    three raises at its window's end instead of deciding a world of its own (a split)."""
+    server = _store()
+    members, window = [0, 1, 2], timedelta(seconds=10)
+    lone = CheckIn(server, "lone/", 0, members, window)
+    assert lone.join()
+    with pytest.raises(RebuildError, match="no majority"):
+        lone.look(final=True)
+    pair = CheckIn(server, "pair/", 0, members, window)
+    assert pair.join()
+    assert not CheckIn(server, "pair/", 1, members, window).join()
+    assert pair.look(final=True) == frozenset({2})  # two of three: a majority decides

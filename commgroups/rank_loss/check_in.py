@@ -16,8 +16,8 @@ lists only when the counter moved), and it decides exactly once, by one compare-
   wait for it; or
 - its window (counted from its own check-in, the backstop) ended: the ranks in by then are the
   survivors, if they are a majority of the live members (an absent member that is listed, or
-  answered the loss report, is alive). A minority decides nothing and raises: a lone ``rebuild()``
-  never splits the job.
+  answered the loss report, is alive; with heartbeats off nothing says who is dead, so of every
+  member). A minority decides nothing and raises: a lone ``rebuild()`` never splits the job.
 
 The decision names the ranks *out* (members that did not check in): a few, where the list of
 survivors would be the whole job. The decider pushes it to every rank as one listener event
@@ -258,9 +258,13 @@ class CheckIn:
             return self._decide(self._joined)
         if not final:
             return self._decided()
-        # Listed ranks are alive by the caller's word; others, if they answered.
+        # Listed ranks are alive by the caller's word; others, if they answered. Without a
+        # listener or a list (heartbeats off) nothing says an absent member is dead: each may be
+        # alive, so the ranks in decide only as a majority of every member (a lone rebuild() on
+        # one rank would else decide a world of its own: a split).
         self._absent_alive = (sorted(r for r in missing if r not in dead)
-                              if self.liveness is not None or self.expected is not None else [])
+                              if self.liveness is not None or self.expected is not None
+                              else sorted(missing))
         if len(self._joined) <= len(self._absent_alive):
             decided = self._decided()  # another rank may have decided meanwhile
             if decided is not None:
