@@ -68,3 +68,23 @@ def test_everyone_arrived_returns() -> None:
     # Its arrival goes once through (only a timeout's naming reads it); the count and the
     # verdict stay: two keys per call, whatever the world's size.
     assert not store.check(["b/0"]) and store.check(["b/count", "b/all"])
+
+
+def test_a_barrier_has_one_outcome_for_every_rank_whoever_wrote_it_first() -> None:
+    """A loss report's wake and the last arrival both write the barrier's outcome; the first
+    write stands for every rank (a false report: a rank slow on loaded cores). Before, a write
+    after the other made ranks that had read "passed" go on while the rest raised."""
+    from commgroups.creation.agreement import store_barrier
+    from commgroups.rank_loss.loss_barrier import LOST
+
+    store, barriers = _store(), LossBarriers()
+    # The report came first: the last rank to arrive reads it too, and raises like the others.
+    barriers.pending["early"] = 3
+    barriers.wake(store, 3, rank=0)
+    store_barrier(store, "early", 0, 1, timedelta(seconds=5), "the switch")
+    assert bytes(store.get("early/all")).decode() == LOST
+    # Every rank arrived first: a report heard after that changes nothing.
+    store_barrier(store, "late", 0, 1, timedelta(seconds=5), "the switch")
+    barriers.pending["late"] = 3
+    barriers.wake(store, 3, rank=0)
+    assert bytes(store.get("late/all")).decode() == "1"

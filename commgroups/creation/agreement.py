@@ -387,7 +387,9 @@ def store_barrier(
     with store_calls(store, rank if members is None else members[rank], started, what):
         store.set(f"{name}/{rank}", "1")
         if store.add(f"{name}/count", 1) == world_size:
-            store.set(f"{name}/all", "1")
+            # A compare-and-set: where a loss report ended the barrier first (LossBarriers.wake
+            # wrote its outcome), that outcome stands for every rank, this one included.
+            store.compare_set(f"{name}/all", "", "1")
         _wait(store, [f"{name}/all"], timeout, started, world_size, rank, key=f"{name}/",
               what=what, members=members)
 

@@ -130,7 +130,10 @@ class LossBarriers:
         for name in names:
             logger.debug("rank %d: a loss report ends store barrier %s", rank, name)
             with contextlib.suppress(RuntimeError):  # the store went: the waiter hears that too
-                store.set(f"{name}/all", LOST)
+                # Only where every rank has not arrived yet: one outcome for every rank. A set
+                # after the last arrival's made ranks that had read "passed" go on while ranks
+                # reading after it raised (a false report: a rank slow on loaded cores).
+                store.compare_set(f"{name}/all", "", LOST)
 
 
 def _interrupted(rank: int, what: str, generation: int) -> LossInterruptedError:
