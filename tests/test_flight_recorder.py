@@ -119,12 +119,16 @@ def test_an_object_collective_whose_inner_call_timed_out_is_recorded_failed(
     recorder = RoleRecorder("meta", one_rank)
     handle = RoleCollectives(one_rank, role="meta", async_and_wait=True, flight=recorder)
 
-    @functools.wraps(c10d.all_gather)
     def timing_out(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("Connection closed by peer: timed out after 30000 ms")
 
-    for module in (dist, c10d):
-        monkeypatch.setattr(module, "all_gather", timing_out)
+    # The inner gather torch uses: all_gather on 2.10-2.14, all_gather_single on 2.15.
+    for name in ("all_gather", "all_gather_single", "all_gather_into_tensor"):
+        original = getattr(c10d, name, None)
+        if original is not None:
+            for module in (dist, c10d):
+                monkeypatch.setattr(module, name, functools.wraps(original)(timing_out),
+                                    raising=False)
     flight_index.register([recorder])
     try:
         with pytest.raises(cg.errors.RoleTimeoutError):
