@@ -200,3 +200,18 @@ def test_the_tier_check_sees_an_upward_import() -> None:
     assert _tier("commgroups.creation.shrink") < _tier("commgroups.generation.make")  # type: ignore[operator]
     assert _tier("commgroups.flight_recorder.merge") == len(TIERS) - 1
     assert _tier("commgroups.flight_recorder.session") == 1
+
+
+def test_every_integration_is_reached_from_the_package() -> None:
+    """``cg.integrations.<name>`` works for every integration (megatron was missing: an
+    AttributeError), each one loaded on first use (its ``__getattr__``)."""
+    import pkgutil
+
+    import commgroups as cg
+    import commgroups.integrations as integrations
+
+    names = sorted(m.name for m in pkgutil.iter_modules(integrations.__path__)
+                   if m.name != "common")
+    assert sorted(n for n in integrations.__all__ if n != "MissingRoleError") == names
+    for name in names:
+        assert getattr(cg.integrations, name).__name__ == f"commgroups.integrations.{name}"
