@@ -22,6 +22,7 @@ import torch.distributed as dist
 from commgroups import torch_internals
 from commgroups.bench.progress import Progress
 from commgroups.bench.stats import Table, interleaved, paired_ratios, summarize
+from commgroups.bench.world import run_world
 from commgroups.creation.descriptor_table import table_size
 from commgroups.layout.specs import CHECKPOINT_ROLE, Layout
 from commgroups.planning.plan import Plan
@@ -313,6 +314,25 @@ def first_tables(results: list[dict[str, Any]]) -> tuple[Table, dict[str, Any]]:
         "ranks wait for each other)",
     ]
     return table, summary
+
+
+def steady_worlds(world_size: int, repetitions: int, timeout_s: float,
+                  progress: Progress | None = None) -> dict[str, Any]:
+    """:func:`measure_gloo` in ``repetitions`` fresh worlds of ``world_size`` gloo ranks (one
+    world per repetition: see there), merged (:func:`merge`): a result for :func:`tables`."""
+    return merge([run_world(measure_gloo, world_size, repetition, timeout_s=timeout_s,
+                            progress=progress)[0] for repetition in range(repetitions)])
+
+
+def first_worlds(world_size: int, pairs: int, timeout_s: float,
+                 progress: Progress | None = None) -> list[dict[str, Any]]:
+    """:func:`measure_first`: each of :data:`FIRST_VARIANTS` the first creation in a fresh world
+    of ``world_size`` gloo ranks, ``pairs`` times, alternating; samples for
+    :func:`first_tables`."""
+    return [run_world(measure_first, world_size, variant, timeout_s=timeout_s,
+                      progress=progress, grow_table=False)[0]
+            for repetition in range(pairs)
+            for variant in interleaved(FIRST_VARIANTS, repetition)]
 
 
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from commgroups.bench import (
 )
 from commgroups.bench.config import BenchConfig
 from commgroups.bench.progress import NullProgress, Progress
-from commgroups.bench.stats import Table, interleaved
+from commgroups.bench.stats import Table
 from commgroups.bench.world import run_world
 from commgroups.layout.specs import Layout
 from commgroups.registry import GroupRegistry
@@ -205,22 +205,17 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
     smallest = min(config.gloo_worlds)
     with tempfile.TemporaryDirectory(prefix="commgroups-bench-") as directory:
         for world in config.gloo_worlds:
-            # One world per repetition (see creation.measure_gloo).
-            created = [run_world(creation.measure_gloo, world, repetition,
-                                 timeout_s=config.timeout_s, progress=bar)[0]
-                       for repetition in range(config.creation_repetitions)]
+            created = creation.steady_worlds(world, config.creation_repetitions,
+                                             config.timeout_s, bar)
             sections: tuple[str, ...] = ("exchange",)
             if world == smallest:
                 sections += ("async_and_wait", "audit", "flight", "dcp")
             logger.info("gloo world of %d: %s", world, ", ".join(sections))
             gloo[world] = run_world(gloo_job, world, config, sections, directory,
                                     timeout_s=config.timeout_s, progress=bar)[0]
-            gloo[world]["creation"] = creation.merge(created)
-            first_results += [
-                run_world(creation.measure_first, world, variant, timeout_s=config.timeout_s,
-                          progress=bar, grow_table=False)[0]
-                for repetition in range(config.first_creation_repetitions)
-                for variant in interleaved(creation.FIRST_VARIANTS, repetition)]
+            gloo[world]["creation"] = created
+            first_results += creation.first_worlds(world, config.first_creation_repetitions,
+                                                   config.timeout_s, bar)
         # A kill ends its world (the victim's process is gone): one fresh world per sample.
         rank_loss_tables, rank_loss_summary, ratio_results = rank_loss.run(config, bar)
         control_tables, control_summary = control_plane.run(

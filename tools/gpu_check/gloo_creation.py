@@ -23,21 +23,12 @@ WORLDS: tuple[int, ...] = (4, 8)
 def collect_gloo_creation(smoke: bool) -> dict[str, Any]:
     """Both creation tables, as JSON-ready dicts, and the registry's ratios to DeviceMesh."""
     from commgroups.bench import creation
-    from commgroups.bench.stats import interleaved
-    from commgroups.bench.world import run_world
 
     worlds = WORLDS[:1] if smoke else WORLDS
     steady_worlds, first_pairs = (1, 1) if smoke else (10, 6)
-    steady: list[dict[str, Any]] = []
-    first: list[dict[str, Any]] = []
-    for world in worlds:
-        steady.append(creation.merge([run_world(creation.measure_gloo, world, repetition,
-                                                timeout_s=120.0)[0]
-                                      for repetition in range(steady_worlds)]))
-        first += [run_world(creation.measure_first, world, variant, timeout_s=120.0,
-                            grow_table=False)[0]
-                  for repetition in range(first_pairs)
-                  for variant in interleaved(creation.FIRST_VARIANTS, repetition)]
+    steady = [creation.steady_worlds(world, steady_worlds, 120.0) for world in worlds]
+    first = [sample for world in worlds
+             for sample in creation.first_worlds(world, first_pairs, 120.0)]
     steady_table, steady_summary = creation.tables(steady)
     first_table, first_summary = creation.first_tables(first)
     ratios = {}
